@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP surface: translates between the wire and the pipeline."""

@@ -1,0 +1,63 @@
+"""Every error a client sees, in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import msgspec
+from litestar import MediaType, Request, Response
+from litestar.exceptions import HTTPException
+
+from laneway.api.protocol import ErrorBody, ErrorEnvelope, encode
+from laneway.core.errors import GatewayError
+
+log = logging.getLogger("laneway.api")
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
+}
+
+
+def error_response(status: int, message: str, *, code: str | None = None, param: str | None = None,
+                   type_: str | None = None, headers: dict[str, str] | None = None) -> Response[bytes]:
+    body = ErrorEnvelope(ErrorBody(message=message, type=type_ or _TYPE_BY_STATUS.get(status, "api_error"),
+                                   param=param, code=code))
+    return Response(content=encode(body), status_code=status, media_type=MediaType.JSON, headers=headers)
+
+
+def gateway_error_handler(_: Request, exc: GatewayError) -> Response[bytes]:  # type: ignore[type-arg]
+    return error_response(exc.status, exc.message, code=exc.code, param=exc.param, type_=exc.type,
+                          headers=exc.headers)
+
+
+def http_exception_handler(_: Request, exc: HTTPException) -> Response[bytes]:  # type: ignore[type-arg]
+    return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+
+
+def internal_error_handler(request: Request, exc: Exception) -> Response[bytes]:  # type: ignore[type-arg]
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "The gateway failed to handle this request; it has been logged.",
+                          code="internal_error")
+
+
+_PATH = re.compile(r"at `\$\.?([^`]*)`")
+
+
+def validation_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> GatewayError:
+    """Turn msgspec's message ("Expected `int`, got `str` - at `$.max_tokens`") into a 400 with param."""
+    text = str(exc)
+    match = _PATH.search(text)
+    param = match.group(1) if match else None
+    if isinstance(exc, msgspec.DecodeError) and not isinstance(exc, msgspec.ValidationError):
+        return GatewayError(400, f"Request body is not valid JSON: {text}", code="invalid_json")
+    return GatewayError(400, f"Invalid request: {text}", code="invalid_request", param=param or None)

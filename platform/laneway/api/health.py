@@ -1,0 +1,19 @@
+"""Liveness (the process answers) and readiness (every enabled deployment can serve)."""
+
+from __future__ import annotations
+
+from litestar import MediaType, Request, Response, get
+
+
+@get("/health/live", media_type=MediaType.JSON, sync_to_thread=False)
+def live() -> dict[str, str]:
+    return {"status": "live"}
+
+
+@get("/health/ready", media_type=MediaType.JSON)
+async def ready(request: Request) -> Response[dict[str, object]]:  # type: ignore[type-arg]
+    registry = request.app.state.gateway.registry
+    body: dict[str, object] = {"status": "ready" if registry.ready else "not_ready",
+                               "models": registry.aliases(), "failed": registry.failed}
+    return Response(body, status_code=200 if registry.ready else 503, media_type=MediaType.JSON,
+                    headers=None if registry.ready else {"Retry-After": "1"})

@@ -1,0 +1,186 @@
+"""OpenAI routes: decode the body, authenticate, hand over to the pipeline, encode the answer."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import TypeVar
+
+import msgspec
+from litestar import Controller, MediaType, Request, Response, get, post
+from litestar.response import Stream
+
+from laneway.api import protocol as p
+from laneway.api.errors import validation_error
+from laneway.api.sse import DONE, error_event, event
+from laneway.core.auth import KeyAuthenticator
+from laneway.core.errors import GatewayError, invalid_request
+from laneway.core.pipeline import Call, Gateway
+from laneway.types import ChatTurn, TenantSnapshot
+
+T = TypeVar("T")
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _services(request: Request) -> tuple[Gateway, KeyAuthenticator]:  # type: ignore[type-arg]
+    state = request.app.state
+    return state.gateway, state.authenticator
+
+
+async def _decode(request: Request, kind: type[T]) -> T:  # type: ignore[type-arg]
+    body = await request.body()
+    if not body:
+        raise invalid_request("Request body is empty; expected a JSON object.", code="invalid_json")
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise validation_error(exc) from None
+
+
+def _common_checks(req: p.ChatCompletionRequest | p.CompletionRequest) -> list[str]:
+    if req.n != 1:
+        raise invalid_request("Only n=1 is supported.", param="n")
+    if req.stream_options is not None and not req.stream:
+        raise invalid_request("stream_options is only allowed when stream is true.", param="stream_options")
+    return [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+
+
+def _message_text(i: int, m: p.ChatMessageIn) -> str:
+    if m.content is None:
+        return ""
+    if isinstance(m.content, str):
+        return m.content
+    parts = []
+    for part in m.content:
+        if part.type != "text" or part.text is None:
+            raise invalid_request(f"Only text content parts are supported (got '{part.type}').",
+                                  param=f"messages[{i}].content")
+        parts.append(part.text)
+    return "".join(parts)
+
+
+class OpenAIController(Controller):
+    path = "/v1"
+
+    async def _tenant(self, request: Request) -> TenantSnapshot:  # type: ignore[type-arg]
+        _, auth = _services(request)
+        return await auth.authenticate(request.headers.get("authorization"))
+
+    @get("/models", media_type=MediaType.JSON)
+    async def list_models(self, request: Request) -> Response[bytes]:  # type: ignore[type-arg]
+        tenant = await self._tenant(request)
+        gateway, _ = _services(request)
+        created = int(request.app.state.started_at)
+        cards = [p.ModelCard(id=a, created=created) for a in gateway.visible_models(tenant)]
+        return Response(p.encode(p.ModelList(data=cards)), media_type=MediaType.JSON)
+
+    @get("/models/{model_id:path}", media_type=MediaType.JSON)
+    async def get_model(self, request: Request, model_id: str) -> Response[bytes]:  # type: ignore[type-arg]
+        tenant = await self._tenant(request)
+        gateway, _ = _services(request)
+        alias = model_id.lstrip("/")
+        if alias not in gateway.visible_models(tenant):
+            raise GatewayError(404, f"The model '{alias}' does not exist or you do not have access to it.",
+                               code="model_not_found", param="model")
+        card = p.ModelCard(id=alias, created=int(request.app.state.started_at))
+        return Response(p.encode(card), media_type=MediaType.JSON)
+
+    @post("/chat/completions", status_code=200)
+    async def chat_completions(self, request: Request) -> Response[bytes] | Stream:  # type: ignore[type-arg]
+        tenant = await self._tenant(request)
+        req = await _decode(request, p.ChatCompletionRequest)
+        stop = _common_checks(req)
+        turns = [ChatTurn(role=m.role, content=_message_text(i, m)) for i, m in enumerate(req.messages)]
+        gateway, _ = _services(request)
+        call = gateway.prepare(tenant, endpoint="chat", alias=req.model, stream=req.stream, messages=turns,
+                               max_tokens=req.max_completion_tokens or req.max_tokens,
+                               temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=stop)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        if req.stream:
+            return Stream(_chat_events(gateway, call, include_usage), media_type="text/event-stream",
+                          headers=SSE_HEADERS)
+        text = "".join([d.text async for d in gateway.run(call)])
+        body = p.ChatCompletion(
+            id=call.request_id, created=int(time.time()), model=call.alias,
+            choices=[p.ChatChoice(index=0, message=p.ChatMessageOut(role="assistant", content=text),
+                                  finish_reason=call.finish_reason)],
+            usage=_usage(call), system_fingerprint=call.fingerprint)
+        return Response(p.encode(body), media_type=MediaType.JSON)
+
+    @post("/completions", status_code=200)
+    async def completions(self, request: Request) -> Response[bytes] | Stream:  # type: ignore[type-arg]
+        tenant = await self._tenant(request)
+        req = await _decode(request, p.CompletionRequest)
+        stop = _common_checks(req)
+        prompt = req.prompt
+        if isinstance(prompt, list):
+            if len(prompt) != 1:
+                raise invalid_request("Exactly one prompt per request is supported.", param="prompt")
+            prompt = prompt[0]
+        gateway, _ = _services(request)
+        call = gateway.prepare(tenant, endpoint="completions", alias=req.model, stream=req.stream, prompt=prompt,
+                               max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
+                               seed=req.seed, stop=stop)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        if req.stream:
+            return Stream(_completion_events(gateway, call, include_usage, prompt if req.echo else ""),
+                          media_type="text/event-stream", headers=SSE_HEADERS)
+        text = "".join([d.text async for d in gateway.run(call)])
+        body = p.Completion(
+            id=call.request_id, created=int(time.time()), model=call.alias,
+            choices=[p.CompletionChoice(index=0, text=(prompt if req.echo else "") + text,
+                                        finish_reason=call.finish_reason)],
+            usage=_usage(call), system_fingerprint=call.fingerprint)
+        return Response(p.encode(body), media_type=MediaType.JSON)
+
+
+def _usage(call: Call) -> p.Usage:
+    return p.Usage(prompt_tokens=call.prompt_tokens, completion_tokens=call.completion_tokens,
+                   total_tokens=call.prompt_tokens + call.completion_tokens)
+
+
+async def _chat_events(gateway: Gateway, call: Call, include_usage: bool) -> AsyncIterator[bytes]:
+    created = int(time.time())
+
+    def chunk(delta: p.ChunkDelta, finish: str | None = None) -> bytes:
+        choice = p.ChunkChoice(index=0, delta=delta, finish_reason=finish)
+        return event(p.ChatCompletionChunk(id=call.request_id, created=created, model=call.alias,
+                                           choices=[choice], system_fingerprint=call.fingerprint))
+
+    yield chunk(p.ChunkDelta(role="assistant", content=""))
+    try:
+        async for d in gateway.run(call):
+            if d.text:
+                yield chunk(p.ChunkDelta(content=d.text))
+            if d.finish_reason is not None:
+                yield chunk(p.ChunkDelta(), d.finish_reason)
+    except GatewayError as exc:
+        yield error_event(exc.status, exc.message, code=exc.code)
+        return
+    if include_usage:
+        yield event(p.ChatCompletionChunk(id=call.request_id, created=created, model=call.alias, choices=[],
+                                          system_fingerprint=call.fingerprint, usage=_usage(call)))
+    yield DONE
+
+
+async def _completion_events(gateway: Gateway, call: Call, include_usage: bool, echo: str) -> AsyncIterator[bytes]:
+    created = int(time.time())
+
+    def chunk(text: str, finish: str | None = None) -> bytes:
+        return event(p.Completion(id=call.request_id, created=created, model=call.alias,
+                                  choices=[p.CompletionChoice(index=0, text=text, finish_reason=finish)],
+                                  system_fingerprint=call.fingerprint))
+
+    if echo:
+        yield chunk(echo)
+    try:
+        async for d in gateway.run(call):
+            if d.text or d.finish_reason is not None:
+                yield chunk(d.text, d.finish_reason)
+    except GatewayError as exc:
+        yield error_event(exc.status, exc.message, code=exc.code)
+        return
+    if include_usage:
+        yield event(p.Completion(id=call.request_id, created=created, model=call.alias, choices=[],
+                                 system_fingerprint=call.fingerprint, usage=_usage(call)))
+    yield DONE

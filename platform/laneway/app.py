@@ -1,0 +1,71 @@
+"""create_app(settings) -> Litestar. The lifespan wires storage, engines, auth and accounting."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from litestar import Litestar
+from litestar.exceptions import HTTPException
+
+from laneway.api.errors import gateway_error_handler, http_exception_handler, internal_error_handler
+from laneway.api.health import live, ready
+from laneway.api.routes import OpenAIController
+from laneway.bootstrap import bootstrap_demo
+from laneway.core.accounting import UsageRecorder
+from laneway.core.auth import KeyAuthenticator
+from laneway.core.errors import GatewayError
+from laneway.core.pipeline import Gateway
+from laneway.db import migrate
+from laneway.db.repositories import ModelRepository
+from laneway.db.session import make_engine, make_sessionmaker
+from laneway.engines.registry import EngineRegistry
+from laneway.settings import Settings
+
+log = logging.getLogger("laneway")
+
+
+def create_app(settings: Settings | None = None) -> Litestar:
+    settings = settings or Settings.from_env()
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        db = make_engine(settings.resolved_database_url)
+        sessions = make_sessionmaker(db)
+        if settings.auto_migrate:
+            await migrate.upgrade(db)
+        if settings.bootstrap_demo:
+            await bootstrap_demo(settings, sessions)
+        async with sessions() as session:
+            specs = await ModelRepository(session).enabled_deployments()
+        registry = EngineRegistry()
+        await registry.load(specs)
+        recorder = UsageRecorder(sessions, interval_s=settings.usage_flush_interval_s,
+                                 batch_size=settings.usage_batch_size)
+        await recorder.start()
+        app.state.settings = settings
+        app.state.sessions = sessions
+        app.state.recorder = recorder
+        app.state.authenticator = KeyAuthenticator(sessions, ttl_s=settings.auth_cache_ttl_s)
+        app.state.gateway = Gateway(registry, recorder, default_max_tokens=settings.default_max_tokens)
+        app.state.started_at = time.time()
+        try:
+            yield
+        finally:
+            await recorder.stop()
+            await registry.close()
+            await db.dispose()
+
+    return Litestar(
+        route_handlers=[OpenAIController, live, ready],
+        lifespan=[lifespan],
+        exception_handlers={
+            GatewayError: gateway_error_handler,
+            HTTPException: http_exception_handler,
+            Exception: internal_error_handler,
+        },
+        debug=False,
+    )

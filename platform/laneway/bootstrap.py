@@ -1,0 +1,80 @@
+"""First-start seeding for the embedded defaults: demo model, default policies, demo tenant."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from laneway.core.auth import new_api_key
+from laneway.db.repositories import ModelRepository, PolicyRepository, TenantRepository
+from laneway.engines.demo_model import write_demo_model
+from laneway.settings import Settings
+
+log = logging.getLogger("laneway.bootstrap")
+
+POLICIES_DIR = Path(__file__).resolve().parents[2] / "policies"
+
+
+def demo_deployment(settings: Settings) -> dict[str, Any]:
+    return {"name": f"{settings.demo_model_alias}-llamacpp", "engine_kind": "llamacpp",
+            "config": {"model_path": str(settings.resolved_demo_model_path.resolve()), "parallel": 2, "demo": True},
+            "quantization": "f32", "gpu_type": "cpu", "max_model_len": 2048}
+
+
+async def import_policies(sessions: async_sessionmaker[AsyncSession], directory: Path = POLICIES_DIR) -> int:
+    """Upsert lanes and task policies from YAML; returns how many rows were written."""
+    count = 0
+    async with sessions() as session, session.begin():
+        repo = PolicyRepository(session)
+        lanes = yaml.safe_load((directory / "lanes.yaml").read_text())["lanes"]
+        for position, lane in enumerate(lanes):
+            lane = dict(lane)
+            await repo.upsert_lane(lane.pop("name"), position=position, **lane)
+            count += 1
+        for task in yaml.safe_load((directory / "tasks.yaml").read_text())["tasks"]:
+            task = dict(task)
+            await repo.upsert_task(task.pop("task"), **task)
+            count += 1
+    return count
+
+
+async def issue_key(sessions: async_sessionmaker[AsyncSession], tenant_name: str, *, name: str = "default",
+                    expires_at: Any = None) -> tuple[int, str]:
+    secret, prefix, digest = new_api_key()
+    async with sessions() as session, session.begin():
+        repo = TenantRepository(session)
+        tenant = await repo.get_by_name(tenant_name)
+        if tenant is None:
+            raise LookupError(f"no tenant named {tenant_name!r}")
+        key = await repo.add_key(tenant, prefix=prefix, secret_sha256=digest, name=name, expires_at=expires_at)
+        return key.id, secret
+
+
+async def bootstrap_demo(settings: Settings, sessions: async_sessionmaker[AsyncSession]) -> None:
+    path = settings.resolved_demo_model_path
+    if not path.exists():
+        write_demo_model(path)
+        log.info("wrote the demo model to %s", path)
+    async with sessions() as session, session.begin():
+        models = ModelRepository(session)
+        if not await models.enabled_deployments() and await models.get(settings.demo_model_alias) is None:
+            await models.upsert(settings.demo_model_alias, description="tiny random-weight Llama (llama.cpp, CPU)",
+                                deployments=[demo_deployment(settings)])
+        has_lanes = bool(await PolicyRepository(session).lanes())
+        has_tenants = await TenantRepository(session).count() > 0
+        if not has_tenants:
+            await TenantRepository(session).create("demo")
+    if not has_lanes:
+        await import_policies(sessions)
+    if not has_tenants:
+        _, secret = await issue_key(sessions, "demo", name="bootstrap")
+        key_file = settings.data_dir / "demo-api-key"
+        key_file.parent.mkdir(parents=True, exist_ok=True)
+        key_file.write_text(secret + "\n")
+        os.chmod(key_file, 0o600)
+        log.warning("created tenant 'demo' with API key %s (also in %s; shown once)", secret, key_file)

@@ -1,0 +1,177 @@
+"""The `laneway` command: serve, migrate, make-demo-model, import-policies, tenants, keys, models."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from laneway.settings import Settings
+
+
+def _with_db(fn: Callable[..., Awaitable[Any]]) -> Callable[[Settings, argparse.Namespace], Any]:
+    """Run fn(sessions, args) against the configured database, migrated to head first."""
+
+    def run(settings: Settings, args: argparse.Namespace) -> Any:
+        async def go() -> Any:
+            from laneway.db import migrate
+            from laneway.db.session import make_engine, make_sessionmaker
+
+            settings.data_dir.mkdir(parents=True, exist_ok=True)
+            engine = make_engine(settings.resolved_database_url)
+            try:
+                await migrate.upgrade(engine)
+                return await fn(make_sessionmaker(engine), args)
+            finally:
+                await engine.dispose()
+
+        return asyncio.run(go())
+
+    return run
+
+def cmd_serve(settings: Settings, args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from laneway.app import create_app
+
+    uvicorn.run(create_app(settings), host=args.host or settings.host, port=args.port or settings.port,
+                log_level=settings.log_level, timeout_graceful_shutdown=10)
+
+def cmd_migrate(settings: Settings, args: argparse.Namespace) -> None:
+    from laneway.db import migrate
+    from laneway.db.session import make_engine
+
+    async def go() -> None:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        engine = make_engine(settings.resolved_database_url)
+        try:
+            if args.downgrade:
+                await migrate.downgrade(engine, args.downgrade)
+            else:
+                await migrate.upgrade(engine, args.revision)
+            print(f"database at revision {await migrate.current(engine)}")
+        finally:
+            await engine.dispose()
+
+    asyncio.run(go())
+
+def cmd_make_demo_model(settings: Settings, args: argparse.Namespace) -> None:
+    from laneway.engines.demo_model import DemoModelShape, write_demo_model
+
+    out = Path(args.out) if args.out else settings.resolved_demo_model_path
+    write_demo_model(out, DemoModelShape(seed=args.seed))
+    print(f"wrote {out} ({out.stat().st_size} bytes, seed {args.seed})")
+
+async def _import_policies(sessions: Any, args: argparse.Namespace) -> None:
+    from laneway.bootstrap import POLICIES_DIR, import_policies
+
+    n = await import_policies(sessions, Path(args.dir) if args.dir else POLICIES_DIR)
+    print(f"imported {n} lanes and task policies")
+
+async def _tenant_create(sessions: Any, args: argparse.Namespace) -> None:
+    from laneway.db.repositories import TenantRepository
+
+    async with sessions() as session, session.begin():
+        tenant = await TenantRepository(session).create(
+            args.name, weight=args.weight, rpm=args.rpm, tpm=args.tpm, max_concurrency=args.max_concurrency,
+            allowed_models=args.models.split(",") if args.models else None)
+        print(f"created tenant {tenant.name} (id {tenant.id})")
+
+async def _key_issue(sessions: Any, args: argparse.Namespace) -> None:
+    from laneway.bootstrap import issue_key
+
+    expires = datetime.now(UTC) + timedelta(days=args.expires_days) if args.expires_days else None
+    key_id, secret = await issue_key(sessions, args.tenant, name=args.name, expires_at=expires)
+    print(f"key id {key_id} for tenant {args.tenant}; the secret is shown only once:", file=sys.stderr)
+    print(secret)
+
+async def _key_revoke(sessions: Any, args: argparse.Namespace) -> None:
+    from laneway.db.repositories import TenantRepository
+
+    async with sessions() as session, session.begin():
+        ok = await TenantRepository(session).revoke_key(args.key_id)
+    print("revoked" if ok else "no such active key")
+    if not ok:
+        raise SystemExit(1)
+
+async def _model_set(sessions: Any, args: argparse.Namespace) -> None:
+    from laneway.db.repositories import ModelRepository
+
+    deployment = {"name": args.deployment or f"{args.alias}-{args.engine}", "engine_kind": args.engine,
+                  "config": json.loads(args.config), "quantization": args.quantization,
+                  "gpu_type": args.gpu_type, "max_model_len": args.max_model_len}
+    async with sessions() as session, session.begin():
+        await ModelRepository(session).upsert(args.alias, deployments=[deployment])
+    print(f"model {args.alias} -> {args.engine}")
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="laneway", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the gateway")
+    s.add_argument("--host")
+    s.add_argument("--port", type=int)
+    s.set_defaults(fn=cmd_serve)
+
+    s = sub.add_parser("migrate", help="upgrade the database schema (Alembic)")
+    s.add_argument("--revision", default="head")
+    s.add_argument("--downgrade", metavar="REV", help="downgrade to REV instead (e.g. base)")
+    s.set_defaults(fn=cmd_migrate)
+
+    s = sub.add_parser("make-demo-model", help="write the tiny random-weight Llama GGUF")
+    s.add_argument("--out")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(fn=cmd_make_demo_model)
+
+    s = sub.add_parser("import-policies", help="upsert lanes and task policies from YAML")
+    s.add_argument("--dir")
+    s.set_defaults(fn=_with_db(_import_policies))
+
+    tenant = sub.add_parser("tenant", help="manage tenants").add_subparsers(dest="action", required=True)
+    s = tenant.add_parser("create")
+    s.add_argument("name")
+    s.add_argument("--weight", type=float, default=1.0)
+    s.add_argument("--rpm", type=int)
+    s.add_argument("--tpm", type=int)
+    s.add_argument("--max-concurrency", type=int)
+    s.add_argument("--models", help="comma-separated aliases this tenant may use (default: all)")
+    s.set_defaults(fn=_with_db(_tenant_create))
+
+    key = sub.add_parser("key", help="manage API keys").add_subparsers(dest="action", required=True)
+    s = key.add_parser("issue")
+    s.add_argument("tenant")
+    s.add_argument("--name", default="default")
+    s.add_argument("--expires-days", type=float)
+    s.set_defaults(fn=_with_db(_key_issue))
+    s = key.add_parser("revoke")
+    s.add_argument("key_id", type=int)
+    s.set_defaults(fn=_with_db(_key_revoke))
+
+    model = sub.add_parser("model", help="manage model aliases").add_subparsers(dest="action", required=True)
+    s = model.add_parser("set", help="point an alias at one deployment")
+    s.add_argument("alias")
+    s.add_argument("--engine", required=True, choices=["llamacpp", "sim"])
+    s.add_argument("--config", default="{}", help="engine config as JSON")
+    s.add_argument("--deployment")
+    s.add_argument("--quantization", default="unknown")
+    s.add_argument("--gpu-type", default="none")
+    s.add_argument("--max-model-len", type=int, default=2048)
+    s.set_defaults(fn=_with_db(_model_set))
+    return ap
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    settings = Settings.from_env()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("alembic", "gguf"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    args.fn(settings, args)
+
+if __name__ == "__main__":
+    main()

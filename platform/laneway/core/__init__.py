@@ -1,0 +1,1 @@
+"""The request pipeline: one small object per stage, testable without HTTP."""

@@ -1,0 +1,1 @@
+"""Storage: SQLAlchemy 2 async models, sessions and repositories (SQLite or PostgreSQL)."""

@@ -1,0 +1,123 @@
+"""Tables. Migrations in migrations/versions mirror these; change both together."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[str]: JSON, datetime: DateTime(timezone=True)}
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(120), unique=True)
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    rpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_concurrency: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    allowed_models: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    disabled: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    keys: Mapped[list[ApiKey]] = relationship(back_populates="tenant", cascade="all, delete-orphan")
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(120), default="default")
+    prefix: Mapped[str] = mapped_column(String(16))  # shown to admins; the secret never is
+    secret_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    last_used_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    tenant: Mapped[Tenant] = relationship(back_populates="keys")
+
+
+class Model(Base):
+    """A model alias clients name in requests; served by one or more deployments."""
+
+    __tablename__ = "models"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    alias: Mapped[str] = mapped_column(String(200), unique=True)
+    description: Mapped[str] = mapped_column(String(500), default="")
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    deployments: Mapped[list[Deployment]] = relationship(back_populates="model", cascade="all, delete-orphan")
+
+
+class Deployment(Base):
+    __tablename__ = "deployments"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    engine_kind: Mapped[str] = mapped_column(String(40))  # llamacpp | sim | vllm | trtllm
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    quantization: Mapped[str] = mapped_column(String(40), default="unknown")
+    gpu_type: Mapped[str] = mapped_column(String(60), default="none")
+    max_model_len: Mapped[int] = mapped_column(Integer, default=2048)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    model: Mapped[Model] = relationship(back_populates="deployments")
+
+
+class Lane(Base):
+    """A workload lane: first matching lane (by position) takes the request."""
+
+    __tablename__ = "lanes"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(60), unique=True)
+    position: Mapped[int] = mapped_column(Integer, default=0)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    match_max_prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    match_stream: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    match_tasks: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    max_queue_depth: Mapped[int] = mapped_column(Integer, default=64)
+    queue_timeout_s: Mapped[float] = mapped_column(Float, default=10.0)
+    max_concurrency: Mapped[int] = mapped_column(Integer, default=4)
+    max_unacked_tokens: Mapped[int] = mapped_column(Integer, default=256)
+    retry_after_s: Mapped[int] = mapped_column(Integer, default=1)
+
+
+class TaskPolicy(Base):
+    __tablename__ = "task_policies"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    task: Mapped[str] = mapped_column(String(60), unique=True)
+    max_tokens: Mapped[int] = mapped_column(Integer, default=384)
+    long_prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    long_prompt_max_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    stop: Mapped[list[str]] = mapped_column(JSON, default=list)
+
+
+class UsageRecord(Base):
+    __tablename__ = "usage_records"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    tenant_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    api_key_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    model: Mapped[str] = mapped_column(String(200))
+    deployment: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    lane: Mapped[str | None] = mapped_column(String(60), nullable=True)
+    endpoint: Mapped[str] = mapped_column(String(40))
+    stream: Mapped[bool] = mapped_column(Boolean, default=False)
+    status: Mapped[int] = mapped_column(Integer)
+    finish_reason: Mapped[str | None] = mapped_column(String(20), nullable=True)
+    error_code: Mapped[str | None] = mapped_column(String(60), nullable=True)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    queue_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ttft_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    total_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+    __table_args__ = (Index("ix_usage_tenant_created", "tenant_id", "created_at"),)

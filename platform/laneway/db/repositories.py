@@ -1,0 +1,143 @@
+"""Repositories: the only code that writes SQL. Each takes a session; the caller commits."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import selectinload
+
+from laneway.db.models import ApiKey, Deployment, Lane, Model, TaskPolicy, Tenant, UsageRecord, utcnow
+
+
+@dataclass(frozen=True)
+class DeploymentSpec:
+    """A deployment row detached from the session: what the engine registry builds from."""
+
+    id: int
+    name: str
+    alias: str
+    engine_kind: str
+    config: dict[str, Any]
+    quantization: str
+    gpu_type: str
+    max_model_len: int
+
+
+class TenantRepository:
+    def __init__(self, session: AsyncSession) -> None:
+        self.session = session
+
+    async def create(self, name: str, **fields: Any) -> Tenant:
+        tenant = Tenant(name=name, **fields)
+        self.session.add(tenant)
+        await self.session.flush()
+        return tenant
+
+    async def get_by_name(self, name: str) -> Tenant | None:
+        return (await self.session.execute(select(Tenant).where(Tenant.name == name))).scalar_one_or_none()
+
+    async def count(self) -> int:
+        return len((await self.session.execute(select(Tenant.id))).all())
+
+    async def add_key(self, tenant: Tenant, *, prefix: str, secret_sha256: str, name: str = "default",
+                      expires_at: datetime | None = None) -> ApiKey:
+        key = ApiKey(tenant_id=tenant.id, prefix=prefix, secret_sha256=secret_sha256, name=name,
+                     expires_at=expires_at)
+        self.session.add(key)
+        await self.session.flush()
+        return key
+
+    async def find_key(self, secret_sha256: str) -> ApiKey | None:
+        stmt = (select(ApiKey).options(selectinload(ApiKey.tenant))
+                .where(ApiKey.secret_sha256 == secret_sha256))
+        return (await self.session.execute(stmt)).scalar_one_or_none()
+
+    async def revoke_key(self, key_id: int) -> bool:
+        result = await self.session.execute(
+            update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None)).values(revoked_at=utcnow()))
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    async def touch_keys(self, key_ids: Iterable[int], when: datetime) -> None:
+        ids = sorted(set(key_ids))
+        if ids:
+            await self.session.execute(update(ApiKey).where(ApiKey.id.in_(ids)).values(last_used_at=when))
+
+
+class ModelRepository:
+    def __init__(self, session: AsyncSession) -> None:
+        self.session = session
+
+    async def get(self, alias: str) -> Model | None:
+        stmt = select(Model).options(selectinload(Model.deployments)).where(Model.alias == alias)
+        return (await self.session.execute(stmt)).scalar_one_or_none()
+
+    async def upsert(self, alias: str, *, description: str = "", deployments: Sequence[dict[str, Any]]) -> Model:
+        """Create the alias or replace its deployments (a registry change, not a code change)."""
+        model = await self.get(alias)
+        if model is None:
+            model = Model(alias=alias, description=description, deployments=[])
+            self.session.add(model)
+        model.description = description or model.description
+        model.deployments.clear()
+        await self.session.flush()
+        for d in deployments:
+            model.deployments.append(Deployment(**d))
+        await self.session.flush()
+        return model
+
+    async def enabled_deployments(self) -> list[DeploymentSpec]:
+        stmt = (select(Deployment, Model.alias).join(Model)
+                .where(Model.enabled.is_(True), Deployment.enabled.is_(True)).order_by(Deployment.id))
+        return [DeploymentSpec(id=d.id, name=d.name, alias=alias, engine_kind=d.engine_kind,
+                               config=dict(d.config or {}), quantization=d.quantization, gpu_type=d.gpu_type,
+                               max_model_len=d.max_model_len)
+                for d, alias in (await self.session.execute(stmt)).all()]
+
+
+class PolicyRepository:
+    def __init__(self, session: AsyncSession) -> None:
+        self.session = session
+
+    async def lanes(self) -> list[Lane]:
+        return list((await self.session.execute(select(Lane).order_by(Lane.position, Lane.id))).scalars())
+
+    async def task_policies(self) -> list[TaskPolicy]:
+        return list((await self.session.execute(select(TaskPolicy).order_by(TaskPolicy.task))).scalars())
+
+    async def upsert_lane(self, name: str, **fields: Any) -> Lane:
+        lane = (await self.session.execute(select(Lane).where(Lane.name == name))).scalar_one_or_none()
+        if lane is None:
+            lane = Lane(name=name)
+            self.session.add(lane)
+        for k, v in fields.items():
+            setattr(lane, k, v)
+        await self.session.flush()
+        return lane
+
+    async def upsert_task(self, task: str, **fields: Any) -> TaskPolicy:
+        row = (await self.session.execute(select(TaskPolicy).where(TaskPolicy.task == task))).scalar_one_or_none()
+        if row is None:
+            row = TaskPolicy(task=task)
+            self.session.add(row)
+        for k, v in fields.items():
+            setattr(row, k, v)
+        await self.session.flush()
+        return row
+
+
+class UsageRepository:
+    def __init__(self, session: AsyncSession) -> None:
+        self.session = session
+
+    async def add_many(self, rows: Sequence[dict[str, Any]]) -> None:
+        if rows:
+            await self.session.execute(UsageRecord.__table__.insert(), list(rows))
+
+    async def for_tenant(self, tenant_id: int) -> list[UsageRecord]:
+        stmt = select(UsageRecord).where(UsageRecord.tenant_id == tenant_id).order_by(UsageRecord.id)
+        return list((await self.session.execute(stmt)).scalars())

@@ -1,0 +1,1 @@
+"""Engine adapters: one per inference engine, all speaking the protocol in base.py."""

@@ -1,0 +1,43 @@
+"""The Engine protocol every adapter implements.
+
+Closing the iterator returned by generate() *is* cancellation: the adapter must free its
+engine-side slot (stop decoding, abort the remote request) when that happens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol, runtime_checkable
+
+from laneway.types import ChatTurn, Delta, EngineInfo, GenerationRequest, PromptMeasure
+
+
+class EngineError(Exception):
+    """The engine failed to serve a request (crash, bad config, remote error)."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    info: EngineInfo
+
+    async def start(self) -> None:
+        """Load or connect; raise EngineError when the deployment cannot serve."""
+
+    async def close(self) -> None: ...
+
+    def measure(self, *, prompt: str | None = None, messages: Sequence[ChatTurn] | None = None) -> PromptMeasure:
+        """Render chat messages with the model's template and count prompt tokens."""
+        ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[Delta]:
+        """Stream deltas; the last one carries finish_reason. Closing it cancels."""
+        ...
+
+    async def warmup(self, prompts: Sequence[str]) -> None: ...
+
+    async def health(self) -> bool: ...
+
+    @property
+    def active_slots(self) -> int:
+        """Sequences holding an engine slot right now (for leak checks and metrics)."""
+        ...

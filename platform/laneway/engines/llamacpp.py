@@ -1,0 +1,184 @@
+"""llama.cpp in-process through llama-cpp-python.
+
+One `Llama` context per slot (`parallel` of them, default 2); each generation runs in a
+worker thread so the event loop never blocks on decode. Deltas cross back to the loop with
+call_soon_threadsafe. Closing the stream sets a cancel flag that the decode loop checks
+before every token; the slot returns to the pool only when the thread has let go of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import os
+import random
+import threading
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from laneway.engines.base import EngineError
+from laneway.engines.chat_template import CHATML, render_chat
+from laneway.engines.demo_model import BANNED_BYTE_TOKENS
+from laneway.types import ChatTurn, Delta, EngineInfo, FinishReason, GenerationRequest, PromptMeasure
+
+_DONE = object()
+
+
+class LlamaCppEngine:
+    """Config keys: model_path (required), parallel, n_ctx, n_threads, demo (ban invalid-UTF-8
+    byte tokens), ban_tokens (list of ids), logit_bias ({id: bias})."""
+
+    def __init__(self, alias: str, config: dict[str, Any], *, quantization: str = "unknown",
+                 gpu_type: str = "none", max_model_len: int | None = None) -> None:
+        self.alias = alias
+        self.model_path = Path(str(config["model_path"]))
+        self.parallel = max(1, int(config.get("parallel", 2)))
+        self.n_ctx = int(config.get("n_ctx", max_model_len or 2048))
+        self.n_threads = int(config.get("n_threads", max(1, (os.cpu_count() or 1) // self.parallel)))
+        bias: dict[int, float] = {int(k): float(v) for k, v in dict(config.get("logit_bias", {})).items()}
+        banned = list(config.get("ban_tokens", []))
+        if config.get("demo", False):
+            banned += BANNED_BYTE_TOKENS
+        for tok in banned:
+            bias[int(tok)] = -float("inf")
+        self._bias_ids = np.array(sorted(bias), dtype=np.int64)
+        self._bias_vals = np.array([bias[i] for i in sorted(bias)], dtype=np.float32)
+        self.info = EngineInfo(engine="llamacpp", model=alias, quantization=quantization, gpu_type=gpu_type,
+                               max_model_len=self.n_ctx, max_concurrency=self.parallel)
+        self._contexts: list[Any] = []
+        self._free: asyncio.Queue[Any] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._template = CHATML
+        self._active = 0
+        self._eog: Any = None
+
+    async def start(self) -> None:
+        if not self.model_path.is_file():
+            raise EngineError(f"llama.cpp model file not found: {self.model_path}")
+        from llama_cpp import Llama, llama_vocab_is_eog
+
+        def load() -> list[Any]:
+            return [Llama(model_path=str(self.model_path), n_ctx=self.n_ctx, n_threads=self.n_threads,
+                          n_batch=min(512, self.n_ctx), verbose=False) for _ in range(self.parallel)]
+
+        try:
+            self._contexts = await asyncio.to_thread(load)
+        except Exception as exc:  # llama.cpp raises ValueError on a bad file
+            raise EngineError(f"llama.cpp could not load {self.model_path}: {exc}") from exc
+        first = self._contexts[0]
+        self._template = str(first.metadata.get("tokenizer.chat_template") or CHATML)
+        vocab = first._model.vocab
+        self._eog = lambda tok: bool(llama_vocab_is_eog(vocab, tok))
+        self._free = asyncio.Queue()
+        for ctx in self._contexts:
+            self._free.put_nowait(ctx)
+        self._pool = ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix=f"llamacpp-{self.alias}")
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        for ctx in self._contexts:
+            ctx.close()
+        self._contexts = []
+
+    @property
+    def active_slots(self) -> int:
+        return self._active
+
+    def measure(self, *, prompt: str | None = None, messages: Sequence[ChatTurn] | None = None) -> PromptMeasure:
+        text = render_chat(messages, self._template) if messages is not None else (prompt or "")
+        # special=True so the ChatML markers count as the single tokens the model sees.
+        ids = self._contexts[0].tokenize(text.encode("utf-8"), add_bos=True, special=True)
+        return PromptMeasure(text=text, tokens=len(ids))
+
+    async def health(self) -> bool:
+        return bool(self._contexts) and self._free is not None
+
+    async def warmup(self, prompts: Sequence[str]) -> None:
+        for i, prompt in enumerate(prompts):
+            req = GenerationRequest(request_id=f"warmup-{i}", prompt=prompt,
+                                    prompt_tokens=self.measure(prompt=prompt).tokens, max_tokens=1, seed=0)
+            async for _ in self.generate(req):
+                pass
+
+    def _decode_loop(self, ctx: Any, req: GenerationRequest, cancel: threading.Event,
+                     emit: Any) -> None:
+        """Runs in a worker thread. Emits Delta objects, then _DONE (or the exception)."""
+        try:
+            ids = ctx.tokenize(req.prompt.encode("utf-8"), add_bos=True, special=True)
+            ctx.set_seed(req.seed if req.seed is not None else random.getrandbits(32))
+            bias_ids, bias_vals = self._bias_ids, self._bias_vals
+
+            def apply_bias(_: Any, scores: np.ndarray) -> np.ndarray:
+                if len(bias_ids):
+                    scores[bias_ids] += bias_vals
+                return scores
+
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            produced = 0
+            finish: FinishReason = "length"
+            if req.max_tokens > 0:
+                for tok in ctx.generate(ids, temp=max(req.temperature, 0.0), top_p=req.top_p, top_k=0,
+                                        min_p=0.0, reset=True, logits_processor=[apply_bias]):
+                    if cancel.is_set():
+                        finish = "cancelled"
+                        break
+                    if self._eog(tok):
+                        finish = "stop"
+                        break
+                    produced += 1
+                    text = decoder.decode(ctx.detokenize([tok]))
+                    if produced >= req.max_tokens:
+                        emit(Delta(text=text + decoder.decode(b"", final=True), tokens=1, finish_reason="length"))
+                        return
+                    emit(Delta(text=text, tokens=1))
+            emit(Delta(text=decoder.decode(b"", final=True), tokens=0, finish_reason=finish))
+        except BaseException as exc:  # surfaced on the loop as EngineError
+            emit(exc)
+        finally:
+            emit(_DONE)
+
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+        if self._free is None or self._pool is None:
+            raise EngineError(f"deployment for {self.alias} is not started")
+        loop = asyncio.get_running_loop()
+        ctx = await self._free.get()
+        self._active += 1
+        cancel = threading.Event()
+        out: asyncio.Queue[Any] = asyncio.Queue()
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._active -= 1
+                assert self._free is not None
+                self._free.put_nowait(ctx)
+
+        def emit(item: Any) -> None:
+            loop.call_soon_threadsafe(out.put_nowait, item)
+
+        try:
+            future = loop.run_in_executor(self._pool, self._decode_loop, ctx, req, cancel, emit)
+        except BaseException:
+            release()
+            raise
+        # The slot is free once the decode thread has returned, whoever stops first.
+        future.add_done_callback(lambda _f: release())
+        try:
+            while True:
+                item = await out.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise EngineError(f"llama.cpp generation failed: {item}") from item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            cancel.set()

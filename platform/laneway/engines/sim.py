@@ -1,0 +1,132 @@
+"""A calibrated engine simulator with continuous batching, for scheduler tests and benchmarks.
+
+Not a model: it emits deterministic filler words and says so (`system_fingerprint` of every
+response is "laneway-sim"). Its cost model is what makes queueing real:
+
+  step time = decode_ms_base + decode_ms_per_seq * batch size
+              + prefill_ms_per_token * prompt tokens of sequences joining this step
+
+Up to `max_concurrency` sequences run at once; the rest wait inside the engine, as they
+would in vLLM. Its tokenizer counts one token per 4 characters (at least one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import zlib
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from laneway.engines.chat_template import render_chat
+from laneway.engines.demo_model import WORDS
+from laneway.types import ChatTurn, Delta, EngineInfo, GenerationRequest, PromptMeasure
+
+SIM_FINGERPRINT = "laneway-sim"
+
+
+@dataclass(eq=False)
+class _Sequence:
+    request: GenerationRequest
+    rng: random.Random
+    out: asyncio.Queue[Delta] = field(default_factory=asyncio.Queue)
+    produced: int = 0
+    prefilled: bool = False
+
+
+class SimEngine:
+    def __init__(self, alias: str, config: dict[str, Any], *, quantization: str = "sim",
+                 gpu_type: str = "sim", max_model_len: int | None = None) -> None:
+        self.alias = alias
+        self.prefill_ms_per_token = float(config.get("prefill_ms_per_token", 0.02))
+        self.decode_ms_base = float(config.get("decode_ms_base", 2.0))
+        self.decode_ms_per_seq = float(config.get("decode_ms_per_seq", 0.1))
+        self.max_concurrency = int(config.get("max_concurrency", 8))
+        self.info = EngineInfo(engine="sim", model=alias, quantization=quantization, gpu_type=gpu_type,
+                               max_model_len=int(max_model_len or config.get("max_model_len", 8192)),
+                               max_concurrency=self.max_concurrency)
+        self._waiting: deque[_Sequence] = deque()
+        self._running: list[_Sequence] = []
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self.steps = 0
+
+    async def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._step_loop(), name=f"sim-{self.alias}")
+
+    async def close(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            try:
+                await self._loop_task
+            except asyncio.CancelledError:
+                pass
+
+    @property
+    def active_slots(self) -> int:
+        return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def measure(self, *, prompt: str | None = None, messages: Sequence[ChatTurn] | None = None) -> PromptMeasure:
+        text = render_chat(messages) if messages is not None else (prompt or "")
+        return PromptMeasure(text=text, tokens=max(1, (len(text) + 3) // 4))
+
+    async def health(self) -> bool:
+        return self._loop_task is not None and not self._loop_task.done()
+
+    async def warmup(self, prompts: Sequence[str]) -> None:
+        return None  # nothing to warm: the simulator has no caches
+
+    async def _step_loop(self) -> None:
+        while True:
+            if not self._running and not self._waiting:
+                self._wake.clear()
+                await self._wake.wait()
+            joining: list[_Sequence] = []
+            while self._waiting and len(self._running) < self.max_concurrency:
+                seq = self._waiting.popleft()
+                self._running.append(seq)
+                joining.append(seq)
+            prefill = sum(s.request.prompt_tokens for s in joining)
+            step_ms = (self.decode_ms_base + self.decode_ms_per_seq * len(self._running)
+                       + self.prefill_ms_per_token * prefill)
+            await asyncio.sleep(step_ms / 1000.0)
+            self.steps += 1
+            for seq in list(self._running):
+                if seq not in self._running:  # cancelled during the step
+                    continue
+                seq.produced += 1
+                word = " " + seq.rng.choice(WORDS)
+                if seq.produced >= seq.request.max_tokens:
+                    self._running.remove(seq)
+                    seq.out.put_nowait(Delta(text=word, tokens=1, finish_reason="length"))
+                else:
+                    seq.out.put_nowait(Delta(text=word, tokens=1))
+
+    def _forget(self, seq: _Sequence) -> None:
+        if seq in self._running:
+            self._running.remove(seq)
+        elif seq in self._waiting:
+            self._waiting.remove(seq)
+
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+        seed = req.seed if req.seed is not None else zlib.crc32(req.prompt.encode("utf-8"))
+        seq = _Sequence(request=req, rng=random.Random(seed))
+        if req.max_tokens <= 0:
+            yield Delta(text="", tokens=0, finish_reason="length")
+            return
+        self._waiting.append(seq)
+        self._wake.set()
+        try:
+            while True:
+                delta = await seq.out.get()
+                yield delta
+                if delta.finish_reason is not None:
+                    return
+        finally:
+            self._forget(seq)  # closing the stream frees the slot at once

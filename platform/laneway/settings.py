@@ -1,0 +1,67 @@
+"""All configuration, read once from LANEWAY_* environment variables into one object."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+
+def _bool(v: str) -> bool:
+    return v.strip().lower() in {"1", "true", "yes", "on"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Where the embedded defaults keep their files (SQLite database, demo model, demo key).
+    data_dir: Path = Path("laneway-data")
+    # SQLite by default so a fresh machine needs nothing; postgresql+asyncpg://... in production.
+    database_url: str = ""
+    host: str = "127.0.0.1"
+    port: int = 8080
+    # Run migrations at start (on by default for the embedded SQLite; use `laneway migrate` in prod).
+    auto_migrate: bool = True
+    # On an empty database: register the tiny llama.cpp demo model and a demo tenant with a key.
+    bootstrap_demo: bool = True
+    demo_model_path: Path | None = None
+    demo_model_alias: str = "tiny"
+    # How long an API key lookup is cached: a revoked key stops working within this.
+    auth_cache_ttl_s: float = 0.5
+    # Usage rows are written in batches off the hot path.
+    usage_flush_interval_s: float = 0.5
+    usage_batch_size: int = 500
+    # Caps a request that names no max_tokens (also capped by the model's context left).
+    default_max_tokens: int = 512
+    redis_url: str | None = None
+    log_level: str = "info"
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite+aiosqlite:///{(self.data_dir / 'laneway.db').resolve()}"
+
+    @property
+    def resolved_demo_model_path(self) -> Path:
+        return self.demo_model_path or self.data_dir / "models" / "tiny-llama.gguf"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = env.get(f"LANEWAY_{f.name.upper()}")
+            if raw is None:
+                continue
+            kind = str(f.type)
+            if "bool" in kind:
+                values[f.name] = _bool(raw)
+            elif kind.startswith("int"):
+                values[f.name] = int(raw)
+            elif kind.startswith("float"):
+                values[f.name] = float(raw)
+            elif "Path" in kind:
+                values[f.name] = Path(raw)
+            else:
+                values[f.name] = raw or None if "None" in kind else raw
+        values.update(overrides)
+        return cls(**values)  # type: ignore[arg-type]
