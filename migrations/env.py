@@ -23,8 +23,7 @@ def _run(connection: Connection) -> None:
 async def _run_async() -> None:
     url = config.get_main_option("sqlalchemy.url")
     assert url, "sqlalchemy.url must be set (laneway migrate sets it from LANEWAY_DATABASE_URL)"
-    engine = make_engine(url, connect_args=config.attributes.get("connect_args", {})) \
-        if config.attributes.get("connect_args") else make_engine(url)
+    engine = make_engine(url)
     async with engine.connect() as conn:
         await conn.run_sync(_run)
         await conn.commit()

@@ -51,13 +51,17 @@ def internal_error_handler(request: Request, exc: Exception) -> Response[bytes]:
 
 
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
+_MISSING = re.compile(r"missing required field `([^`]+)`")
 
 
 def validation_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> GatewayError:
     """Turn msgspec's message ("Expected `int`, got `str` - at `$.max_tokens`") into a 400 with param."""
     text = str(exc)
     match = _PATH.search(text)
-    param = match.group(1) if match else None
+    param = match.group(1) if match else ""
+    missing = _MISSING.search(text)
+    if missing:
+        param = f"{param}.{missing.group(1)}" if param else missing.group(1)
     if isinstance(exc, msgspec.DecodeError) and not isinstance(exc, msgspec.ValidationError):
         return GatewayError(400, f"Request body is not valid JSON: {text}", code="invalid_json")
     return GatewayError(400, f"Invalid request: {text}", code="invalid_request", param=param or None)

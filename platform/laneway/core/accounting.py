@@ -42,6 +42,10 @@ class UsageRecorder:
     def pending(self) -> int:
         return len(self._pending)
 
+    def queued_rows(self) -> list[dict[str, Any]]:
+        """A copy of the rows not yet written (for inspection)."""
+        return list(self._pending)
+
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="usage-recorder")
 

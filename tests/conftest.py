@@ -1,0 +1,70 @@
+"""Shared fixtures: the demo model, databases (SQLite always; PostgreSQL when reachable), services.
+
+Under CI=true a missing PostgreSQL or Redis is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from laneway.db import migrate
+from laneway.db.session import make_engine
+from laneway.engines.demo_model import write_demo_model
+
+PG_URL = os.environ.get("LANEWAY_TEST_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def require_service(name: str, host: str, port: int) -> None:
+    if _reachable(host, port):
+        return
+    message = f"{name} is not reachable at {host}:{port}"
+    if IN_CI:
+        pytest.fail(f"{message} (CI=true: services are required)")
+    pytest.skip(f"{message}; start it to run these tests")
+
+
+@pytest.fixture(scope="session")
+def demo_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_demo_model(tmp_path_factory.mktemp("model") / "tiny.gguf")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def db_engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[AsyncEngine]:
+    """A migrated, empty database: SQLite in a temp file, or a throwaway PostgreSQL schema."""
+    if request.param == "sqlite":
+        engine = make_engine(f"sqlite+aiosqlite:///{tmp_path / 'test.db'}")
+        await migrate.upgrade(engine)
+        yield engine
+        await engine.dispose()
+        return
+    require_service("PostgreSQL", "127.0.0.1", 5432)
+    schema = f"lw_test_{uuid.uuid4().hex[:12]}"
+    admin = make_engine(PG_URL)
+    async with admin.begin() as conn:
+        await conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    engine = make_engine(PG_URL, connect_args={"server_settings": {"search_path": schema}})
+    try:
+        await migrate.upgrade(engine)
+        yield engine
+    finally:
+        await engine.dispose()
+        async with admin.begin() as conn:
+            await conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        await admin.dispose()

@@ -1,0 +1,94 @@
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from laneway.bootstrap import issue_key
+from laneway.core.accounting import UsageRecorder
+from laneway.core.auth import KeyAuthenticator, hash_secret, new_api_key
+from laneway.core.errors import GatewayError
+from laneway.db.repositories import TenantRepository, UsageRepository
+from laneway.db.session import make_sessionmaker
+
+
+def test_new_keys_are_unique_and_only_the_hash_is_derived() -> None:
+    a, prefix, digest = new_api_key()
+    b, _, _ = new_api_key()
+    assert a != b and a.startswith("lw-") and prefix == a[:10] and digest == hash_secret(a)
+    assert a not in digest
+
+
+async def test_authenticate_caches_and_sees_revocation_within_the_ttl(db_engine: AsyncEngine) -> None:
+    sessions = make_sessionmaker(db_engine)
+    async with sessions() as s, s.begin():
+        await TenantRepository(s).create("acme", weight=2.0, rpm=10, allowed_models=["tiny"])
+    key_id, secret = await issue_key(sessions, "acme")
+    auth = KeyAuthenticator(sessions, ttl_s=0.2)
+    tenant = await auth.authenticate(f"Bearer {secret}")
+    assert (tenant.name, tenant.weight, tenant.rpm, tenant.api_key_id) == ("acme", 2.0, 10, key_id)
+    assert tenant.may_use("tiny") and not tenant.may_use("other")
+    await auth.authenticate(f"Bearer {secret}")
+    assert auth.lookups == 1  # second call served from cache
+
+    async with sessions() as s, s.begin():
+        await TenantRepository(s).revoke_key(key_id)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 1.0
+    while loop.time() < deadline:
+        try:
+            await auth.authenticate(f"Bearer {secret}")
+        except GatewayError as exc:
+            assert exc.status == 401 and "revoked" in exc.message
+            break
+        await asyncio.sleep(0.02)
+    else:
+        pytest.fail("revoked key still accepted after 1 s")
+
+
+@pytest.mark.parametrize("header", [None, "", "Basic abc", "Bearer ", "Bearer lw-nope"])
+async def test_missing_or_bad_keys_are_401(db_engine: AsyncEngine, header: str | None) -> None:
+    auth = KeyAuthenticator(make_sessionmaker(db_engine))
+    with pytest.raises(GatewayError) as info:
+        await auth.authenticate(header)
+    assert info.value.status == 401 and info.value.code == "invalid_api_key"
+
+
+async def test_expired_key_and_disabled_tenant_are_refused(db_engine: AsyncEngine) -> None:
+    sessions = make_sessionmaker(db_engine)
+    async with sessions() as s, s.begin():
+        await TenantRepository(s).create("old")
+        await TenantRepository(s).create("off", disabled=True)
+    _, expired = await issue_key(sessions, "old", expires_at=datetime.now(UTC) - timedelta(seconds=1))
+    _, disabled = await issue_key(sessions, "off")
+    auth = KeyAuthenticator(sessions)
+    with pytest.raises(GatewayError, match="expired") as info:
+        await auth.authenticate(f"Bearer {expired}")
+    assert info.value.status == 401
+    with pytest.raises(GatewayError, match="disabled") as info:
+        await auth.authenticate(f"Bearer {disabled}")
+    assert info.value.status == 403
+
+
+async def test_recorder_writes_in_batches_and_touches_keys(db_engine: AsyncEngine) -> None:
+    sessions = make_sessionmaker(db_engine)
+    async with sessions() as s, s.begin():
+        await TenantRepository(s).create("acme")
+    key_id, secret = await issue_key(sessions, "acme")
+    recorder = UsageRecorder(sessions, interval_s=60, batch_size=10)  # only a full batch wakes it
+    await recorder.start()
+    for i in range(25):
+        recorder.record({"request_id": f"r{i}", "tenant_id": 1, "api_key_id": key_id, "model": "m",
+                         "endpoint": "chat", "stream": False, "status": 200, "prompt_tokens": 1,
+                         "completion_tokens": 1})
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 5
+    while recorder.written < 20 and loop.time() < deadline:
+        await asyncio.sleep(0.01)
+    assert recorder.written >= 20
+    await recorder.stop()  # flushes the remainder
+    assert recorder.written == 25 and recorder.pending == 0
+    async with sessions() as s:
+        assert len(await UsageRepository(s).for_tenant(1)) == 25
+        key = await TenantRepository(s).find_key(hash_secret(secret))
+        assert key is not None and key.last_used_at is not None

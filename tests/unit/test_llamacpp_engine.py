@@ -1,0 +1,82 @@
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from laneway.engines.base import EngineError
+from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN
+from laneway.engines.llamacpp import LlamaCppEngine
+from laneway.types import ChatTurn, GenerationRequest
+
+
+@pytest.fixture
+async def llama(demo_model_path: Path) -> LlamaCppEngine:
+    engine = LlamaCppEngine("tiny", {"model_path": str(demo_model_path), "parallel": 2, "demo": True,
+                                     "ban_tokens": [EOS_TOKEN, IM_END_TOKEN]}, max_model_len=512)
+    await engine.start()
+    yield engine  # type: ignore[misc]
+    await engine.close()
+
+
+def req(engine: LlamaCppEngine, prompt: str = "hello world", *, max_tokens: int = 16,
+        seed: int | None = 7) -> GenerationRequest:
+    return GenerationRequest(request_id="r", prompt=prompt, prompt_tokens=engine.measure(prompt=prompt).tokens,
+                             max_tokens=max_tokens, seed=seed, temperature=0.8)
+
+
+async def collect(engine: LlamaCppEngine, r: GenerationRequest) -> tuple[str, int, str | None]:
+    text, tokens, finish = "", 0, None
+    async for d in engine.generate(r):
+        text, tokens, finish = text + d.text, tokens + d.tokens, d.finish_reason
+    return text, tokens, finish
+
+
+async def test_generates_exactly_max_tokens_when_end_tokens_are_banned(llama: LlamaCppEngine) -> None:
+    text, tokens, finish = await collect(llama, req(llama, max_tokens=16))
+    assert tokens == 16 and finish == "length" and text
+
+
+async def test_same_seed_same_text_and_output_is_valid_utf8(llama: LlamaCppEngine) -> None:
+    a, b = await asyncio.gather(collect(llama, req(llama)), collect(llama, req(llama)))
+    assert a == b
+    assert "\ufffd" not in a[0]  # the demo bias bans lone high bytes
+
+
+async def test_measure_renders_chatml_and_counts_markers_as_single_tokens(llama: LlamaCppEngine) -> None:
+    m = llama.measure(messages=[ChatTurn("user", "hello")])
+    assert m.text == "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    # BOS + <|im_start|> + "user" pieces ... far fewer tokens than characters
+    assert 5 < m.tokens < len(m.text) // 2
+
+
+async def test_closing_the_stream_stops_decoding_and_frees_the_slot(llama: LlamaCppEngine) -> None:
+    stream = llama.generate(req(llama, max_tokens=400))
+    await anext(stream)
+    assert llama.active_slots == 1
+    await stream.aclose()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 2
+    while llama.active_slots and loop.time() < deadline:
+        await asyncio.sleep(0.001)
+    assert llama.active_slots == 0
+    # The freed context serves the next request normally.
+    assert (await collect(llama, req(llama, max_tokens=3)))[1] == 3
+
+
+async def test_parallel_slots_serve_concurrent_requests(llama: LlamaCppEngine) -> None:
+    peak = 0
+
+    async def run() -> None:
+        nonlocal peak
+        async for _ in llama.generate(req(llama, max_tokens=64)):
+            peak = max(peak, llama.active_slots)
+            await asyncio.sleep(0)
+
+    await asyncio.gather(*(run() for _ in range(4)))
+    assert peak == 2 and llama.active_slots == 0
+
+
+async def test_missing_model_file_is_a_clear_engine_error(tmp_path: Path) -> None:
+    engine = LlamaCppEngine("x", {"model_path": str(tmp_path / "nope.gguf")})
+    with pytest.raises(EngineError, match="not found"):
+        await engine.start()

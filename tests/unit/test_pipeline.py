@@ -1,0 +1,97 @@
+"""The pipeline without HTTP: resolve, measure, policy, stop enforcement, accounting."""
+
+from typing import Any
+
+import pytest
+
+from laneway.core.accounting import UsageRecorder
+from laneway.core.errors import GatewayError
+from laneway.core.pipeline import CLIENT_CLOSED, Gateway
+from laneway.db.repositories import DeploymentSpec
+from laneway.engines.registry import EngineRegistry
+from laneway.types import ChatTurn, TenantSnapshot
+
+TENANT = TenantSnapshot(id=1, name="acme", api_key_id=11)
+
+
+def spec(alias: str, kind: str = "sim", config: dict[str, Any] | None = None, max_len: int = 256) -> DeploymentSpec:
+    return DeploymentSpec(id=1, name=f"{alias}-{kind}", alias=alias, engine_kind=kind,
+                          config=config or {"decode_ms_base": 0.1, "prefill_ms_per_token": 0.0},
+                          quantization="q8", gpu_type="sim", max_model_len=max_len)
+
+
+@pytest.fixture
+async def gateway() -> Gateway:
+    registry = EngineRegistry()
+    await registry.load([spec("sim"), spec("broken", kind="nope")])
+    gw = Gateway(registry, UsageRecorder(None, interval_s=60), default_max_tokens=32)  # type: ignore[arg-type]
+    yield gw  # type: ignore[misc]
+    await registry.close()
+
+
+async def drain(gw: Gateway, call: Any) -> str:
+    return "".join([d.text async for d in gw.run(call)])
+
+
+async def test_unknown_model_is_404_and_a_failed_deployment_is_reported(gateway: Gateway) -> None:
+    with pytest.raises(GatewayError) as info:
+        gateway.prepare(TENANT, endpoint="chat", alias="nope", stream=False, prompt="x")
+    assert (info.value.status, info.value.code, info.value.param) == (404, "model_not_found", "model")
+    assert "broken-nope" in gateway.registry.failed and not gateway.registry.ready
+
+
+async def test_model_outside_the_tenants_allow_list_is_403(gateway: Gateway) -> None:
+    tenant = TenantSnapshot(id=2, name="t", api_key_id=2, allowed_models=frozenset({"other"}))
+    with pytest.raises(GatewayError) as info:
+        gateway.prepare(tenant, endpoint="chat", alias="sim", stream=False, prompt="x")
+    assert info.value.status == 403 and info.value.code == "model_not_allowed"
+
+
+async def test_prompt_that_fills_the_context_is_413(gateway: Gateway) -> None:
+    with pytest.raises(GatewayError) as info:
+        gateway.prepare(TENANT, endpoint="completions", alias="sim", stream=False, prompt="x" * 1024)
+    assert info.value.status == 413 and info.value.code == "context_length_exceeded"
+
+
+async def test_max_tokens_is_the_clients_when_lower_and_never_beyond_the_context(gateway: Gateway) -> None:
+    def budget(prompt_chars: int, asked: int | None) -> int:
+        call = gateway.prepare(TENANT, endpoint="completions", alias="sim", stream=False,
+                               prompt="x" * prompt_chars, max_tokens=asked)
+        return call.generation.max_tokens
+
+    assert budget(40, 5) == 5  # the client's own, lower
+    assert budget(40, None) == 32  # the default cap
+    assert budget(1000, 100) == 256 - 250  # the context left
+
+
+async def test_chat_messages_are_rendered_and_generation_is_accounted(gateway: Gateway) -> None:
+    call = gateway.prepare(TENANT, endpoint="chat", alias="sim", stream=True,
+                           messages=[ChatTurn("user", "hi")], max_tokens=4, seed=3)
+    assert call.generation.prompt.startswith("<|im_start|>user\nhi")
+    text = await drain(gateway, call)
+    assert call.completion_tokens == 4 and call.finish_reason == "length" and len(text.split()) == 4
+    [row] = gateway.recorder.queued_rows()
+    assert row["tenant_id"] == 1 and row["api_key_id"] == 11 and row["status"] == 200
+    assert row["completion_tokens"] == 4 and row["stream"] is True and row["ttft_ms"] is not None
+
+
+async def test_stop_sequences_are_enforced_by_the_gateway(gateway: Gateway) -> None:
+    full = await drain(gateway, gateway.prepare(TENANT, endpoint="completions", alias="sim", stream=False,
+                                                prompt="q", max_tokens=30, seed=5))
+    stop = full.split()[5]  # a word the sim will emit (first occurrence is the cut point)
+    call = gateway.prepare(TENANT, endpoint="completions", alias="sim", stream=False, prompt="q",
+                           max_tokens=30, seed=5, stop=[stop])
+    text = await drain(gateway, call)
+    assert text == full[: full.index(stop)]
+    assert call.finish_reason == "stop" and stop not in text
+
+
+async def test_abandoned_stream_frees_the_engine_and_is_recorded_as_client_closed(gateway: Gateway) -> None:
+    call = gateway.prepare(TENANT, endpoint="chat", alias="sim", stream=True, prompt="q", max_tokens=200)
+    stream = gateway.run(call)
+    await anext(stream)
+    engine = call.deployment.engine
+    assert engine.active_slots == 1 and call.deployment.outstanding == 1
+    await stream.aclose()
+    assert engine.active_slots == 0 and call.deployment.outstanding == 0
+    assert gateway.recorder.queued_rows()[-1]["status"] == CLIENT_CLOSED
