@@ -1,7 +1,7 @@
 """initial schema
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-12-02
 """
 from __future__ import annotations
@@ -74,6 +74,7 @@ def upgrade() -> None:
     sa.Column('deployment', sa.String(length=200), nullable=True),
     sa.Column('lane', sa.String(length=60), nullable=True),
     sa.Column('endpoint', sa.String(length=40), nullable=False),
+    sa.Column('end_user', sa.String(length=200), nullable=True),
     sa.Column('stream', sa.Boolean(), nullable=False),
     sa.Column('status', sa.Integer(), nullable=False),
     sa.Column('finish_reason', sa.String(length=20), nullable=True),

@@ -85,3 +85,14 @@ async def test_usage_rows_insert_in_bulk(db_engine: AsyncEngine) -> None:
     async with sessions() as s:
         stored = await UsageRepository(s).for_tenant(7)
     assert len(stored) == 50 and sum(r.completion_tokens for r in stored) == sum(range(50))
+
+
+async def test_models_and_migrations_agree(db_engine: AsyncEngine) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from laneway.db.models import Base
+
+    async with db_engine.connect() as conn:
+        diff = await conn.run_sync(lambda c: compare_metadata(MigrationContext.configure(c), Base.metadata))
+    assert diff == [], "models changed without a migration"

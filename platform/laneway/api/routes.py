@@ -8,6 +8,7 @@ from typing import TypeVar
 
 import msgspec
 from litestar import Controller, MediaType, Request, Response, get, post
+from litestar.params import FromPath
 from litestar.response import Stream
 
 from laneway.api import protocol as p
@@ -75,7 +76,7 @@ class OpenAIController(Controller):
         return Response(p.encode(p.ModelList(data=cards)), media_type=MediaType.JSON)
 
     @get("/models/{model_id:path}", media_type=MediaType.JSON)
-    async def get_model(self, request: Request, model_id: str) -> Response[bytes]:  # type: ignore[type-arg]
+    async def get_model(self, request: Request, model_id: FromPath[str]) -> Response[bytes]:  # type: ignore[type-arg]
         tenant = await self._tenant(request)
         gateway, _ = _services(request)
         alias = model_id.lstrip("/")
@@ -94,7 +95,7 @@ class OpenAIController(Controller):
         gateway, _ = _services(request)
         call = gateway.prepare(tenant, endpoint="chat", alias=req.model, stream=req.stream, messages=turns,
                                max_tokens=req.max_completion_tokens or req.max_tokens,
-                               temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=stop)
+                               temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=stop, user=req.user)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         if req.stream:
             return Stream(_chat_events(gateway, call, include_usage), media_type="text/event-stream",
@@ -120,7 +121,7 @@ class OpenAIController(Controller):
         gateway, _ = _services(request)
         call = gateway.prepare(tenant, endpoint="completions", alias=req.model, stream=req.stream, prompt=prompt,
                                max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
-                               seed=req.seed, stop=stop)
+                               seed=req.seed, stop=stop, user=req.user)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         if req.stream:
             return Stream(_completion_events(gateway, call, include_usage, prompt if req.echo else ""),

@@ -42,6 +42,7 @@ class Call:
     finish_reason: FinishReason | None = None
     status: int = 200
     error_code: str | None = None
+    end_user: str | None = None  # the request's `user`: who, behind the tenant, asked
 
     @property
     def prompt_tokens(self) -> int:
@@ -64,7 +65,7 @@ class Gateway:
     def prepare(self, tenant: TenantSnapshot, *, endpoint: str, alias: str, stream: bool,
                 prompt: str | None = None, messages: Sequence[ChatTurn] | None = None,
                 max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
-                seed: int | None = None, stop: Sequence[str] = ()) -> Call:
+                seed: int | None = None, stop: Sequence[str] = (), user: str | None = None) -> Call:
         try:
             deployment = self.registry.resolve(alias)
         except UnknownModel:
@@ -90,7 +91,7 @@ class Gateway:
             temperature=1.0 if temperature is None else temperature, top_p=1.0 if top_p is None else top_p,
             seed=seed, stop=tuple(stop))
         return Call(request_id=request_id, tenant=tenant, alias=alias, endpoint=endpoint, stream=stream,
-                    deployment=deployment, generation=generation)
+                    deployment=deployment, generation=generation, end_user=user[:200] if user else None)
 
     async def run(self, call: Call) -> AsyncIterator[Delta]:
         """Yield deltas with non-empty text (or a final one with finish_reason)."""
@@ -135,7 +136,7 @@ class Gateway:
         self.recorder.record({
             "request_id": call.request_id, "tenant_id": call.tenant.id, "api_key_id": call.tenant.api_key_id,
             "model": call.alias, "deployment": call.deployment.spec.name, "lane": None,
-            "endpoint": call.endpoint, "stream": call.stream, "status": call.status,
+            "endpoint": call.endpoint, "stream": call.stream, "end_user": call.end_user, "status": call.status,
             "finish_reason": call.finish_reason, "error_code": call.error_code,
             "prompt_tokens": call.prompt_tokens, "completion_tokens": call.completion_tokens,
             "queue_ms": 0.0,

@@ -110,6 +110,7 @@ class UsageRecord(Base):
     deployment: Mapped[str | None] = mapped_column(String(200), nullable=True)
     lane: Mapped[str | None] = mapped_column(String(60), nullable=True)
     endpoint: Mapped[str] = mapped_column(String(40))
+    end_user: Mapped[str | None] = mapped_column(String(200), nullable=True)
     stream: Mapped[bool] = mapped_column(Boolean, default=False)
     status: Mapped[int] = mapped_column(Integer)
     finish_reason: Mapped[str | None] = mapped_column(String(20), nullable=True)
