@@ -23,6 +23,7 @@ import numpy as np
 from laneway.engines.base import EngineError
 from laneway.engines.chat_template import CHATML, render_chat
 from laneway.engines.demo_model import BANNED_BYTE_TOKENS
+from laneway.engines.slots import SlotPool
 from laneway.types import ChatTurn, Delta, EngineInfo, FinishReason, GenerationRequest, PromptMeasure
 
 _DONE = object()
@@ -50,7 +51,7 @@ class LlamaCppEngine:
         self.info = EngineInfo(engine="llamacpp", model=alias, quantization=quantization, gpu_type=gpu_type,
                                max_model_len=self.n_ctx, max_concurrency=self.parallel)
         self._contexts: list[Any] = []
-        self._free: asyncio.Queue[Any] | None = None
+        self._free: SlotPool[Any] | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._template = CHATML
         self._active = 0
@@ -73,9 +74,7 @@ class LlamaCppEngine:
         self._template = str(first.metadata.get("tokenizer.chat_template") or CHATML)
         vocab = first._model.vocab
         self._eog = lambda tok: bool(llama_vocab_is_eog(vocab, tok))
-        self._free = asyncio.Queue()
-        for ctx in self._contexts:
-            self._free.put_nowait(ctx)
+        self._free = SlotPool(self._contexts)
         self._pool = ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix=f"llamacpp-{self.alias}")
 
     async def close(self) -> None:
@@ -146,7 +145,7 @@ class LlamaCppEngine:
         if self._free is None or self._pool is None:
             raise EngineError(f"deployment for {self.alias} is not started")
         loop = asyncio.get_running_loop()
-        ctx = await self._free.get()
+        ctx = await self._free.acquire()
         self._active += 1
         cancel = threading.Event()
         out: asyncio.Queue[Any] = asyncio.Queue()
@@ -158,7 +157,7 @@ class LlamaCppEngine:
                 released = True
                 self._active -= 1
                 assert self._free is not None
-                self._free.put_nowait(ctx)
+                self._free.release(ctx)
 
         def emit(item: Any) -> None:
             loop.call_soon_threadsafe(out.put_nowait, item)
