@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN, write_demo_model
 from laneway.engines.llamacpp import LlamaCppEngine
 from laneway.types import GenerationRequest
@@ -37,7 +36,7 @@ PROMPT = "hello world, the model is a test of the gateway"
 
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def run_concurrent(n: int, concurrency: int, one) -> list[float]:  # type: ignore[no-untyped-def]
@@ -63,8 +62,9 @@ async def direct(model: Path, args: argparse.Namespace, concurrency: int, stream
 
     async def one(i: int) -> float:
         t0 = time.perf_counter()
-        req = GenerationRequest(request_id=str(i), prompt=PROMPT, prompt_tokens=tokens, max_tokens=args.max_tokens,
-                                seed=i)
+        req = GenerationRequest(
+            request_id=str(i), prompt=PROMPT, prompt_tokens=tokens, max_tokens=args.max_tokens, seed=i
+        )
         first = None
         async for d in engine.generate(req):
             if first is None and d.text:
@@ -80,8 +80,10 @@ async def direct(model: Path, args: argparse.Namespace, concurrency: int, stream
 
 async def via_gateway(url: str, key: str, args: argparse.Namespace, concurrency: int, stream: bool) -> list[float]:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, limits=limits,
-                                 timeout=60) as client:
+    async with httpx.AsyncClient(
+        base_url=url, headers={"Authorization": f"Bearer {key}"}, limits=limits, timeout=60
+    ) as client:
+
         async def one(i: int) -> float:
             body = {"model": "bench", "prompt": PROMPT, "max_tokens": args.max_tokens, "seed": i, "stream": stream}
             t0 = time.perf_counter()
@@ -101,14 +103,28 @@ async def via_gateway(url: str, key: str, args: argparse.Namespace, concurrency:
 
 
 def start_gateway(data: Path, model: Path, parallel: int, port: int) -> tuple[subprocess.Popen[bytes], str]:
-    env = {**os.environ, "LANEWAY_DATA_DIR": str(data), "LANEWAY_BOOTSTRAP_DEMO": "false", "LANEWAY_LOG_LEVEL": "warning"}
+    env = {
+        **os.environ,
+        "LANEWAY_DATA_DIR": str(data),
+        "LANEWAY_BOOTSTRAP_DEMO": "false",
+        "LANEWAY_LOG_LEVEL": "warning",
+    }
     exe = str(Path(sys.executable).with_name("laneway"))
 
     def cli(*a: str) -> str:
         return subprocess.run([exe, *a], env=env, check=True, capture_output=True, text=True).stdout.strip()
 
-    cli("model", "set", "bench", "--engine", "llamacpp", "--max-model-len", "512",
-        "--config", json.dumps(engine_config(model, parallel)))
+    cli(
+        "model",
+        "set",
+        "bench",
+        "--engine",
+        "llamacpp",
+        "--max-model-len",
+        "512",
+        "--config",
+        json.dumps(engine_config(model, parallel)),
+    )
     cli("tenant", "create", "bench")
     key = cli("key", "issue", "bench")
     proc = subprocess.Popen([exe, "serve", "--port", str(port)], env=env)
@@ -146,17 +162,23 @@ def main() -> None:
         finally:
             proc.terminate()
             proc.wait(10)
-    print(f"\nlaneway overhead: {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}; "
-          f"tiny llama.cpp model, parallel={args.parallel}, max_tokens={args.max_tokens}, "
-          f"{args.requests} requests per cell; baseline = same engine adapter called in-process\n")
-    head = (f"| {'conc':>4} | {'metric':<15} | {'direct p50':>10} | {'direct p99':>10} | {'laneway p50':>11} | "
-            f"{'laneway p99':>11} | {'added p50':>9} | {'ratio p50':>9} | {'ratio p99':>9} |")
+    print(
+        f"\nlaneway overhead: {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}; "
+        f"tiny llama.cpp model, parallel={args.parallel}, max_tokens={args.max_tokens}, "
+        f"{args.requests} requests per cell; baseline = same engine adapter called in-process\n"
+    )
+    head = (
+        f"| {'conc':>4} | {'metric':<15} | {'direct p50':>10} | {'direct p99':>10} | {'laneway p50':>11} | "
+        f"{'laneway p99':>11} | {'added p50':>9} | {'ratio p50':>9} | {'ratio p99':>9} |"
+    )
     print(head)
     print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
     for concurrency, metric, base, gw in rows:
-        b50, b99, g50, g99 = pct(base, .5), pct(base, .99), pct(gw, .5), pct(gw, .99)
-        print(f"| {concurrency:>4} | {metric:<15} | {b50:>8.2f}ms | {b99:>8.2f}ms | {g50:>9.2f}ms | {g99:>9.2f}ms | "
-              f"{g50 - b50:>7.2f}ms | {g50 / b50:>8.2f}x | {g99 / b99:>8.2f}x |")
+        b50, b99, g50, g99 = pct(base, 0.5), pct(base, 0.99), pct(gw, 0.5), pct(gw, 0.99)
+        print(
+            f"| {concurrency:>4} | {metric:<15} | {b50:>8.2f}ms | {b99:>8.2f}ms | {g50:>9.2f}ms | {g99:>9.2f}ms | "
+            f"{g50 - b50:>7.2f}ms | {g50 / b50:>8.2f}x | {g99 / b99:>8.2f}x |"
+        )
     print(f"\n(mean direct non-stream at c=1: {statistics.mean(rows[0][2]):.2f} ms)")
 
 

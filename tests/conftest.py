@@ -12,12 +12,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from laneway.db import migrate
 from laneway.db.session import make_engine
 from laneway.engines.demo_model import write_demo_model
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 PG_URL = os.environ.get("LANEWAY_TEST_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() == "true"

@@ -15,8 +15,9 @@ from litestar import Litestar
 class ServerThread:
     def __init__(self, app: Litestar) -> None:
         self.app = app
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
-                                                    timeout_graceful_shutdown=2))
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
+        )
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))

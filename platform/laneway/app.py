@@ -43,8 +43,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
             specs = await ModelRepository(session).enabled_deployments()
         registry = EngineRegistry()
         await registry.load(specs)
-        recorder = UsageRecorder(sessions, interval_s=settings.usage_flush_interval_s,
-                                 batch_size=settings.usage_batch_size)
+        recorder = UsageRecorder(
+            sessions, interval_s=settings.usage_flush_interval_s, batch_size=settings.usage_batch_size
+        )
         await recorder.start()
         app.state.settings = settings
         app.state.sessions = sessions

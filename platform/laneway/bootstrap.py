@@ -21,9 +21,14 @@ POLICIES_DIR = Path(__file__).resolve().parents[2] / "policies"
 
 
 def demo_deployment(settings: Settings) -> dict[str, Any]:
-    return {"name": f"{settings.demo_model_alias}-llamacpp", "engine_kind": "llamacpp",
-            "config": {"model_path": str(settings.resolved_demo_model_path.resolve()), "parallel": 2, "demo": True},
-            "quantization": "f32", "gpu_type": "cpu", "max_model_len": 2048}
+    return {
+        "name": f"{settings.demo_model_alias}-llamacpp",
+        "engine_kind": "llamacpp",
+        "config": {"model_path": str(settings.resolved_demo_model_path.resolve()), "parallel": 2, "demo": True},
+        "quantization": "f32",
+        "gpu_type": "cpu",
+        "max_model_len": 2048,
+    }
 
 
 async def import_policies(sessions: async_sessionmaker[AsyncSession], directory: Path = POLICIES_DIR) -> int:
@@ -43,8 +48,9 @@ async def import_policies(sessions: async_sessionmaker[AsyncSession], directory:
     return count
 
 
-async def issue_key(sessions: async_sessionmaker[AsyncSession], tenant_name: str, *, name: str = "default",
-                    expires_at: Any = None) -> tuple[int, str]:
+async def issue_key(
+    sessions: async_sessionmaker[AsyncSession], tenant_name: str, *, name: str = "default", expires_at: Any = None
+) -> tuple[int, str]:
     secret, prefix, digest = new_api_key()
     async with sessions() as session, session.begin():
         repo = TenantRepository(session)
@@ -63,8 +69,11 @@ async def bootstrap_demo(settings: Settings, sessions: async_sessionmaker[AsyncS
     async with sessions() as session, session.begin():
         models = ModelRepository(session)
         if not await models.enabled_deployments() and await models.get(settings.demo_model_alias) is None:
-            await models.upsert(settings.demo_model_alias, description="tiny random-weight Llama (llama.cpp, CPU)",
-                                deployments=[demo_deployment(settings)])
+            await models.upsert(
+                settings.demo_model_alias,
+                description="tiny random-weight Llama (llama.cpp, CPU)",
+                deployments=[demo_deployment(settings)],
+            )
         has_lanes = bool(await PolicyRepository(session).lanes())
         has_tenants = await TenantRepository(session).count() > 0
         if not has_tenants:

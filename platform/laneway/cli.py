@@ -35,13 +35,20 @@ def _with_db(fn: Callable[..., Awaitable[Any]]) -> Callable[[Settings, argparse.
 
     return run
 
+
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> None:
     import uvicorn
 
     from laneway.app import create_app
 
-    uvicorn.run(create_app(settings), host=args.host or settings.host, port=args.port or settings.port,
-                log_level=settings.log_level, timeout_graceful_shutdown=10)
+    uvicorn.run(
+        create_app(settings),
+        host=args.host or settings.host,
+        port=args.port or settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=10,
+    )
+
 
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> None:
     from laneway.db import migrate
@@ -61,6 +68,7 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> None:
 
     asyncio.run(go())
 
+
 def cmd_make_demo_model(settings: Settings, args: argparse.Namespace) -> None:
     from laneway.engines.demo_model import DemoModelShape, write_demo_model
 
@@ -68,20 +76,28 @@ def cmd_make_demo_model(settings: Settings, args: argparse.Namespace) -> None:
     write_demo_model(out, DemoModelShape(seed=args.seed))
     print(f"wrote {out} ({out.stat().st_size} bytes, seed {args.seed})")
 
+
 async def _import_policies(sessions: Any, args: argparse.Namespace) -> None:
     from laneway.bootstrap import POLICIES_DIR, import_policies
 
     n = await import_policies(sessions, Path(args.dir) if args.dir else POLICIES_DIR)
     print(f"imported {n} lanes and task policies")
 
+
 async def _tenant_create(sessions: Any, args: argparse.Namespace) -> None:
     from laneway.db.repositories import TenantRepository
 
     async with sessions() as session, session.begin():
         tenant = await TenantRepository(session).create(
-            args.name, weight=args.weight, rpm=args.rpm, tpm=args.tpm, max_concurrency=args.max_concurrency,
-            allowed_models=args.models.split(",") if args.models else None)
+            args.name,
+            weight=args.weight,
+            rpm=args.rpm,
+            tpm=args.tpm,
+            max_concurrency=args.max_concurrency,
+            allowed_models=args.models.split(",") if args.models else None,
+        )
         print(f"created tenant {tenant.name} (id {tenant.id})")
+
 
 async def _key_issue(sessions: Any, args: argparse.Namespace) -> None:
     from laneway.bootstrap import issue_key
@@ -90,6 +106,7 @@ async def _key_issue(sessions: Any, args: argparse.Namespace) -> None:
     key_id, secret = await issue_key(sessions, args.tenant, name=args.name, expires_at=expires)
     print(f"key id {key_id} for tenant {args.tenant}; the secret is shown only once:", file=sys.stderr)
     print(secret)
+
 
 async def _key_revoke(sessions: Any, args: argparse.Namespace) -> None:
     from laneway.db.repositories import TenantRepository
@@ -100,15 +117,22 @@ async def _key_revoke(sessions: Any, args: argparse.Namespace) -> None:
     if not ok:
         raise SystemExit(1)
 
+
 async def _model_set(sessions: Any, args: argparse.Namespace) -> None:
     from laneway.db.repositories import ModelRepository
 
-    deployment = {"name": args.deployment or f"{args.alias}-{args.engine}", "engine_kind": args.engine,
-                  "config": json.loads(args.config), "quantization": args.quantization,
-                  "gpu_type": args.gpu_type, "max_model_len": args.max_model_len}
+    deployment = {
+        "name": args.deployment or f"{args.alias}-{args.engine}",
+        "engine_kind": args.engine,
+        "config": json.loads(args.config),
+        "quantization": args.quantization,
+        "gpu_type": args.gpu_type,
+        "max_model_len": args.max_model_len,
+    }
     async with sessions() as session, session.begin():
         await ModelRepository(session).upsert(args.alias, deployments=[deployment])
     print(f"model {args.alias} -> {args.engine}")
+
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="laneway", description=__doc__)
@@ -165,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=_with_db(_model_set))
     return ap
 
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     settings = Settings.from_env()
@@ -172,6 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     for noisy in ("alembic", "gguf"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     args.fn(settings, args)
+
 
 if __name__ == "__main__":
     main()

@@ -2,14 +2,13 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from laneway.bootstrap import issue_key
 from laneway.core.accounting import UsageRecorder
 from laneway.core.auth import KeyAuthenticator, hash_secret, new_api_key
 from laneway.core.errors import GatewayError
 from laneway.db.repositories import TenantRepository, UsageRepository
 from laneway.db.session import make_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 
 def test_new_keys_are_unique_and_only_the_hash_is_derived() -> None:
@@ -78,9 +77,19 @@ async def test_recorder_writes_in_batches_and_touches_keys(db_engine: AsyncEngin
     recorder = UsageRecorder(sessions, interval_s=60, batch_size=10)  # only a full batch wakes it
     await recorder.start()
     for i in range(25):
-        recorder.record({"request_id": f"r{i}", "tenant_id": 1, "api_key_id": key_id, "model": "m",
-                         "endpoint": "chat", "stream": False, "status": 200, "prompt_tokens": 1,
-                         "completion_tokens": 1})
+        recorder.record(
+            {
+                "request_id": f"r{i}",
+                "tenant_id": 1,
+                "api_key_id": key_id,
+                "model": "m",
+                "endpoint": "chat",
+                "stream": False,
+                "status": 200,
+                "prompt_tokens": 1,
+                "completion_tokens": 1,
+            }
+        )
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 5
     while recorder.written < 20 and loop.time() < deadline:

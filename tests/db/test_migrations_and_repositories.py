@@ -2,13 +2,12 @@
 
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import inspect
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from laneway.bootstrap import import_policies
 from laneway.db import migrate
 from laneway.db.repositories import ModelRepository, PolicyRepository, TenantRepository, UsageRepository
 from laneway.db.session import make_sessionmaker
+from sqlalchemy import inspect
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 TABLES = {"tenants", "api_keys", "models", "deployments", "lanes", "task_policies", "usage_records"}
 
@@ -33,8 +32,9 @@ async def test_tenant_keys_store_only_the_hash_and_revoke(db_engine: AsyncEngine
     async with sessions() as s, s.begin():
         repo = TenantRepository(s)
         tenant = await repo.create("acme", rpm=60, allowed_models=["tiny"])
-        key = await repo.add_key(tenant, prefix="lw-abc1234", secret_sha256="f" * 64,
-                                 expires_at=datetime.now(UTC) + timedelta(days=1))
+        key = await repo.add_key(
+            tenant, prefix="lw-abc1234", secret_sha256="f" * 64, expires_at=datetime.now(UTC) + timedelta(days=1)
+        )
     async with sessions() as s, s.begin():
         repo = TenantRepository(s)
         found = await repo.find_key("f" * 64)
@@ -51,16 +51,28 @@ async def test_tenant_keys_store_only_the_hash_and_revoke(db_engine: AsyncEngine
 async def test_model_alias_upsert_replaces_deployments(db_engine: AsyncEngine) -> None:
     sessions = make_sessionmaker(db_engine)
     async with sessions() as s, s.begin():
-        await ModelRepository(s).upsert("chat", deployments=[
-            {"name": "chat-a", "engine_kind": "llamacpp", "config": {"model_path": "/m.gguf"},
-             "quantization": "q4_k_m", "gpu_type": "cpu", "max_model_len": 4096}])
+        await ModelRepository(s).upsert(
+            "chat",
+            deployments=[
+                {
+                    "name": "chat-a",
+                    "engine_kind": "llamacpp",
+                    "config": {"model_path": "/m.gguf"},
+                    "quantization": "q4_k_m",
+                    "gpu_type": "cpu",
+                    "max_model_len": 4096,
+                }
+            ],
+        )
     async with sessions() as s, s.begin():
-        await ModelRepository(s).upsert("chat", deployments=[
-            {"name": "chat-b", "engine_kind": "sim", "config": {"max_concurrency": 4}}])
+        await ModelRepository(s).upsert(
+            "chat", deployments=[{"name": "chat-b", "engine_kind": "sim", "config": {"max_concurrency": 4}}]
+        )
     async with sessions() as s:
         specs = await ModelRepository(s).enabled_deployments()
     assert [(d.alias, d.name, d.engine_kind, d.config) for d in specs] == [
-        ("chat", "chat-b", "sim", {"max_concurrency": 4})]
+        ("chat", "chat-b", "sim", {"max_concurrency": 4})
+    ]
 
 
 async def test_policies_import_from_yaml_is_idempotent(db_engine: AsyncEngine) -> None:
@@ -77,9 +89,21 @@ async def test_policies_import_from_yaml_is_idempotent(db_engine: AsyncEngine) -
 
 async def test_usage_rows_insert_in_bulk(db_engine: AsyncEngine) -> None:
     sessions = make_sessionmaker(db_engine)
-    rows = [{"request_id": f"r{i}", "tenant_id": 7, "api_key_id": None, "model": "tiny", "endpoint": "chat",
-             "stream": bool(i % 2), "status": 200, "prompt_tokens": 10, "completion_tokens": i,
-             "created_at": datetime.now(UTC)} for i in range(50)]
+    rows = [
+        {
+            "request_id": f"r{i}",
+            "tenant_id": 7,
+            "api_key_id": None,
+            "model": "tiny",
+            "endpoint": "chat",
+            "stream": bool(i % 2),
+            "status": 200,
+            "prompt_tokens": 10,
+            "completion_tokens": i,
+            "created_at": datetime.now(UTC),
+        }
+        for i in range(50)
+    ]
     async with sessions() as s, s.begin():
         await UsageRepository(s).add_many(rows)
     async with sessions() as s:
@@ -90,7 +114,6 @@ async def test_usage_rows_insert_in_bulk(db_engine: AsyncEngine) -> None:
 async def test_models_and_migrations_agree(db_engine: AsyncEngine) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
-
     from laneway.db.models import Base
 
     async with db_engine.connect() as conn:

@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-
 from laneway.app import create_app
 from laneway.bootstrap import issue_key
 from laneway.db import migrate
@@ -45,25 +44,63 @@ async def _seed(url: str, model_path: Path) -> dict[str, str]:
     sessions = make_sessionmaker(engine)
     async with sessions() as s, s.begin():
         models = ModelRepository(s)
-        await models.upsert("tiny", deployments=[{
-            "name": "tiny-llamacpp", "engine_kind": "llamacpp", "quantization": "f32", "gpu_type": "cpu",
-            "max_model_len": 512, "config": {"model_path": str(model_path), "parallel": 2, "demo": True}}])
+        await models.upsert(
+            "tiny",
+            deployments=[
+                {
+                    "name": "tiny-llamacpp",
+                    "engine_kind": "llamacpp",
+                    "quantization": "f32",
+                    "gpu_type": "cpu",
+                    "max_model_len": 512,
+                    "config": {"model_path": str(model_path), "parallel": 2, "demo": True},
+                }
+            ],
+        )
         # Same model with end-of-generation banned: always exactly max_tokens tokens.
-        await models.upsert("tiny-exact", deployments=[{
-            "name": "tiny-exact-llamacpp", "engine_kind": "llamacpp", "quantization": "f32", "gpu_type": "cpu",
-            "max_model_len": 512, "config": {"model_path": str(model_path), "parallel": 2, "demo": True,
-                                             "ban_tokens": [EOS_TOKEN, IM_END_TOKEN]}}])
-        await models.upsert("sim", deployments=[{
-            "name": "sim-1", "engine_kind": "sim", "quantization": "sim", "gpu_type": "sim",
-            "max_model_len": 8192, "config": {"max_concurrency": 4, "decode_ms_base": 0.5}}])
+        await models.upsert(
+            "tiny-exact",
+            deployments=[
+                {
+                    "name": "tiny-exact-llamacpp",
+                    "engine_kind": "llamacpp",
+                    "quantization": "f32",
+                    "gpu_type": "cpu",
+                    "max_model_len": 512,
+                    "config": {
+                        "model_path": str(model_path),
+                        "parallel": 2,
+                        "demo": True,
+                        "ban_tokens": [EOS_TOKEN, IM_END_TOKEN],
+                    },
+                }
+            ],
+        )
+        await models.upsert(
+            "sim",
+            deployments=[
+                {
+                    "name": "sim-1",
+                    "engine_kind": "sim",
+                    "quantization": "sim",
+                    "gpu_type": "sim",
+                    "max_model_len": 8192,
+                    "config": {"max_concurrency": 4, "decode_ms_base": 0.5},
+                }
+            ],
+        )
         tenants = TenantRepository(s)
         await tenants.create("acme")
         await tenants.create("simonly", allowed_models=["sim"])
         await tenants.create("frozen", disabled=True)
     keys = {}
-    for name, tenant, expires in [("acme", "acme", None), ("simonly", "simonly", None),
-                                  ("frozen", "frozen", None), ("revoked", "acme", None),
-                                  ("expired", "acme", datetime.now(UTC) - timedelta(minutes=1))]:
+    for name, tenant, expires in [
+        ("acme", "acme", None),
+        ("simonly", "simonly", None),
+        ("frozen", "frozen", None),
+        ("revoked", "acme", None),
+        ("expired", "acme", datetime.now(UTC) - timedelta(minutes=1)),
+    ]:
         key_id, keys[name] = await issue_key(sessions, tenant, name=name, expires_at=expires)
         if name == "revoked":
             async with sessions() as s, s.begin():
@@ -77,8 +114,9 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, demo_model_path: Path) -> 
     data = tmp_path_factory.mktemp("gateway")
     url = f"sqlite+aiosqlite:///{data / 'laneway.db'}"
     keys = asyncio.run(_seed(url, demo_model_path))
-    settings = Settings(data_dir=data, database_url=url, bootstrap_demo=False, usage_flush_interval_s=0.05,
-                        auth_cache_ttl_s=0.2)
+    settings = Settings(
+        data_dir=data, database_url=url, bootstrap_demo=False, usage_flush_interval_s=0.05, auth_cache_ttl_s=0.2
+    )
     server = ServerThread(create_app(settings)).start()
     yield Gateway(server=server, keys=keys, database_url=url)
     server.stop()

@@ -8,10 +8,9 @@ import httpx
 import openai
 import pytest
 from conftest import Gateway
-from sqlalchemy import select
-
 from laneway.db.models import UsageRecord
 from laneway.db.session import make_engine, make_sessionmaker
+from sqlalchemy import select
 
 MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}]
 
@@ -44,8 +43,15 @@ def test_chat_completion_non_streaming(client: openai.OpenAI) -> None:
 
 def test_streaming_equals_non_streaming_for_the_same_seed(client: openai.OpenAI) -> None:
     whole = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=40, seed=42, temperature=0.9)
-    stream = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=40, seed=42, temperature=0.9,
-                                            stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=MSGS,
+        max_tokens=40,
+        seed=42,
+        temperature=0.9,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
@@ -64,23 +70,40 @@ def test_stream_without_include_usage_sends_no_usage_chunk(client: openai.OpenAI
 
 def test_seed_makes_output_reproducible_and_different_seeds_differ(client: openai.OpenAI) -> None:
     def run(seed: int) -> str | None:
-        return client.chat.completions.create(model="tiny-exact", messages=MSGS, max_tokens=24,
-                                              seed=seed).choices[0].message.content
+        return (
+            client.chat.completions.create(model="tiny-exact", messages=MSGS, max_tokens=24, seed=seed)
+            .choices[0]
+            .message.content
+        )
 
     assert run(5) == run(5)
     assert run(5) != run(6)
 
 
 def test_temperature_zero_is_greedy(client: openai.OpenAI) -> None:
-    outs = {client.completions.create(model="tiny-exact", prompt="the", max_tokens=16, temperature=0,
-                                      seed=s).choices[0].text for s in (1, 2, 3)}
+    outs = {
+        client.completions.create(model="tiny-exact", prompt="the", max_tokens=16, temperature=0, seed=s)
+        .choices[0]
+        .text
+        for s in (1, 2, 3)
+    }
     assert len(outs) == 1
     # top_p near 0 keeps only the most likely token: also greedy, whatever the temperature.
-    nucleus = {client.completions.create(model="tiny-exact", prompt="the", max_tokens=16, temperature=1.5,
-                                         top_p=0.0001, seed=s).choices[0].text for s in (1, 2, 3)}
+    nucleus = {
+        client.completions.create(
+            model="tiny-exact", prompt="the", max_tokens=16, temperature=1.5, top_p=0.0001, seed=s
+        )
+        .choices[0]
+        .text
+        for s in (1, 2, 3)
+    }
     assert nucleus == outs
-    wide = {client.completions.create(model="tiny-exact", prompt="the", max_tokens=16, temperature=1.5,
-                                      seed=s).choices[0].text for s in (1, 2, 3)}
+    wide = {
+        client.completions.create(model="tiny-exact", prompt="the", max_tokens=16, temperature=1.5, seed=s)
+        .choices[0]
+        .text
+        for s in (1, 2, 3)
+    }
     assert len(wide) > 1
 
 
@@ -93,23 +116,27 @@ def test_completions_non_streaming_and_streaming(client: openai.OpenAI) -> None:
 
 
 def test_stop_sequence_is_honoured(client: openai.OpenAI) -> None:
-    full = client.completions.create(model="tiny-exact", prompt="hello", max_tokens=60, seed=9,
-                                     temperature=0).choices[0].text
-    stop = full[len(full) // 2: len(full) // 2 + 2]
+    full = (
+        client.completions.create(model="tiny-exact", prompt="hello", max_tokens=60, seed=9, temperature=0)
+        .choices[0]
+        .text
+    )
+    stop = full[len(full) // 2 : len(full) // 2 + 2]
     assert stop.strip(), full
-    r = client.completions.create(model="tiny-exact", prompt="hello", max_tokens=60, seed=9, temperature=0,
-                                  stop=[stop])
+    r = client.completions.create(model="tiny-exact", prompt="hello", max_tokens=60, seed=9, temperature=0, stop=[stop])
     assert r.choices[0].text == full[: full.index(stop)]
     assert r.choices[0].finish_reason == "stop"
-    streamed = client.completions.create(model="tiny-exact", prompt="hello", max_tokens=60, seed=9,
-                                         temperature=0, stop=stop, stream=True)
+    streamed = client.completions.create(
+        model="tiny-exact", prompt="hello", max_tokens=60, seed=9, temperature=0, stop=stop, stream=True
+    )
     assert "".join(c.choices[0].text for c in streamed) == r.choices[0].text
 
 
 async def test_async_client_streams_concurrently(aclient: openai.AsyncOpenAI) -> None:
     async def one(i: int) -> str:
-        stream = await aclient.chat.completions.create(model="tiny-exact", messages=MSGS, max_tokens=10,
-                                                       seed=i, stream=True)
+        stream = await aclient.chat.completions.create(
+            model="tiny-exact", messages=MSGS, max_tokens=10, seed=i, stream=True
+        )
         return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
     outs = await asyncio.gather(*(one(i) for i in range(6)))
@@ -126,8 +153,7 @@ def test_bad_keys_raise_authentication_error(gateway: Gateway, key: str) -> None
     api_key = gateway.keys.get(key, key)
     c = openai.OpenAI(base_url=gateway.api_url, api_key=api_key, max_retries=0)
     if key == "missing":
-        c = openai.OpenAI(base_url=gateway.api_url, api_key="x", max_retries=0,
-                          default_headers={"Authorization": ""})
+        c = openai.OpenAI(base_url=gateway.api_url, api_key="x", max_retries=0, default_headers={"Authorization": ""})
     with pytest.raises(openai.AuthenticationError) as info:
         c.chat.completions.create(model="tiny", messages=MSGS)
     assert info.value.status_code == 401
@@ -152,13 +178,18 @@ def test_unknown_model_raises_not_found(client: openai.OpenAI) -> None:
         client.models.retrieve("gpt-9")
 
 
-@pytest.mark.parametrize(("kwargs", "param"), [
-    ({"temperature": 5}, "temperature"),
-    ({"max_tokens": -1}, "max_tokens"),
-    ({"n": 2}, "n"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-     "messages[0].content"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"temperature": 5}, "temperature"),
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"n": 2}, "n"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            "messages[0].content",
+        ),
+    ],
+)
 def test_bad_bodies_raise_bad_request_with_param(client: openai.OpenAI, kwargs: dict, param: str) -> None:
     args = {"model": "tiny", "messages": MSGS, **kwargs}
     with pytest.raises(openai.BadRequestError) as info:

@@ -2,7 +2,6 @@ import asyncio
 from pathlib import Path
 
 import pytest
-
 from laneway.engines.base import EngineError
 from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN
 from laneway.engines.llamacpp import LlamaCppEngine
@@ -11,17 +10,27 @@ from laneway.types import ChatTurn, GenerationRequest
 
 @pytest.fixture
 async def llama(demo_model_path: Path) -> LlamaCppEngine:
-    engine = LlamaCppEngine("tiny", {"model_path": str(demo_model_path), "parallel": 2, "demo": True,
-                                     "ban_tokens": [EOS_TOKEN, IM_END_TOKEN]}, max_model_len=512)
+    engine = LlamaCppEngine(
+        "tiny",
+        {"model_path": str(demo_model_path), "parallel": 2, "demo": True, "ban_tokens": [EOS_TOKEN, IM_END_TOKEN]},
+        max_model_len=512,
+    )
     await engine.start()
     yield engine  # type: ignore[misc]
     await engine.close()
 
 
-def req(engine: LlamaCppEngine, prompt: str = "hello world", *, max_tokens: int = 16,
-        seed: int | None = 7) -> GenerationRequest:
-    return GenerationRequest(request_id="r", prompt=prompt, prompt_tokens=engine.measure(prompt=prompt).tokens,
-                             max_tokens=max_tokens, seed=seed, temperature=0.8)
+def req(
+    engine: LlamaCppEngine, prompt: str = "hello world", *, max_tokens: int = 16, seed: int | None = 7
+) -> GenerationRequest:
+    return GenerationRequest(
+        request_id="r",
+        prompt=prompt,
+        prompt_tokens=engine.measure(prompt=prompt).tokens,
+        max_tokens=max_tokens,
+        seed=seed,
+        temperature=0.8,
+    )
 
 
 async def collect(engine: LlamaCppEngine, r: GenerationRequest) -> tuple[str, int, str | None]:

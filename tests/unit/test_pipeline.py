@@ -3,7 +3,6 @@
 from typing import Any
 
 import pytest
-
 from laneway.core.accounting import UsageRecorder
 from laneway.core.errors import GatewayError
 from laneway.core.pipeline import CLIENT_CLOSED, Gateway
@@ -15,9 +14,16 @@ TENANT = TenantSnapshot(id=1, name="acme", api_key_id=11)
 
 
 def spec(alias: str, kind: str = "sim", config: dict[str, Any] | None = None, max_len: int = 256) -> DeploymentSpec:
-    return DeploymentSpec(id=1, name=f"{alias}-{kind}", alias=alias, engine_kind=kind,
-                          config=config or {"decode_ms_base": 0.1, "prefill_ms_per_token": 0.0},
-                          quantization="q8", gpu_type="sim", max_model_len=max_len)
+    return DeploymentSpec(
+        id=1,
+        name=f"{alias}-{kind}",
+        alias=alias,
+        engine_kind=kind,
+        config=config or {"decode_ms_base": 0.1, "prefill_ms_per_token": 0.0},
+        quantization="q8",
+        gpu_type="sim",
+        max_model_len=max_len,
+    )
 
 
 @pytest.fixture
@@ -55,8 +61,9 @@ async def test_prompt_that_fills_the_context_is_413(gateway: Gateway) -> None:
 
 async def test_max_tokens_is_the_clients_when_lower_and_never_beyond_the_context(gateway: Gateway) -> None:
     def budget(prompt_chars: int, asked: int | None) -> int:
-        call = gateway.prepare(TENANT, endpoint="completions", alias="sim", stream=False,
-                               prompt="x" * prompt_chars, max_tokens=asked)
+        call = gateway.prepare(
+            TENANT, endpoint="completions", alias="sim", stream=False, prompt="x" * prompt_chars, max_tokens=asked
+        )
         return call.generation.max_tokens
 
     assert budget(40, 5) == 5  # the client's own, lower
@@ -65,8 +72,9 @@ async def test_max_tokens_is_the_clients_when_lower_and_never_beyond_the_context
 
 
 async def test_chat_messages_are_rendered_and_generation_is_accounted(gateway: Gateway) -> None:
-    call = gateway.prepare(TENANT, endpoint="chat", alias="sim", stream=True,
-                           messages=[ChatTurn("user", "hi")], max_tokens=4, seed=3)
+    call = gateway.prepare(
+        TENANT, endpoint="chat", alias="sim", stream=True, messages=[ChatTurn("user", "hi")], max_tokens=4, seed=3
+    )
     assert call.generation.prompt.startswith("<|im_start|>user\nhi")
     text = await drain(gateway, call)
     assert call.completion_tokens == 4 and call.finish_reason == "length" and len(text.split()) == 4
@@ -76,11 +84,14 @@ async def test_chat_messages_are_rendered_and_generation_is_accounted(gateway: G
 
 
 async def test_stop_sequences_are_enforced_by_the_gateway(gateway: Gateway) -> None:
-    full = await drain(gateway, gateway.prepare(TENANT, endpoint="completions", alias="sim", stream=False,
-                                                prompt="q", max_tokens=30, seed=5))
+    full = await drain(
+        gateway,
+        gateway.prepare(TENANT, endpoint="completions", alias="sim", stream=False, prompt="q", max_tokens=30, seed=5),
+    )
     stop = full.split()[5]  # a word the sim will emit (first occurrence is the cut point)
-    call = gateway.prepare(TENANT, endpoint="completions", alias="sim", stream=False, prompt="q",
-                           max_tokens=30, seed=5, stop=[stop])
+    call = gateway.prepare(
+        TENANT, endpoint="completions", alias="sim", stream=False, prompt="q", max_tokens=30, seed=5, stop=[stop]
+    )
     text = await drain(gateway, call)
     assert text == full[: full.index(stop)]
     assert call.finish_reason == "stop" and stop not in text

@@ -1,6 +1,5 @@
 import msgspec
 import pytest
-
 from laneway.api import protocol as p
 from laneway.api.errors import validation_error
 
@@ -14,15 +13,18 @@ def test_minimal_chat_request_and_unknown_fields_are_accepted() -> None:
     assert req.n == 1 and req.stream is False and req.max_tokens is None
 
 
-@pytest.mark.parametrize(("body", "param"), [
-    ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 3}, "temperature"),
-    ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
-    ({"model": "m", "messages": []}, "messages"),
-    ({"model": "m", "messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
-    ({"messages": [{"role": "user", "content": "hi"}]}, "model"),
-    ({"model": "m", "messages": [{"content": "hi"}]}, "messages[0].role"),
-    ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}, "stop"),
-])
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 3}, "temperature"),
+        ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
+        ({"model": "m", "messages": []}, "messages"),
+        ({"model": "m", "messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, "model"),
+        ({"model": "m", "messages": [{"content": "hi"}]}, "messages[0].role"),
+        ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ],
+)
 def test_invalid_bodies_become_400_with_the_offending_param(body: dict[str, object], param: str | None) -> None:
     with pytest.raises(msgspec.ValidationError) as info:
         decode(body)

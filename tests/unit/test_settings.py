@@ -11,10 +11,16 @@ def test_defaults_are_embedded_sqlite_under_the_data_dir() -> None:
 
 
 def test_env_values_are_parsed_by_type() -> None:
-    s = Settings.from_env({
-        "LANEWAY_PORT": "9000", "LANEWAY_AUTO_MIGRATE": "false", "LANEWAY_AUTH_CACHE_TTL_S": "0.25",
-        "LANEWAY_DATA_DIR": "/srv/lw", "LANEWAY_REDIS_URL": "", "LANEWAY_DATABASE_URL": "postgresql+asyncpg://x/y",
-    })
+    s = Settings.from_env(
+        {
+            "LANEWAY_PORT": "9000",
+            "LANEWAY_AUTO_MIGRATE": "false",
+            "LANEWAY_AUTH_CACHE_TTL_S": "0.25",
+            "LANEWAY_DATA_DIR": "/srv/lw",
+            "LANEWAY_REDIS_URL": "",
+            "LANEWAY_DATABASE_URL": "postgresql+asyncpg://x/y",
+        }
+    )
     assert s.port == 9000 and s.auto_migrate is False and s.auth_cache_ttl_s == 0.25
     assert s.data_dir == Path("/srv/lw") and s.redis_url is None
     assert s.resolved_database_url == "postgresql+asyncpg://x/y"

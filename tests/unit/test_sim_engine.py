@@ -1,14 +1,18 @@
 import asyncio
 
 import pytest
-
 from laneway.engines.sim import SimEngine
 from laneway.types import GenerationRequest
 
 
 def req(i: int, *, max_tokens: int = 5, prompt_tokens: int = 10, seed: int | None = 1) -> GenerationRequest:
-    return GenerationRequest(request_id=f"r{i}", prompt="p" * prompt_tokens * 4, prompt_tokens=prompt_tokens,
-                             max_tokens=max_tokens, seed=seed)
+    return GenerationRequest(
+        request_id=f"r{i}",
+        prompt="p" * prompt_tokens * 4,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        seed=seed,
+    )
 
 
 @pytest.fixture

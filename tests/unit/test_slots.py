@@ -1,7 +1,6 @@
 import asyncio
 
 import pytest
-
 from laneway.engines.slots import SlotPool
 
 

@@ -28,16 +28,23 @@ _TYPE_BY_STATUS = {
 }
 
 
-def error_response(status: int, message: str, *, code: str | None = None, param: str | None = None,
-                   type_: str | None = None, headers: dict[str, str] | None = None) -> Response[bytes]:
-    body = ErrorEnvelope(ErrorBody(message=message, type=type_ or _TYPE_BY_STATUS.get(status, "api_error"),
-                                   param=param, code=code))
+def error_response(
+    status: int,
+    message: str,
+    *,
+    code: str | None = None,
+    param: str | None = None,
+    type_: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response[bytes]:
+    body = ErrorEnvelope(
+        ErrorBody(message=message, type=type_ or _TYPE_BY_STATUS.get(status, "api_error"), param=param, code=code)
+    )
     return Response(content=encode(body), status_code=status, media_type=MediaType.JSON, headers=headers)
 
 
 def gateway_error_handler(_: Request, exc: GatewayError) -> Response[bytes]:  # type: ignore[type-arg]
-    return error_response(exc.status, exc.message, code=exc.code, param=exc.param, type_=exc.type,
-                          headers=exc.headers)
+    return error_response(exc.status, exc.message, code=exc.code, param=exc.param, type_=exc.type, headers=exc.headers)
 
 
 def http_exception_handler(_: Request, exc: HTTPException) -> Response[bytes]:  # type: ignore[type-arg]
@@ -46,8 +53,7 @@ def http_exception_handler(_: Request, exc: HTTPException) -> Response[bytes]:  
 
 def internal_error_handler(request: Request, exc: Exception) -> Response[bytes]:  # type: ignore[type-arg]
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(500, "The gateway failed to handle this request; it has been logged.",
-                          code="internal_error")
+    return error_response(500, "The gateway failed to handle this request; it has been logged.", code="internal_error")
 
 
 _PATH = re.compile(r"at `\$\.?([^`]*)`")

@@ -13,7 +13,14 @@ def live() -> dict[str, str]:
 @get("/health/ready", media_type=MediaType.JSON)
 async def ready(request: Request) -> Response[dict[str, object]]:  # type: ignore[type-arg]
     registry = request.app.state.gateway.registry
-    body: dict[str, object] = {"status": "ready" if registry.ready else "not_ready",
-                               "models": registry.aliases(), "failed": registry.failed}
-    return Response(body, status_code=200 if registry.ready else 503, media_type=MediaType.JSON,
-                    headers=None if registry.ready else {"Retry-After": "1"})
+    body: dict[str, object] = {
+        "status": "ready" if registry.ready else "not_ready",
+        "models": registry.aliases(),
+        "failed": registry.failed,
+    }
+    return Response(
+        body,
+        status_code=200 if registry.ready else 503,
+        media_type=MediaType.JSON,
+        headers=None if registry.ready else {"Retry-After": "1"},
+    )

@@ -54,8 +54,9 @@ def _message_text(i: int, m: p.ChatMessageIn) -> str:
     parts = []
     for part in m.content:
         if part.type != "text" or part.text is None:
-            raise invalid_request(f"Only text content parts are supported (got '{part.type}').",
-                                  param=f"messages[{i}].content")
+            raise invalid_request(
+                f"Only text content parts are supported (got '{part.type}').", param=f"messages[{i}].content"
+            )
         parts.append(part.text)
     return "".join(parts)
 
@@ -81,8 +82,12 @@ class OpenAIController(Controller):
         gateway, _ = _services(request)
         alias = model_id.lstrip("/")
         if alias not in gateway.visible_models(tenant):
-            raise GatewayError(404, f"The model '{alias}' does not exist or you do not have access to it.",
-                               code="model_not_found", param="model")
+            raise GatewayError(
+                404,
+                f"The model '{alias}' does not exist or you do not have access to it.",
+                code="model_not_found",
+                param="model",
+            )
         card = p.ModelCard(id=alias, created=int(request.app.state.started_at))
         return Response(p.encode(card), media_type=MediaType.JSON)
 
@@ -93,19 +98,37 @@ class OpenAIController(Controller):
         stop = _common_checks(req)
         turns = [ChatTurn(role=m.role, content=_message_text(i, m)) for i, m in enumerate(req.messages)]
         gateway, _ = _services(request)
-        call = gateway.prepare(tenant, endpoint="chat", alias=req.model, stream=req.stream, messages=turns,
-                               max_tokens=req.max_completion_tokens or req.max_tokens,
-                               temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=stop, user=req.user)
+        call = gateway.prepare(
+            tenant,
+            endpoint="chat",
+            alias=req.model,
+            stream=req.stream,
+            messages=turns,
+            max_tokens=req.max_completion_tokens or req.max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed,
+            stop=stop,
+            user=req.user,
+        )
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         if req.stream:
-            return Stream(_chat_events(gateway, call, include_usage), media_type="text/event-stream",
-                          headers=SSE_HEADERS)
+            return Stream(
+                _chat_events(gateway, call, include_usage), media_type="text/event-stream", headers=SSE_HEADERS
+            )
         text = "".join([d.text async for d in gateway.run(call)])
         body = p.ChatCompletion(
-            id=call.request_id, created=int(time.time()), model=call.alias,
-            choices=[p.ChatChoice(index=0, message=p.ChatMessageOut(role="assistant", content=text),
-                                  finish_reason=call.finish_reason)],
-            usage=_usage(call), system_fingerprint=call.fingerprint)
+            id=call.request_id,
+            created=int(time.time()),
+            model=call.alias,
+            choices=[
+                p.ChatChoice(
+                    index=0, message=p.ChatMessageOut(role="assistant", content=text), finish_reason=call.finish_reason
+                )
+            ],
+            usage=_usage(call),
+            system_fingerprint=call.fingerprint,
+        )
         return Response(p.encode(body), media_type=MediaType.JSON)
 
     @post("/completions", status_code=200)
@@ -119,25 +142,46 @@ class OpenAIController(Controller):
                 raise invalid_request("Exactly one prompt per request is supported.", param="prompt")
             prompt = prompt[0]
         gateway, _ = _services(request)
-        call = gateway.prepare(tenant, endpoint="completions", alias=req.model, stream=req.stream, prompt=prompt,
-                               max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
-                               seed=req.seed, stop=stop, user=req.user)
+        call = gateway.prepare(
+            tenant,
+            endpoint="completions",
+            alias=req.model,
+            stream=req.stream,
+            prompt=prompt,
+            max_tokens=req.max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed,
+            stop=stop,
+            user=req.user,
+        )
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         if req.stream:
-            return Stream(_completion_events(gateway, call, include_usage, prompt if req.echo else ""),
-                          media_type="text/event-stream", headers=SSE_HEADERS)
+            return Stream(
+                _completion_events(gateway, call, include_usage, prompt if req.echo else ""),
+                media_type="text/event-stream",
+                headers=SSE_HEADERS,
+            )
         text = "".join([d.text async for d in gateway.run(call)])
         body = p.Completion(
-            id=call.request_id, created=int(time.time()), model=call.alias,
-            choices=[p.CompletionChoice(index=0, text=(prompt if req.echo else "") + text,
-                                        finish_reason=call.finish_reason)],
-            usage=_usage(call), system_fingerprint=call.fingerprint)
+            id=call.request_id,
+            created=int(time.time()),
+            model=call.alias,
+            choices=[
+                p.CompletionChoice(index=0, text=(prompt if req.echo else "") + text, finish_reason=call.finish_reason)
+            ],
+            usage=_usage(call),
+            system_fingerprint=call.fingerprint,
+        )
         return Response(p.encode(body), media_type=MediaType.JSON)
 
 
 def _usage(call: Call) -> p.Usage:
-    return p.Usage(prompt_tokens=call.prompt_tokens, completion_tokens=call.completion_tokens,
-                   total_tokens=call.prompt_tokens + call.completion_tokens)
+    return p.Usage(
+        prompt_tokens=call.prompt_tokens,
+        completion_tokens=call.completion_tokens,
+        total_tokens=call.prompt_tokens + call.completion_tokens,
+    )
 
 
 async def _chat_events(gateway: Gateway, call: Call, include_usage: bool) -> AsyncIterator[bytes]:
@@ -145,8 +189,15 @@ async def _chat_events(gateway: Gateway, call: Call, include_usage: bool) -> Asy
 
     def chunk(delta: p.ChunkDelta, finish: str | None = None) -> bytes:
         choice = p.ChunkChoice(index=0, delta=delta, finish_reason=finish)
-        return event(p.ChatCompletionChunk(id=call.request_id, created=created, model=call.alias,
-                                           choices=[choice], system_fingerprint=call.fingerprint))
+        return event(
+            p.ChatCompletionChunk(
+                id=call.request_id,
+                created=created,
+                model=call.alias,
+                choices=[choice],
+                system_fingerprint=call.fingerprint,
+            )
+        )
 
     yield chunk(p.ChunkDelta(role="assistant", content=""))
     try:
@@ -159,8 +210,16 @@ async def _chat_events(gateway: Gateway, call: Call, include_usage: bool) -> Asy
         yield error_event(exc.status, exc.message, code=exc.code)
         return
     if include_usage:
-        yield event(p.ChatCompletionChunk(id=call.request_id, created=created, model=call.alias, choices=[],
-                                          system_fingerprint=call.fingerprint, usage=_usage(call)))
+        yield event(
+            p.ChatCompletionChunk(
+                id=call.request_id,
+                created=created,
+                model=call.alias,
+                choices=[],
+                system_fingerprint=call.fingerprint,
+                usage=_usage(call),
+            )
+        )
     yield DONE
 
 
@@ -168,9 +227,15 @@ async def _completion_events(gateway: Gateway, call: Call, include_usage: bool, 
     created = int(time.time())
 
     def chunk(text: str, finish: str | None = None) -> bytes:
-        return event(p.Completion(id=call.request_id, created=created, model=call.alias,
-                                  choices=[p.CompletionChoice(index=0, text=text, finish_reason=finish)],
-                                  system_fingerprint=call.fingerprint))
+        return event(
+            p.Completion(
+                id=call.request_id,
+                created=created,
+                model=call.alias,
+                choices=[p.CompletionChoice(index=0, text=text, finish_reason=finish)],
+                system_fingerprint=call.fingerprint,
+            )
+        )
 
     if echo:
         yield chunk(echo)
@@ -182,6 +247,14 @@ async def _completion_events(gateway: Gateway, call: Call, include_usage: bool, 
         yield error_event(exc.status, exc.message, code=exc.code)
         return
     if include_usage:
-        yield event(p.Completion(id=call.request_id, created=created, model=call.alias, choices=[],
-                                 system_fingerprint=call.fingerprint, usage=_usage(call)))
+        yield event(
+            p.Completion(
+                id=call.request_id,
+                created=created,
+                model=call.alias,
+                choices=[],
+                system_fingerprint=call.fingerprint,
+                usage=_usage(call),
+            )
+        )
     yield DONE

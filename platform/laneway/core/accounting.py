@@ -16,8 +16,14 @@ log = logging.getLogger("laneway.accounting")
 
 
 class UsageRecorder:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], *, interval_s: float = 0.5,
-                 batch_size: int = 500, max_pending: int = 100_000) -> None:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        *,
+        interval_s: float = 0.5,
+        batch_size: int = 500,
+        max_pending: int = 100_000,
+    ) -> None:
         self._sessions = sessions
         self._interval = interval_s
         self._batch = batch_size

@@ -80,10 +80,16 @@ class KeyAuthenticator:
             t = key.tenant
             if t.disabled:
                 return GatewayError(403, f"Tenant '{t.name}' is disabled.", code="tenant_disabled")
-            return TenantSnapshot(id=t.id, name=t.name, api_key_id=key.id, weight=t.weight, rpm=t.rpm, tpm=t.tpm,
-                                  max_concurrency=t.max_concurrency,
-                                  allowed_models=frozenset(t.allowed_models) if t.allowed_models is not None
-                                  else None)
+            return TenantSnapshot(
+                id=t.id,
+                name=t.name,
+                api_key_id=key.id,
+                weight=t.weight,
+                rpm=t.rpm,
+                tpm=t.tpm,
+                max_concurrency=t.max_concurrency,
+                allowed_models=frozenset(t.allowed_models) if t.allowed_models is not None else None,
+            )
 
 
 def _aware(ts: datetime) -> datetime:

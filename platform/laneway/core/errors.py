@@ -4,8 +4,16 @@ from __future__ import annotations
 
 
 class GatewayError(Exception):
-    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None,
-                 type: str | None = None, retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        type: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message

@@ -50,7 +50,11 @@ class Call:
 
     @property
     def fingerprint(self) -> str:
-        return "laneway-sim" if self.deployment.spec.engine_kind == "sim" else f"laneway-{self.deployment.spec.engine_kind}"
+        return (
+            "laneway-sim"
+            if self.deployment.spec.engine_kind == "sim"
+            else f"laneway-{self.deployment.spec.engine_kind}"
+        )
 
 
 class Gateway:
@@ -62,36 +66,71 @@ class Gateway:
     def visible_models(self, tenant: TenantSnapshot) -> list[str]:
         return [a for a in self.registry.aliases() if tenant.may_use(a)]
 
-    def prepare(self, tenant: TenantSnapshot, *, endpoint: str, alias: str, stream: bool,
-                prompt: str | None = None, messages: Sequence[ChatTurn] | None = None,
-                max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
-                seed: int | None = None, stop: Sequence[str] = (), user: str | None = None) -> Call:
+    def prepare(
+        self,
+        tenant: TenantSnapshot,
+        *,
+        endpoint: str,
+        alias: str,
+        stream: bool,
+        prompt: str | None = None,
+        messages: Sequence[ChatTurn] | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        user: str | None = None,
+    ) -> Call:
         try:
             deployment = self.registry.resolve(alias)
         except UnknownModel:
-            raise GatewayError(404, f"The model '{alias}' does not exist or you do not have access to it.",
-                               code="model_not_found", param="model") from None
+            raise GatewayError(
+                404,
+                f"The model '{alias}' does not exist or you do not have access to it.",
+                code="model_not_found",
+                param="model",
+            ) from None
         if not tenant.may_use(alias):
-            raise GatewayError(403, f"Your key is not allowed to use the model '{alias}'.",
-                               code="model_not_allowed", param="model")
+            raise GatewayError(
+                403, f"Your key is not allowed to use the model '{alias}'.", code="model_not_allowed", param="model"
+            )
         engine = deployment.engine
         measured = engine.measure(prompt=prompt, messages=messages)
         context = engine.info.max_model_len
         room = context - measured.tokens
         if room <= 0:
-            raise GatewayError(413, f"This model's maximum context length is {context} tokens; your prompt has "
-                               f"{measured.tokens} tokens and leaves no room for a completion.",
-                               code="context_length_exceeded", param="messages" if messages else "prompt")
+            raise GatewayError(
+                413,
+                f"This model's maximum context length is {context} tokens; your prompt has "
+                f"{measured.tokens} tokens and leaves no room for a completion.",
+                code="context_length_exceeded",
+                param="messages" if messages else "prompt",
+            )
         # The client's own max_tokens is honoured when lower; never above the context left.
         budget = min(max_tokens or self.default_max_tokens, room)
         request_id = ("chatcmpl-" if messages is not None else "cmpl-") + uuid.uuid4().hex
         generation = GenerationRequest(
-            request_id=request_id, prompt=measured.text, prompt_tokens=measured.tokens, max_tokens=budget,
+            request_id=request_id,
+            prompt=measured.text,
+            prompt_tokens=measured.tokens,
+            max_tokens=budget,
             messages=tuple(messages) if messages is not None else None,
-            temperature=1.0 if temperature is None else temperature, top_p=1.0 if top_p is None else top_p,
-            seed=seed, stop=tuple(stop))
-        return Call(request_id=request_id, tenant=tenant, alias=alias, endpoint=endpoint, stream=stream,
-                    deployment=deployment, generation=generation, end_user=user[:200] if user else None)
+            temperature=1.0 if temperature is None else temperature,
+            top_p=1.0 if top_p is None else top_p,
+            seed=seed,
+            stop=tuple(stop),
+        )
+        return Call(
+            request_id=request_id,
+            tenant=tenant,
+            alias=alias,
+            endpoint=endpoint,
+            stream=stream,
+            deployment=deployment,
+            generation=generation,
+            end_user=user[:200] if user else None,
+        )
 
     async def run(self, call: Call) -> AsyncIterator[Delta]:
         """Yield deltas with non-empty text (or a final one with finish_reason)."""
@@ -121,8 +160,9 @@ class Gateway:
         except EngineError as exc:
             log.error("engine error on %s (%s): %s", call.request_id, deployment.spec.name, exc)
             call.status, call.error_code = 503, "engine_error"
-            raise GatewayError(503, f"The engine serving '{call.alias}' failed: {exc}", code="engine_error",
-                               retry_after=1) from exc
+            raise GatewayError(
+                503, f"The engine serving '{call.alias}' failed: {exc}", code="engine_error", retry_after=1
+            ) from exc
         except (asyncio.CancelledError, GeneratorExit):
             call.status, call.error_code = CLIENT_CLOSED, "client_disconnected"
             raise
@@ -133,13 +173,24 @@ class Gateway:
 
     def _account(self, call: Call) -> None:
         now = time.perf_counter()
-        self.recorder.record({
-            "request_id": call.request_id, "tenant_id": call.tenant.id, "api_key_id": call.tenant.api_key_id,
-            "model": call.alias, "deployment": call.deployment.spec.name, "lane": None,
-            "endpoint": call.endpoint, "stream": call.stream, "end_user": call.end_user, "status": call.status,
-            "finish_reason": call.finish_reason, "error_code": call.error_code,
-            "prompt_tokens": call.prompt_tokens, "completion_tokens": call.completion_tokens,
-            "queue_ms": 0.0,
-            "ttft_ms": None if call.first_token_at is None else (call.first_token_at - call.started) * 1000,
-            "total_ms": (now - call.started) * 1000,
-        })
+        self.recorder.record(
+            {
+                "request_id": call.request_id,
+                "tenant_id": call.tenant.id,
+                "api_key_id": call.tenant.api_key_id,
+                "model": call.alias,
+                "deployment": call.deployment.spec.name,
+                "lane": None,
+                "endpoint": call.endpoint,
+                "stream": call.stream,
+                "end_user": call.end_user,
+                "status": call.status,
+                "finish_reason": call.finish_reason,
+                "error_code": call.error_code,
+                "prompt_tokens": call.prompt_tokens,
+                "completion_tokens": call.completion_tokens,
+                "queue_ms": 0.0,
+                "ttft_ms": None if call.first_token_at is None else (call.first_token_at - call.started) * 1000,
+                "total_ms": (now - call.started) * 1000,
+            }
+        )

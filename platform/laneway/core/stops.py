@@ -28,7 +28,7 @@ class StopMatcher:
             self._held = ""
             return buf[:cut]
         keep = self._partial_suffix(buf)
-        self._held = buf[len(buf) - keep:] if keep else ""
+        self._held = buf[len(buf) - keep :] if keep else ""
         return buf[: len(buf) - keep]
 
     def flush(self) -> str:

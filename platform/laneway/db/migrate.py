@@ -36,7 +36,9 @@ async def current(engine: AsyncEngine) -> str | None:
 async def _run(engine: AsyncEngine, action) -> None:  # type: ignore[no-untyped-def]
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
     async with engine.begin() as conn:
+
         def go(sync_conn) -> None:  # type: ignore[no-untyped-def]
             cfg.attributes["connection"] = sync_conn
             action(cfg)
+
         await conn.run_sync(go)

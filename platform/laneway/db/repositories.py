@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
@@ -44,22 +44,28 @@ class TenantRepository:
     async def count(self) -> int:
         return len((await self.session.execute(select(Tenant.id))).all())
 
-    async def add_key(self, tenant: Tenant, *, prefix: str, secret_sha256: str, name: str = "default",
-                      expires_at: datetime | None = None) -> ApiKey:
-        key = ApiKey(tenant_id=tenant.id, prefix=prefix, secret_sha256=secret_sha256, name=name,
-                     expires_at=expires_at)
+    async def add_key(
+        self,
+        tenant: Tenant,
+        *,
+        prefix: str,
+        secret_sha256: str,
+        name: str = "default",
+        expires_at: datetime | None = None,
+    ) -> ApiKey:
+        key = ApiKey(tenant_id=tenant.id, prefix=prefix, secret_sha256=secret_sha256, name=name, expires_at=expires_at)
         self.session.add(key)
         await self.session.flush()
         return key
 
     async def find_key(self, secret_sha256: str) -> ApiKey | None:
-        stmt = (select(ApiKey).options(selectinload(ApiKey.tenant))
-                .where(ApiKey.secret_sha256 == secret_sha256))
+        stmt = select(ApiKey).options(selectinload(ApiKey.tenant)).where(ApiKey.secret_sha256 == secret_sha256)
         return (await self.session.execute(stmt)).scalar_one_or_none()
 
     async def revoke_key(self, key_id: int) -> bool:
         result = await self.session.execute(
-            update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None)).values(revoked_at=utcnow()))
+            update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None)).values(revoked_at=utcnow())
+        )
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
     async def touch_keys(self, key_ids: Iterable[int], when: datetime) -> None:
@@ -91,12 +97,25 @@ class ModelRepository:
         return model
 
     async def enabled_deployments(self) -> list[DeploymentSpec]:
-        stmt = (select(Deployment, Model.alias).join(Model)
-                .where(Model.enabled.is_(True), Deployment.enabled.is_(True)).order_by(Deployment.id))
-        return [DeploymentSpec(id=d.id, name=d.name, alias=alias, engine_kind=d.engine_kind,
-                               config=dict(d.config or {}), quantization=d.quantization, gpu_type=d.gpu_type,
-                               max_model_len=d.max_model_len)
-                for d, alias in (await self.session.execute(stmt)).all()]
+        stmt = (
+            select(Deployment, Model.alias)
+            .join(Model)
+            .where(Model.enabled.is_(True), Deployment.enabled.is_(True))
+            .order_by(Deployment.id)
+        )
+        return [
+            DeploymentSpec(
+                id=d.id,
+                name=d.name,
+                alias=alias,
+                engine_kind=d.engine_kind,
+                config=dict(d.config or {}),
+                quantization=d.quantization,
+                gpu_type=d.gpu_type,
+                max_model_len=d.max_model_len,
+            )
+            for d, alias in (await self.session.execute(stmt)).all()
+        ]
 
 
 class PolicyRepository:
@@ -136,7 +155,7 @@ class UsageRepository:
 
     async def add_many(self, rows: Sequence[dict[str, Any]]) -> None:
         if rows:
-            await self.session.execute(UsageRecord.__table__.insert(), list(rows))
+            await self.session.execute(insert(UsageRecord), list(rows))
 
     async def for_tenant(self, tenant_id: int) -> list[UsageRecord]:
         stmt = select(UsageRecord).where(UsageRecord.tenant_id == tenant_id).order_by(UsageRecord.id)

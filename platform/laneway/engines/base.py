@@ -6,7 +6,7 @@ engine-side slot (stop decoding, abort the remote request) when that happens.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Protocol, runtime_checkable
 
 from laneway.types import ChatTurn, Delta, EngineInfo, GenerationRequest, PromptMeasure
@@ -29,8 +29,8 @@ class Engine(Protocol):
         """Render chat messages with the model's template and count prompt tokens."""
         ...
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[Delta]:
-        """Stream deltas; the last one carries finish_reason. Closing it cancels."""
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[Delta, None]:
+        """Stream deltas; the last one carries finish_reason. aclose() on it cancels (frees the slot)."""
         ...
 
     async def warmup(self, prompts: Sequence[str]) -> None: ...

@@ -72,7 +72,8 @@ def write_demo_model(out: Path, shape: DemoModelShape = DemoModelShape()) -> Pat
     wdt = np.float16 if shape.f16 else np.float32
 
     def rnd(o: int, i: int) -> np.ndarray:  # numpy (out, in) == ggml ne [in, out]
-        return (rng.standard_normal((o, i)) * 0.5 / np.sqrt(i)).astype(wdt)
+        out: np.ndarray = (rng.standard_normal((o, i)) * 0.5 / np.sqrt(i)).astype(wdt)
+        return out
 
     def ones() -> np.ndarray:  # norm weights stay F32
         return np.ones(embd, np.float32)

@@ -13,7 +13,7 @@ import codecs
 import os
 import random
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -33,8 +33,15 @@ class LlamaCppEngine:
     """Config keys: model_path (required), parallel, n_ctx, n_threads, demo (ban invalid-UTF-8
     byte tokens), ban_tokens (list of ids), logit_bias ({id: bias})."""
 
-    def __init__(self, alias: str, config: dict[str, Any], *, quantization: str = "unknown",
-                 gpu_type: str = "none", max_model_len: int | None = None) -> None:
+    def __init__(
+        self,
+        alias: str,
+        config: dict[str, Any],
+        *,
+        quantization: str = "unknown",
+        gpu_type: str = "none",
+        max_model_len: int | None = None,
+    ) -> None:
         self.alias = alias
         self.model_path = Path(str(config["model_path"]))
         self.parallel = max(1, int(config.get("parallel", 2)))
@@ -48,8 +55,14 @@ class LlamaCppEngine:
             bias[int(tok)] = -float("inf")
         self._bias_ids = np.array(sorted(bias), dtype=np.int64)
         self._bias_vals = np.array([bias[i] for i in sorted(bias)], dtype=np.float32)
-        self.info = EngineInfo(engine="llamacpp", model=alias, quantization=quantization, gpu_type=gpu_type,
-                               max_model_len=self.n_ctx, max_concurrency=self.parallel)
+        self.info = EngineInfo(
+            engine="llamacpp",
+            model=alias,
+            quantization=quantization,
+            gpu_type=gpu_type,
+            max_model_len=self.n_ctx,
+            max_concurrency=self.parallel,
+        )
         self._contexts: list[Any] = []
         self._free: SlotPool[Any] | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -63,8 +76,16 @@ class LlamaCppEngine:
         from llama_cpp import Llama, llama_vocab_is_eog
 
         def load() -> list[Any]:
-            return [Llama(model_path=str(self.model_path), n_ctx=self.n_ctx, n_threads=self.n_threads,
-                          n_batch=min(512, self.n_ctx), verbose=False) for _ in range(self.parallel)]
+            return [
+                Llama(
+                    model_path=str(self.model_path),
+                    n_ctx=self.n_ctx,
+                    n_threads=self.n_threads,
+                    n_batch=min(512, self.n_ctx),
+                    verbose=False,
+                )
+                for _ in range(self.parallel)
+            ]
 
         try:
             self._contexts = await asyncio.to_thread(load)
@@ -99,13 +120,17 @@ class LlamaCppEngine:
 
     async def warmup(self, prompts: Sequence[str]) -> None:
         for i, prompt in enumerate(prompts):
-            req = GenerationRequest(request_id=f"warmup-{i}", prompt=prompt,
-                                    prompt_tokens=self.measure(prompt=prompt).tokens, max_tokens=1, seed=0)
+            req = GenerationRequest(
+                request_id=f"warmup-{i}",
+                prompt=prompt,
+                prompt_tokens=self.measure(prompt=prompt).tokens,
+                max_tokens=1,
+                seed=0,
+            )
             async for _ in self.generate(req):
                 pass
 
-    def _decode_loop(self, ctx: Any, req: GenerationRequest, cancel: threading.Event,
-                     emit: Any) -> None:
+    def _decode_loop(self, ctx: Any, req: GenerationRequest, cancel: threading.Event, emit: Any) -> None:
         """Runs in a worker thread. Emits Delta objects, then _DONE (or the exception)."""
         try:
             ids = ctx.tokenize(req.prompt.encode("utf-8"), add_bos=True, special=True)
@@ -121,8 +146,15 @@ class LlamaCppEngine:
             produced = 0
             finish: FinishReason = "length"
             if req.max_tokens > 0:
-                for tok in ctx.generate(ids, temp=max(req.temperature, 0.0), top_p=req.top_p, top_k=0,
-                                        min_p=0.0, reset=True, logits_processor=[apply_bias]):
+                for tok in ctx.generate(
+                    ids,
+                    temp=max(req.temperature, 0.0),
+                    top_p=req.top_p,
+                    top_k=0,
+                    min_p=0.0,
+                    reset=True,
+                    logits_processor=[apply_bias],
+                ):
                     if cancel.is_set():
                         finish = "cancelled"
                         break
@@ -141,7 +173,7 @@ class LlamaCppEngine:
         finally:
             emit(_DONE)
 
-    async def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+    async def generate(self, req: GenerationRequest) -> AsyncGenerator[Delta, None]:
         if self._free is None or self._pool is None:
             raise EngineError(f"deployment for {self.alias} is not started")
         loop = asyncio.get_running_loop()

@@ -33,8 +33,13 @@ def build_engine(spec: DeploymentSpec) -> Engine:
     factory = ENGINE_KINDS.get(spec.engine_kind)
     if factory is None:
         raise EngineError(f"unknown engine kind {spec.engine_kind!r} (known: {', '.join(sorted(ENGINE_KINDS))})")
-    engine: Engine = factory(spec.alias, spec.config, quantization=spec.quantization, gpu_type=spec.gpu_type,
-                             max_model_len=spec.max_model_len)
+    engine: Engine = factory(
+        spec.alias,
+        spec.config,
+        quantization=spec.quantization,
+        gpu_type=spec.gpu_type,
+        max_model_len=spec.max_model_len,
+    )
     return engine
 
 

@@ -16,7 +16,7 @@ import asyncio
 import random
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,16 +37,28 @@ class _Sequence:
 
 
 class SimEngine:
-    def __init__(self, alias: str, config: dict[str, Any], *, quantization: str = "sim",
-                 gpu_type: str = "sim", max_model_len: int | None = None) -> None:
+    def __init__(
+        self,
+        alias: str,
+        config: dict[str, Any],
+        *,
+        quantization: str = "sim",
+        gpu_type: str = "sim",
+        max_model_len: int | None = None,
+    ) -> None:
         self.alias = alias
         self.prefill_ms_per_token = float(config.get("prefill_ms_per_token", 0.02))
         self.decode_ms_base = float(config.get("decode_ms_base", 2.0))
         self.decode_ms_per_seq = float(config.get("decode_ms_per_seq", 0.1))
         self.max_concurrency = int(config.get("max_concurrency", 8))
-        self.info = EngineInfo(engine="sim", model=alias, quantization=quantization, gpu_type=gpu_type,
-                               max_model_len=int(max_model_len or config.get("max_model_len", 8192)),
-                               max_concurrency=self.max_concurrency)
+        self.info = EngineInfo(
+            engine="sim",
+            model=alias,
+            quantization=quantization,
+            gpu_type=gpu_type,
+            max_model_len=int(max_model_len or config.get("max_model_len", 8192)),
+            max_concurrency=self.max_concurrency,
+        )
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._wake = asyncio.Event()
@@ -93,8 +105,9 @@ class SimEngine:
                 self._running.append(seq)
                 joining.append(seq)
             prefill = sum(s.request.prompt_tokens for s in joining)
-            step_ms = (self.decode_ms_base + self.decode_ms_per_seq * len(self._running)
-                       + self.prefill_ms_per_token * prefill)
+            step_ms = (
+                self.decode_ms_base + self.decode_ms_per_seq * len(self._running) + self.prefill_ms_per_token * prefill
+            )
             await asyncio.sleep(step_ms / 1000.0)
             self.steps += 1
             for seq in list(self._running):
@@ -114,7 +127,7 @@ class SimEngine:
         elif seq in self._waiting:
             self._waiting.remove(seq)
 
-    async def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+    async def generate(self, req: GenerationRequest) -> AsyncGenerator[Delta, None]:
         seed = req.seed if req.seed is not None else zlib.crc32(req.prompt.encode("utf-8"))
         seq = _Sequence(request=req, rng=random.Random(seed))
         if req.max_tokens <= 0:

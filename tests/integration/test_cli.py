@@ -1,0 +1,115 @@
+"""The `laneway` command end to end, in subprocesses, against a fresh SQLite database."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+EXE = str(Path(sys.executable).with_name("laneway"))
+
+
+def serve(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
+    """Start `laneway serve` on a free port and wait for /health/ready."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([EXE, "serve"], env={**env, "LANEWAY_PORT": str(port)}, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health/ready").status_code == 200:
+                return proc, port
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            pytest.fail("gateway did not become ready")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def cli(tmp_path: Path):  # type: ignore[no-untyped-def]
+    env = {**os.environ, "LANEWAY_DATA_DIR": str(tmp_path)}
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([EXE, *args], env=env, capture_output=True, text=True, timeout=120, check=check)
+
+    run.env = env  # type: ignore[attr-defined]
+    return run
+
+
+def test_migrate_up_and_down(cli) -> None:  # type: ignore[no-untyped-def]
+    assert "revision 0001" in cli("migrate").stdout
+    assert "revision None" in cli("migrate", "--downgrade", "base").stdout
+    assert "revision 0001" in cli("migrate").stdout
+
+
+def test_make_demo_model_is_reproducible(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cli("make-demo-model", "--out", str(tmp_path / "a.gguf"), "--seed", "2")
+    cli("make-demo-model", "--out", str(tmp_path / "b.gguf"), "--seed", "2")
+    assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
+
+
+def test_tenant_key_model_and_serve(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cli("make-demo-model", "--out", str(tmp_path / "m.gguf"))
+    cli(
+        "model",
+        "set",
+        "mine",
+        "--engine",
+        "llamacpp",
+        "--max-model-len",
+        "256",
+        "--config",
+        json.dumps({"model_path": str(tmp_path / "m.gguf"), "demo": True, "parallel": 1}),
+    )
+    assert "created tenant" in cli("tenant", "create", "acme", "--rpm", "100", "--models", "mine").stdout
+    issued = cli("key", "issue", "acme")
+    secret = issued.stdout.strip()
+    assert secret.startswith("lw-") and "shown only once" in issued.stderr
+    assert cli("tenant", "create", "acme", check=False).returncode != 0  # names are unique
+
+    proc, port = serve({**cli.env, "LANEWAY_BOOTSTRAP_DEMO": "false"})
+    try:
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/completions",
+            headers={"Authorization": f"Bearer {secret}"},
+            json={"model": "mine", "prompt": "hello", "max_tokens": 4},
+        )
+        assert r.status_code == 200 and r.json()["model"] == "mine"
+        key_id = "1"
+        assert cli("key", "revoke", key_id).stdout.strip() == "revoked"
+        deadline = time.monotonic() + 5
+        while (
+            httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {secret}"}).status_code
+            != 401
+        ):
+            assert time.monotonic() < deadline, "revoked key still works after 5 s"
+            time.sleep(0.05)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_first_start_on_an_empty_data_dir_is_ready_to_use(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    proc, port = serve(cli.env)  # embedded defaults: SQLite, demo model, policies, demo tenant
+    try:
+        key = (tmp_path / "demo-api-key").read_text().strip()
+        assert (tmp_path / "demo-api-key").stat().st_mode & 0o077 == 0  # owner-only
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
+        assert [m.id for m in client.models.list()] == ["tiny"]
+        r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=5)
+        assert r.usage is not None and 1 <= r.usage.completion_tokens <= 5
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert (tmp_path / "models" / "tiny-llama.gguf").is_file() and (tmp_path / "laneway.db").is_file()
