@@ -240,3 +240,27 @@ async def test_usage_rows_are_written_for_each_request(gateway: Gateway, aclient
         assert row.deployment == "tiny-exact-llamacpp" and row.total_ms is not None and row.ttft_ms is not None
     finally:
         await engine.dispose()
+
+
+async def test_engine_fault_mid_stream_is_an_api_error_and_harms_no_other_request(
+    aclient: openai.AsyncOpenAI,
+) -> None:
+    async def faulty() -> str:
+        stream = await aclient.chat.completions.create(
+            model="sim", messages=[{"role": "user", "content": "<<laneway-sim-fault>>"}], max_tokens=20, stream=True
+        )
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    async def healthy() -> int:
+        r = await aclient.chat.completions.create(model="sim", messages=MSGS, max_tokens=20)
+        return r.usage.completion_tokens  # type: ignore[union-attr]
+
+    results = await asyncio.gather(faulty(), healthy(), healthy(), return_exceptions=True)
+    assert isinstance(results[0], openai.APIError) and "simulated engine fault" in str(results[0])
+    assert results[1:] == [20, 20]
+    with pytest.raises(openai.InternalServerError) as info:  # non-streaming: a 503 before any byte
+        await aclient.chat.completions.create(
+            model="sim", messages=[{"role": "user", "content": "<<laneway-sim-fault>>"}], max_tokens=20
+        )
+    assert info.value.status_code == 503 and info.value.body["code"] == "engine_error"  # type: ignore[index]
+    assert info.value.response.headers["retry-after"] == "1"

@@ -90,3 +90,19 @@ async def test_step_time_grows_with_prefill_and_batch_size() -> None:
         assert loop.time() - t0 >= 0.05  # 50 prompt tokens x 1 ms prefill
     finally:
         await engine.close()
+
+
+async def test_fault_marker_fails_only_that_request(sim: SimEngine) -> None:
+    from laneway.engines.base import EngineError
+
+    bad = GenerationRequest(request_id="bad", prompt="x <<laneway-sim-fault>>", prompt_tokens=5, max_tokens=10)
+    got: list[str] = []
+
+    async def run_bad() -> None:
+        async for d in sim.generate(bad):
+            got.append(d.text)
+
+    results = await asyncio.gather(run_bad(), collect(sim, req(1, max_tokens=10)), return_exceptions=True)
+    assert isinstance(results[0], EngineError) and len(got) == 2
+    assert results[1][1] == 10  # the neighbour finished normally
+    assert sim.active_slots == 0

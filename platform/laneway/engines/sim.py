@@ -8,6 +8,10 @@ response is "laneway-sim"). Its cost model is what makes queueing real:
 
 Up to `max_concurrency` sequences run at once; the rest wait inside the engine, as they
 would in vLLM. Its tokenizer counts one token per 4 characters (at least one).
+
+Fault injection, for proving that one request's failure harms no other: a prompt that
+contains `fault_marker` (config, default "<<laneway-sim-fault>>") fails with EngineError
+after `fault_after_tokens` tokens (default 2).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from laneway.engines.base import EngineError
 from laneway.engines.chat_template import render_chat
 from laneway.engines.demo_model import WORDS
 from laneway.types import ChatTurn, Delta, EngineInfo, GenerationRequest, PromptMeasure
@@ -51,6 +56,8 @@ class SimEngine:
         self.decode_ms_base = float(config.get("decode_ms_base", 2.0))
         self.decode_ms_per_seq = float(config.get("decode_ms_per_seq", 0.1))
         self.max_concurrency = int(config.get("max_concurrency", 8))
+        self.fault_marker = str(config.get("fault_marker", "<<laneway-sim-fault>>"))
+        self.fault_after_tokens = int(config.get("fault_after_tokens", 2))
         self.info = EngineInfo(
             engine="sim",
             model=alias,
@@ -135,9 +142,12 @@ class SimEngine:
             return
         self._waiting.append(seq)
         self._wake.set()
+        faulty = bool(self.fault_marker) and self.fault_marker in req.prompt
         try:
             while True:
                 delta = await seq.out.get()
+                if faulty and seq.produced > self.fault_after_tokens:
+                    raise EngineError(f"simulated engine fault after {self.fault_after_tokens} tokens")
                 yield delta
                 if delta.finish_reason is not None:
                     return
