@@ -18,6 +18,8 @@ from laneway.core.accounting import UsageRecorder
 from laneway.core.auth import KeyAuthenticator
 from laneway.core.errors import GatewayError
 from laneway.core.pipeline import Gateway
+from laneway.core.policy import PolicyStore
+from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from laneway.db import migrate
 from laneway.db.repositories import ModelRepository
 from laneway.db.session import make_engine, make_sessionmaker
@@ -43,6 +45,12 @@ def create_app(settings: Settings | None = None) -> Litestar:
             specs = await ModelRepository(session).enabled_deployments()
         registry = EngineRegistry()
         await registry.load(specs)
+        policies = PolicyStore(sessions)
+        await policies.reload()
+        await policies.start_polling(settings.policy_poll_interval_s)
+        limiter: RateLimiter = (
+            RedisRateLimiter(settings.redis_url, settings.redis_prefix) if settings.redis_url else MemoryRateLimiter()
+        )
         recorder = UsageRecorder(
             sessions, interval_s=settings.usage_flush_interval_s, batch_size=settings.usage_batch_size
         )
@@ -51,12 +59,23 @@ def create_app(settings: Settings | None = None) -> Litestar:
         app.state.sessions = sessions
         app.state.recorder = recorder
         app.state.authenticator = KeyAuthenticator(sessions, ttl_s=settings.auth_cache_ttl_s)
-        app.state.gateway = Gateway(registry, recorder, default_max_tokens=settings.default_max_tokens)
+        app.state.policies = policies
+        app.state.gateway = Gateway(
+            registry,
+            recorder,
+            policies,
+            limiter,
+            default_max_tokens=settings.default_max_tokens,
+            quantum=settings.scheduler_quantum,
+            starvation_share=settings.lane_starvation_share,
+        )
         app.state.started_at = time.time()
         try:
             yield
         finally:
+            await policies.stop()
             await recorder.stop()
+            await limiter.close()
             await registry.close()
             await db.dispose()
 

@@ -33,7 +33,16 @@ class Settings:
     usage_batch_size: int = 500
     # Caps a request that names no max_tokens (also capped by the model's context left).
     default_max_tokens: int = 512
+    # Rate-limit buckets shared by replicas live in Redis when set (redis://host:6379/0);
+    # otherwise in this process's memory.
     redis_url: str | None = None
+    redis_prefix: str = "laneway:"
+    # How often policy rows are re-read (admin edits from other replicas or the CLI).
+    policy_poll_interval_s: float = 2.0
+    # Weighted deficit round robin: tokens credited per visit to a tenant of weight 1.
+    scheduler_quantum: int = 512
+    # Lower-priority lanes get at least this share of dispatches while they have work.
+    lane_starvation_share: float = 0.1
     log_level: str = "info"
 
     @property

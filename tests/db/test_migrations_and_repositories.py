@@ -82,8 +82,8 @@ async def test_policies_import_from_yaml_is_idempotent(db_engine: AsyncEngine) -
     async with sessions() as s:
         lanes = await PolicyRepository(s).lanes()
         tasks = {t.task: t for t in await PolicyRepository(s).task_policies()}
-    assert [lane.name for lane in lanes] == ["interactive", "batch", "standard"]
-    assert lanes[0].match_max_prompt_tokens == 511 and lanes[0].match_stream is True
+    assert [lane.name for lane in lanes] == ["batch", "interactive", "standard"]
+    assert lanes[1].match_max_prompt_tokens == 511 and lanes[1].match_stream is True
     assert tasks["extract"].max_tokens == 96 and tasks["chat"].long_prompt_max_tokens == 256
 
 

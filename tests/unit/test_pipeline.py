@@ -6,6 +6,7 @@ import pytest
 from laneway.core.accounting import UsageRecorder
 from laneway.core.errors import GatewayError
 from laneway.core.pipeline import CLIENT_CLOSED, Gateway
+from laneway.core.policy import PolicyStore
 from laneway.db.repositories import DeploymentSpec
 from laneway.engines.registry import EngineRegistry
 from laneway.types import ChatTurn, TenantSnapshot
@@ -30,12 +31,13 @@ def spec(alias: str, kind: str = "sim", config: dict[str, Any] | None = None, ma
 async def gateway() -> Gateway:
     registry = EngineRegistry()
     await registry.load([spec("sim"), spec("broken", kind="nope")])
-    gw = Gateway(registry, UsageRecorder(None, interval_s=60), default_max_tokens=32)  # type: ignore[arg-type]
+    gw = Gateway(registry, UsageRecorder(None, interval_s=60), PolicyStore(None), default_max_tokens=32)  # type: ignore[arg-type]
     yield gw  # type: ignore[misc]
     await registry.close()
 
 
 async def drain(gw: Gateway, call: Any) -> str:
+    await gw.admit(call)
     return "".join([d.text async for d in gw.run(call)])
 
 
@@ -99,6 +101,7 @@ async def test_stop_sequences_are_enforced_by_the_gateway(gateway: Gateway) -> N
 
 async def test_abandoned_stream_frees_the_engine_and_is_recorded_as_client_closed(gateway: Gateway) -> None:
     call = gateway.prepare(TENANT, endpoint="chat", alias="sim", stream=True, prompt="q", max_tokens=200)
+    await gateway.admit(call)
     stream = gateway.run(call)
     await anext(stream)
     engine = call.deployment.engine

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator
-from typing import TypeVar
+import weakref
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import msgspec
 from litestar import Controller, MediaType, Request, Response, get, post
@@ -12,11 +14,12 @@ from litestar.params import FromPath
 from litestar.response import Stream
 
 from laneway.api import protocol as p
+from laneway.api.disconnect import ClientDisconnected, until_disconnect
 from laneway.api.errors import validation_error
 from laneway.api.sse import DONE, error_event, event
 from laneway.core.auth import KeyAuthenticator
 from laneway.core.errors import GatewayError, invalid_request
-from laneway.core.pipeline import Call, Gateway
+from laneway.core.pipeline import CLIENT_CLOSED, Call, Gateway
 from laneway.types import ChatTurn, TenantSnapshot
 
 T = TypeVar("T")
@@ -44,6 +47,21 @@ def _common_checks(req: p.ChatCompletionRequest | p.CompletionRequest) -> list[s
     if req.stream_options is not None and not req.stream:
         raise invalid_request("stream_options is only allowed when stream is true.", param="stream_options")
     return [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+
+
+def _hints(request: Request, req: p.ChatCompletionRequest | p.CompletionRequest) -> dict[str, Any]:  # type: ignore[type-arg]
+    """Task, lane and priority: headers win over request metadata."""
+    meta = req.metadata or {}
+    task = request.headers.get("x-laneway-task") or meta.get("laneway_task") or None
+    lane = request.headers.get("x-laneway-lane") or meta.get("laneway_lane") or None
+    raw = request.headers.get("x-laneway-priority") or meta.get("laneway_priority") or "0"
+    try:
+        priority = int(raw)
+    except ValueError:
+        raise invalid_request(
+            f"X-Laneway-Priority must be an integer, got '{raw}'.", param="X-Laneway-Priority"
+        ) from None
+    return {"task": task, "lane": lane, "priority": priority, "user": req.user}
 
 
 def _message_text(i: int, m: p.ChatMessageIn) -> str:
@@ -98,6 +116,8 @@ class OpenAIController(Controller):
         stop = _common_checks(req)
         turns = [ChatTurn(role=m.role, content=_message_text(i, m)) for i, m in enumerate(req.messages)]
         gateway, _ = _services(request)
+        hints = _hints(request, req)
+        hints["task"] = hints["task"] or "chat"
         call = gateway.prepare(
             tenant,
             endpoint="chat",
@@ -109,27 +129,22 @@ class OpenAIController(Controller):
             top_p=req.top_p,
             seed=req.seed,
             stop=stop,
-            user=req.user,
+            **hints,
         )
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        if req.stream:
-            return Stream(
-                _chat_events(gateway, call, include_usage), media_type="text/event-stream", headers=SSE_HEADERS
+
+        def body(text: str) -> p.ChatCompletion:
+            message = p.ChatMessageOut(role="assistant", content=text)
+            return p.ChatCompletion(
+                id=call.request_id,
+                created=int(time.time()),
+                model=call.alias,
+                choices=[p.ChatChoice(index=0, message=message, finish_reason=call.finish_reason)],
+                usage=_usage(call),
+                system_fingerprint=call.fingerprint,
             )
-        text = "".join([d.text async for d in gateway.run(call)])
-        body = p.ChatCompletion(
-            id=call.request_id,
-            created=int(time.time()),
-            model=call.alias,
-            choices=[
-                p.ChatChoice(
-                    index=0, message=p.ChatMessageOut(role="assistant", content=text), finish_reason=call.finish_reason
-                )
-            ],
-            usage=_usage(call),
-            system_fingerprint=call.fingerprint,
-        )
-        return Response(p.encode(body), media_type=MediaType.JSON)
+
+        return await _respond(request, gateway, call, lambda: _chat_events(gateway, call, include_usage), body)
 
     @post("/completions", status_code=200)
     async def completions(self, request: Request) -> Response[bytes] | Stream:  # type: ignore[type-arg]
@@ -153,27 +168,52 @@ class OpenAIController(Controller):
             top_p=req.top_p,
             seed=req.seed,
             stop=stop,
-            user=req.user,
+            **_hints(request, req),
         )
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        if req.stream:
-            return Stream(
-                _completion_events(gateway, call, include_usage, prompt if req.echo else ""),
-                media_type="text/event-stream",
-                headers=SSE_HEADERS,
+        echo = prompt if req.echo else ""
+
+        def body(text: str) -> p.Completion:
+            return p.Completion(
+                id=call.request_id,
+                created=int(time.time()),
+                model=call.alias,
+                choices=[p.CompletionChoice(index=0, text=echo + text, finish_reason=call.finish_reason)],
+                usage=_usage(call),
+                system_fingerprint=call.fingerprint,
             )
-        text = "".join([d.text async for d in gateway.run(call)])
-        body = p.Completion(
-            id=call.request_id,
-            created=int(time.time()),
-            model=call.alias,
-            choices=[
-                p.CompletionChoice(index=0, text=(prompt if req.echo else "") + text, finish_reason=call.finish_reason)
-            ],
-            usage=_usage(call),
-            system_fingerprint=call.fingerprint,
+
+        return await _respond(
+            request, gateway, call, lambda: _completion_events(gateway, call, include_usage, echo), body
         )
-        return Response(p.encode(body), media_type=MediaType.JSON)
+
+
+async def _collect(gateway: Gateway, call: Call) -> str:
+    return "".join([d.text async for d in gateway.run(call)])
+
+
+async def _respond(
+    request: Request,  # type: ignore[type-arg]
+    gateway: Gateway,
+    call: Call,
+    events: Callable[[], AsyncIterator[bytes]],
+    body: Callable[[str], Any],
+) -> Response[bytes] | Stream:
+    """Admit (queueing as needed) while watching for the client to leave, then answer."""
+    headers = {"X-Request-Id": call.request_id, "X-Laneway-Lane": call.lane.name}
+    try:
+        await until_disconnect(request, gateway.admit(call))
+        if call.stream:
+            stream = events()
+            # A body the server never starts iterating (client gone right after the headers)
+            # still finishes its call: release the slot and settle the reservation.
+            loop = asyncio.get_running_loop()
+            weakref.finalize(stream, loop.call_soon_threadsafe, gateway.finish_later, call)
+            return Stream(stream, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+        text = await until_disconnect(request, _collect(gateway, call))
+    except ClientDisconnected:
+        return Response(b"", status_code=CLIENT_CLOSED)
+    return Response(p.encode(body(text)), media_type=MediaType.JSON, headers=headers)
 
 
 def _usage(call: Call) -> p.Usage:

@@ -1,9 +1,13 @@
-"""The request pipeline after auth: resolve -> measure -> policy -> generate -> account.
+"""The request pipeline after auth.
 
-The HTTP layer builds a Call with Gateway.prepare() (which raises GatewayError for anything
-the client did wrong), then drains Gateway.run(call). run() enforces stop sequences, keeps
-usage and timings on the Call, closes the engine stream on every exit (that is the
-cancellation), and hands one usage row to the recorder.
+  prepare()  resolve -> measure -> policy (max_tokens, stops) -> route (lane)      sync, no I/O
+  admit()    rate limit (reserve) -> admission -> schedule (wait for a slot)       may refuse
+  run()      generate, enforcing stops; always ends in finish()
+  finish()   release slot, settle the rate limit (refund unused tokens), account   idempotent
+
+The HTTP layer calls them in this order; a GatewayError from any of them is the client's
+answer. finish() runs exactly once however the request ends (done, error, disconnect,
+refused), so no slot, reservation or usage row is ever lost.
 """
 
 from __future__ import annotations
@@ -12,11 +16,16 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 
+from laneway.core import admission
 from laneway.core.accounting import UsageRecorder
 from laneway.core.errors import GatewayError
+from laneway.core.policy import LanePolicy, PolicyStore
+from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter
+from laneway.core.routing import LaneRouter
+from laneway.core.scheduler import DeploymentScheduler, Ticket
 from laneway.core.stops import StopMatcher
 from laneway.engines.base import EngineError
 from laneway.engines.registry import EngineRegistry, LiveDeployment, UnknownModel
@@ -36,35 +45,66 @@ class Call:
     stream: bool
     deployment: LiveDeployment
     generation: GenerationRequest
+    lane: LanePolicy
+    task: str | None = None
+    end_user: str | None = None  # the request's `user`: who, behind the tenant, asked
     started: float = field(default_factory=time.perf_counter)
+    dispatched_at: float | None = None
     first_token_at: float | None = None
     completion_tokens: int = 0
     finish_reason: FinishReason | None = None
     status: int = 200
     error_code: str | None = None
-    end_user: str | None = None  # the request's `user`: who, behind the tenant, asked
+    reserved_tokens: int = 0
+    ticket: Ticket | None = None
+    finished: bool = False
 
     @property
     def prompt_tokens(self) -> int:
         return self.generation.prompt_tokens
 
     @property
+    def queue_ms(self) -> float | None:
+        return None if self.dispatched_at is None else (self.dispatched_at - self.started) * 1000
+
+    @property
     def fingerprint(self) -> str:
-        return (
-            "laneway-sim"
-            if self.deployment.spec.engine_kind == "sim"
-            else f"laneway-{self.deployment.spec.engine_kind}"
-        )
+        return f"laneway-{self.deployment.spec.engine_kind}"
 
 
 class Gateway:
-    def __init__(self, registry: EngineRegistry, recorder: UsageRecorder, *, default_max_tokens: int = 512) -> None:
+    def __init__(
+        self,
+        registry: EngineRegistry,
+        recorder: UsageRecorder,
+        policies: PolicyStore,
+        limiter: RateLimiter | None = None,
+        *,
+        default_max_tokens: int = 512,
+        quantum: int = 512,
+        starvation_share: float = 0.1,
+    ) -> None:
         self.registry = registry
         self.recorder = recorder
+        self.policies = policies
+        self.limiter: RateLimiter = limiter or MemoryRateLimiter()
+        self.router = LaneRouter()
         self.default_max_tokens = default_max_tokens
+        self._quantum = quantum
+        self._starvation_share = starvation_share
+        self._schedulers: dict[str, DeploymentScheduler] = {}
+        self._background: set[asyncio.Task[None]] = set()
 
     def visible_models(self, tenant: TenantSnapshot) -> list[str]:
         return [a for a in self.registry.aliases() if tenant.may_use(a)]
+
+    def scheduler(self, deployment: LiveDeployment) -> DeploymentScheduler:
+        s = self._schedulers.get(deployment.spec.name)
+        if s is None:
+            s = self._schedulers[deployment.spec.name] = DeploymentScheduler(
+                deployment.engine.info.max_concurrency, quantum=self._quantum, starvation_share=self._starvation_share
+            )
+        return s
 
     def prepare(
         self,
@@ -81,6 +121,9 @@ class Gateway:
         seed: int | None = None,
         stop: Sequence[str] = (),
         user: str | None = None,
+        task: str | None = None,
+        lane: str | None = None,
+        priority: int = 0,
     ) -> Call:
         try:
             deployment = self.registry.resolve(alias)
@@ -107,8 +150,14 @@ class Gateway:
                 code="context_length_exceeded",
                 param="messages" if messages else "prompt",
             )
-        # The client's own max_tokens is honoured when lower; never above the context left.
-        budget = min(max_tokens or self.default_max_tokens, room)
+        snapshot = self.policies.current
+        budget = snapshot.max_tokens(
+            task=task, prompt_tokens=measured.tokens, requested=max_tokens, room=room, default=self.default_max_tokens
+        )
+        stops = snapshot.stops(task=task, model_stops=deployment.spec.config.get("stop", ()), requested=stop)
+        chosen = self.router.route(
+            snapshot, prompt_tokens=measured.tokens, stream=stream, task=task, explicit_lane=lane
+        )
         request_id = ("chatcmpl-" if messages is not None else "cmpl-") + uuid.uuid4().hex
         generation = GenerationRequest(
             request_id=request_id,
@@ -119,7 +168,8 @@ class Gateway:
             temperature=1.0 if temperature is None else temperature,
             top_p=1.0 if top_p is None else top_p,
             seed=seed,
-            stop=tuple(stop),
+            stop=stops,
+            priority=priority,
         )
         return Call(
             request_id=request_id,
@@ -129,11 +179,42 @@ class Gateway:
             stream=stream,
             deployment=deployment,
             generation=generation,
+            lane=chosen,
+            task=task,
             end_user=user[:200] if user else None,
         )
 
-    async def run(self, call: Call) -> AsyncIterator[Delta]:
-        """Yield deltas with non-empty text (or a final one with finish_reason)."""
+    async def admit(self, call: Call) -> None:
+        """Reserve rate limit, pass admission, wait for an engine slot. On any refusal (or the
+        client leaving while queued) the call is finished and the error re-raised."""
+        try:
+            tokens = call.prompt_tokens + call.generation.max_tokens
+            await self.limiter.reserve(call.tenant, tokens, call.request_id)
+            call.reserved_tokens = tokens
+            scheduler = self.scheduler(call.deployment)
+            admission.admit(scheduler, call.lane)
+            ticket = Ticket(
+                request_id=call.request_id,
+                tenant_id=call.tenant.id,
+                weight=call.tenant.weight,
+                cost=tokens,
+                lane=call.lane,
+            )
+            await scheduler.acquire(ticket)
+            call.ticket = ticket
+            call.dispatched_at = time.perf_counter()
+        except GatewayError as exc:
+            call.status, call.error_code = exc.status, exc.code
+            await self.finish(call)
+            raise
+        except BaseException:
+            call.status, call.error_code = CLIENT_CLOSED, "client_disconnected"
+            await self.finish(call)
+            raise
+
+    async def run(self, call: Call) -> AsyncGenerator[Delta, None]:
+        """Yield deltas with non-empty text, then one with finish_reason. Requires admit()."""
+        assert call.ticket is not None, "admit() first"
         deployment = call.deployment
         deployment.outstanding += 1
         matcher = StopMatcher(call.generation.stop)
@@ -154,8 +235,7 @@ class Gateway:
                     return
                 if text:
                     yield Delta(text=text, tokens=delta.tokens)
-            # An engine that ends without a finish_reason ran out of tokens to give.
-            call.finish_reason = "length"
+            call.finish_reason = "length"  # an engine that ends without a reason ran out of tokens
             yield Delta(text=matcher.flush(), tokens=0, finish_reason="length")
         except EngineError as exc:
             log.error("engine error on %s (%s): %s", call.request_id, deployment.spec.name, exc)
@@ -169,7 +249,28 @@ class Gateway:
         finally:
             await engine_stream.aclose()  # closing the engine stream is the cancellation
             deployment.outstanding -= 1
-            self._account(call)
+            await self.finish(call)
+
+    async def finish(self, call: Call) -> None:
+        if call.finished:
+            return
+        call.finished = True
+        if call.ticket is not None:
+            self.scheduler(call.deployment).release(call.ticket)
+        if call.reserved_tokens:
+            used = call.prompt_tokens + call.completion_tokens
+            try:
+                await self.limiter.settle(call.tenant, call.request_id, call.reserved_tokens - used)
+            except Exception:
+                log.exception("settling the rate limit of %s failed", call.request_id)
+        self._account(call)
+
+    def finish_later(self, call: Call) -> None:
+        """finish() from synchronous code (a finalizer); a no-op for a finished call."""
+        if not call.finished:
+            task = asyncio.ensure_future(self.finish(call))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     def _account(self, call: Call) -> None:
         now = time.perf_counter()
@@ -180,7 +281,7 @@ class Gateway:
                 "api_key_id": call.tenant.api_key_id,
                 "model": call.alias,
                 "deployment": call.deployment.spec.name,
-                "lane": None,
+                "lane": call.lane.name,
                 "endpoint": call.endpoint,
                 "stream": call.stream,
                 "end_user": call.end_user,
@@ -189,7 +290,7 @@ class Gateway:
                 "error_code": call.error_code,
                 "prompt_tokens": call.prompt_tokens,
                 "completion_tokens": call.completion_tokens,
-                "queue_ms": 0.0,
+                "queue_ms": call.queue_ms,
                 "ttft_ms": None if call.first_token_at is None else (call.first_token_at - call.started) * 1000,
                 "total_ms": (now - call.started) * 1000,
             }

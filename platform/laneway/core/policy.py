@@ -1,0 +1,146 @@
+"""Policies as data: an immutable snapshot of lanes and task policies, swapped atomically.
+
+The hot path reads `PolicyStore.current` (no database round trip); `reload()` builds a new
+snapshot from the database and replaces the reference in one assignment, so a request sees
+either the old policies or the new ones, never a mix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from laneway.db.repositories import PolicyRepository
+
+log = logging.getLogger("laneway.policy")
+
+
+@dataclass(frozen=True, slots=True)
+class LanePolicy:
+    name: str
+    priority: int = 0  # lower is served first
+    match_max_prompt_tokens: int | None = None
+    match_stream: bool | None = None
+    match_tasks: frozenset[str] | None = None
+    max_queue_depth: int = 64
+    queue_timeout_s: float = 10.0
+    max_concurrency: int = 4  # sequences per deployment
+    max_unacked_tokens: int = 256
+    retry_after_s: int = 1
+
+    def matches(self, *, prompt_tokens: int, stream: bool, task: str | None) -> bool:
+        if self.match_max_prompt_tokens is not None and prompt_tokens > self.match_max_prompt_tokens:
+            return False
+        if self.match_stream is not None and stream != self.match_stream:
+            return False
+        return not (self.match_tasks is not None and task not in self.match_tasks)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskPolicy:
+    task: str
+    max_tokens: int
+    long_prompt_tokens: int | None = None
+    long_prompt_max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def cap(self, prompt_tokens: int) -> int:
+        """The task's max_tokens, tightened for long prompts."""
+        if self.long_prompt_tokens is not None and prompt_tokens > self.long_prompt_tokens:
+            return min(self.max_tokens, self.long_prompt_max_tokens or self.max_tokens)
+        return self.max_tokens
+
+
+# Used when the lanes table is empty: one lane that takes everything.
+DEFAULT_LANE = LanePolicy(name="default", max_queue_depth=256, queue_timeout_s=30.0, max_concurrency=64)
+
+
+@dataclass(frozen=True)
+class PolicySnapshot:
+    lanes: tuple[LanePolicy, ...] = ()
+    tasks: dict[str, TaskPolicy] = field(default_factory=dict)
+    version: int = 0
+
+    def lane(self, name: str) -> LanePolicy | None:
+        return next((lane for lane in self.lanes if lane.name == name), None)
+
+    def max_tokens(
+        self, *, task: str | None, prompt_tokens: int, requested: int | None, room: int, default: int
+    ) -> int:
+        """Task cap (tightened for long prompts); the client's own when lower; never beyond the context."""
+        policy = self.tasks.get(task) if task else None
+        cap = policy.cap(prompt_tokens) if policy else default
+        return max(0, min(cap, requested or cap, room))
+
+    def stops(self, *, task: str | None, model_stops: Iterable[str], requested: Sequence[str]) -> tuple[str, ...]:
+        """The request's stops merged with the task's and the model's defaults (deduplicated, in order)."""
+        policy = self.tasks.get(task) if task else None
+        merged = [*requested, *(policy.stop if policy else ()), *model_stops]
+        return tuple(s for s in dict.fromkeys(merged) if s)
+
+
+class PolicyStore:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession] | None, snapshot: PolicySnapshot | None = None):
+        self._sessions = sessions
+        self.current = snapshot or PolicySnapshot()
+        self._task: asyncio.Task[None] | None = None
+
+    async def reload(self) -> PolicySnapshot:
+        assert self._sessions is not None
+        async with self._sessions() as session:
+            repo = PolicyRepository(session)
+            lanes = tuple(
+                LanePolicy(
+                    name=r.name,
+                    priority=r.priority,
+                    match_max_prompt_tokens=r.match_max_prompt_tokens,
+                    match_stream=r.match_stream,
+                    match_tasks=frozenset(r.match_tasks) if r.match_tasks is not None else None,
+                    max_queue_depth=r.max_queue_depth,
+                    queue_timeout_s=r.queue_timeout_s,
+                    max_concurrency=r.max_concurrency,
+                    max_unacked_tokens=r.max_unacked_tokens,
+                    retry_after_s=r.retry_after_s,
+                )
+                for r in await repo.lanes()
+            )
+            tasks = {
+                t.task: TaskPolicy(
+                    task=t.task,
+                    max_tokens=t.max_tokens,
+                    long_prompt_tokens=t.long_prompt_tokens,
+                    long_prompt_max_tokens=t.long_prompt_max_tokens,
+                    stop=tuple(t.stop or ()),
+                )
+                for t in await repo.task_policies()
+            }
+        snapshot = PolicySnapshot(lanes=lanes, tasks=tasks, version=self.current.version + 1)
+        if (snapshot.lanes, snapshot.tasks) != (self.current.lanes, self.current.tasks):
+            self.current = snapshot  # one reference swap: atomic for every reader
+            log.info("policies reloaded: lanes=%s tasks=%s", [x.name for x in lanes], sorted(tasks))
+        return self.current
+
+    async def start_polling(self, interval_s: float) -> None:
+        """Pick up changes made by other replicas or the CLI (the admin UI also calls reload())."""
+
+        async def poll() -> None:
+            while True:
+                await asyncio.sleep(interval_s)
+                try:
+                    await self.reload()
+                except Exception:
+                    log.exception("policy reload failed; keeping the current snapshot")
+
+        self._task = asyncio.create_task(poll(), name="policy-poll")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass

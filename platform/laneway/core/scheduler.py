@@ -1,0 +1,209 @@
+"""Per-deployment scheduler: lane queues, fair across tenants, strict lane priority.
+
+A request holds one of the deployment's engine slots from dispatch until it ends; the
+gateway never gives the engine more sequences than it runs at once (its max concurrency),
+so waiting happens here, where it can be ordered, not inside the engine, where it is FIFO.
+
+Choosing the next request for a free slot:
+- lane: the highest-priority lane (lowest number) with waiting work and a free lane slot
+  (each lane caps its own running sequences per deployment); every 1/starvation_share-th
+  dispatch that passes over a waiting lower lane goes to the lane whose head waited longest,
+  so lower lanes are slowed, never starved;
+- tenant within the lane: weighted deficit round robin on tokens (prompt + max_tokens);
+  each visit adds quantum x tenant weight to the tenant's deficit, and a request is served
+  when the deficit covers its cost. A tenant that floods the lane gets its weight's share of
+  tokens, not of requests, and cannot push others back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from laneway.core.errors import GatewayError
+from laneway.core.policy import LanePolicy
+
+
+@dataclass(eq=False)
+class Ticket:
+    request_id: str
+    tenant_id: int
+    weight: float
+    cost: int  # tokens of work: prompt + max_tokens
+    lane: LanePolicy
+    enqueued: float = 0.0
+    granted: float | None = None
+    future: asyncio.Future[None] | None = None
+
+
+@dataclass(eq=False)
+class _TenantQueue:
+    weight: float
+    tickets: deque[Ticket] = field(default_factory=deque)
+    deficit: float = 0.0
+
+
+class _LaneQueue:
+    def __init__(self) -> None:
+        self.tenants: dict[int, _TenantQueue] = {}
+        self.active: deque[int] = deque()  # round-robin order of tenants with waiting tickets
+        self.size = 0
+
+    def push(self, t: Ticket) -> None:
+        q = self.tenants.get(t.tenant_id)
+        if q is None:
+            q = self.tenants[t.tenant_id] = _TenantQueue(weight=t.weight)
+        q.weight = t.weight  # an admin's weight change applies to the next visit
+        if not q.tickets:
+            self.active.append(t.tenant_id)
+        q.tickets.append(t)
+        self.size += 1
+
+    def remove(self, t: Ticket) -> bool:
+        q = self.tenants.get(t.tenant_id)
+        if q is None or t not in q.tickets:
+            return False
+        q.tickets.remove(t)
+        self.size -= 1
+        if not q.tickets:
+            self._retire(t.tenant_id)
+        return True
+
+    def _retire(self, tenant_id: int) -> None:
+        self.active.remove(tenant_id)
+        del self.tenants[tenant_id]  # an idle tenant keeps no credit
+
+    def head_enqueued(self) -> float:
+        return min(self.tenants[tid].tickets[0].enqueued for tid in self.active)
+
+    def pop(self, quantum: float) -> Ticket:
+        while True:
+            tid = self.active[0]
+            q = self.tenants[tid]
+            head = q.tickets[0]
+            if q.deficit >= head.cost:
+                q.deficit -= head.cost
+                q.tickets.popleft()
+                self.size -= 1
+                if not q.tickets:
+                    self._retire(tid)
+                return head
+            q.deficit += quantum * max(q.weight, 0.01)
+            self.active.rotate(-1)
+
+
+def queue_timeout(lane: LanePolicy, waited_s: float) -> GatewayError:
+    return GatewayError(
+        503,
+        f"The '{lane.name}' lane is saturated: no engine slot within {waited_s:.1f} s. Retry later.",
+        code="queue_timeout",
+        type="service_unavailable",
+        retry_after=lane.retry_after_s,
+    )
+
+
+class DeploymentScheduler:
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        quantum: int = 512,
+        starvation_share: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.capacity = max(1, capacity)
+        self.quantum = quantum
+        self.starvation_every = max(1, round(1 / starvation_share)) if starvation_share > 0 else 0
+        self._clock = clock
+        self._queues: dict[str, _LaneQueue] = {}
+        self._lanes: dict[str, LanePolicy] = {}  # latest policy seen per lane
+        self.running: dict[str, int] = {}
+        self.running_total = 0
+        self._passed_over = 0
+        self._service_s: dict[str, float] = {}  # EWMA of how long a request holds a slot, per lane
+
+    # ---- introspection (admission, metrics, tests) ----
+    def depth(self, lane: str) -> int:
+        q = self._queues.get(lane)
+        return q.size if q else 0
+
+    @property
+    def waiting_total(self) -> int:
+        return sum(q.size for q in self._queues.values())
+
+    def predicted_wait(self, lane: LanePolicy) -> float:
+        """Seconds a request joining `lane` now can expect to wait for a slot."""
+        service = self._service_s.get(lane.name)
+        if service is None:
+            return 0.0  # nothing measured yet: no basis to refuse
+        ahead = sum(q.size for name, q in self._queues.items() if self._lanes[name].priority <= lane.priority)
+        slots = max(1, min(lane.max_concurrency, self.capacity))
+        return (ahead + 1) * service / slots
+
+    # ---- the slot protocol ----
+    async def acquire(self, ticket: Ticket) -> None:
+        """Wait for a slot; raise 503 queue_timeout after the lane's queue timeout. Cancelling the
+        waiter (the client left) removes the ticket: it never reaches the engine."""
+        lane = ticket.lane
+        self._lanes[lane.name] = lane
+        ticket.enqueued = self._clock()
+        ticket.future = asyncio.get_running_loop().create_future()
+        self._queues.setdefault(lane.name, _LaneQueue()).push(ticket)
+        self._dispatch()
+        try:
+            await asyncio.wait_for(asyncio.shield(ticket.future), timeout=lane.queue_timeout_s)
+        except (TimeoutError, asyncio.CancelledError) as exc:
+            if ticket.granted is not None:  # granted in the same instant: hand the slot back
+                self.release(ticket)
+            else:
+                self._queues[lane.name].remove(ticket)
+            if isinstance(exc, TimeoutError):
+                raise queue_timeout(lane, self._clock() - ticket.enqueued) from None
+            raise
+
+    def release(self, ticket: Ticket) -> None:
+        if ticket.granted is None:
+            return
+        held = self._clock() - ticket.granted
+        ticket.granted = None
+        name = ticket.lane.name
+        self.running[name] -= 1
+        self.running_total -= 1
+        prev = self._service_s.get(name)
+        self._service_s[name] = held if prev is None else 0.8 * prev + 0.2 * held
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        while self.running_total < self.capacity:
+            lane = self._choose_lane()
+            if lane is None:
+                return
+            ticket = self._queues[lane].pop(self.quantum)
+            ticket.granted = self._clock()
+            self.running[lane] = self.running.get(lane, 0) + 1
+            self.running_total += 1
+            assert ticket.future is not None
+            if not ticket.future.done():
+                ticket.future.set_result(None)
+
+    def _choose_lane(self) -> str | None:
+        ready = [
+            name
+            for name, q in self._queues.items()
+            if q.size and self.running.get(name, 0) < self._lanes[name].max_concurrency
+        ]
+        if not ready:
+            return None
+        ready.sort(key=lambda n: self._lanes[n].priority)
+        top = ready[0]
+        lower = [n for n in ready if self._lanes[n].priority > self._lanes[top].priority]
+        if not lower or not self.starvation_every:
+            return top
+        self._passed_over += 1
+        if self._passed_over >= self.starvation_every:
+            self._passed_over = 0
+            return min(lower, key=lambda n: self._queues[n].head_enqueued())
+        return top
