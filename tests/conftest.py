@@ -5,8 +5,6 @@ Under CI=true a missing PostgreSQL or Redis is a failure, not a skip.
 
 from __future__ import annotations
 
-import os
-import socket
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,28 +13,9 @@ import pytest
 from laneway.db import migrate
 from laneway.db.session import make_engine
 from laneway.engines.demo_model import write_demo_model
+from services import PG_URL, require_service
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
-
-PG_URL = os.environ.get("LANEWAY_TEST_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
-IN_CI = os.environ.get("CI", "").lower() == "true"
-
-
-def _reachable(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
-def require_service(name: str, host: str, port: int) -> None:
-    if _reachable(host, port):
-        return
-    message = f"{name} is not reachable at {host}:{port}"
-    if IN_CI:
-        pytest.fail(f"{message} (CI=true: services are required)")
-    pytest.skip(f"{message}; start it to run these tests")
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ import asyncio
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
@@ -52,3 +53,21 @@ class ServerThread:
     def stop(self) -> None:
         self.server.should_exit = True
         self._thread.join(timeout=30)
+
+
+@dataclass
+class Gateway:
+    server: ServerThread
+    keys: dict[str, str]
+    database_url: str
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    @property
+    def api_url(self) -> str:
+        return self.server.base_url + "/v1"
+
+    def engine(self, alias: str):  # type: ignore[no-untyped-def]
+        return self.server.app.state.gateway.registry.resolve(alias).engine

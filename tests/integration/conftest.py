@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,25 +16,7 @@ from laneway.db.repositories import ModelRepository, TenantRepository
 from laneway.db.session import make_engine, make_sessionmaker
 from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN
 from laneway.settings import Settings
-from serving import ServerThread
-
-
-@dataclass
-class Gateway:
-    server: ServerThread
-    keys: dict[str, str]
-    database_url: str
-
-    @property
-    def base_url(self) -> str:
-        return self.server.base_url
-
-    @property
-    def api_url(self) -> str:
-        return self.server.base_url + "/v1"
-
-    def engine(self, alias: str):  # type: ignore[no-untyped-def]
-        return self.server.app.state.gateway.registry.resolve(alias).engine
+from serving import Gateway, ServerThread
 
 
 async def _seed(url: str, model_path: Path) -> dict[str, str]:

@@ -7,9 +7,9 @@ import asyncio
 import httpx
 import openai
 import pytest
-from conftest import Gateway
 from laneway.db.models import UsageRecord
 from laneway.db.session import make_engine, make_sessionmaker
+from serving import Gateway
 from sqlalchemy import select
 
 MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}]

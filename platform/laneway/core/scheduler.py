@@ -141,7 +141,10 @@ class DeploymentScheduler:
             return 0.0  # nothing measured yet: no basis to refuse
         ahead = sum(q.size for name, q in self._queues.items() if self._lanes[name].priority <= lane.priority)
         slots = max(1, min(lane.max_concurrency, self.capacity))
-        return (ahead + 1) * service / slots
+        free = min(slots - self.running.get(lane.name, 0), self.capacity - self.running_total)
+        if ahead < free:
+            return 0.0  # a slot is free for it now
+        return (ahead - max(free, 0) + 1) * service / slots
 
     # ---- the slot protocol ----
     async def acquire(self, ticket: Ticket) -> None:
