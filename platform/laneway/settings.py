@@ -40,7 +40,7 @@ class Settings:
     # How often policy rows are re-read (admin edits from other replicas or the CLI).
     policy_poll_interval_s: float = 2.0
     # Weighted deficit round robin: tokens credited per visit to a tenant of weight 1.
-    scheduler_quantum: int = 512
+    scheduler_quantum: int = 64
     # Lower-priority lanes get at least this share of dispatches while they have work.
     lane_starvation_share: float = 0.1
     log_level: str = "info"

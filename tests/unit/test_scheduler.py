@@ -175,3 +175,13 @@ async def test_service_time_is_learned_from_released_slots() -> None:
     for w in waiters:
         w.cancel()
     await asyncio.gather(*waiters, return_exceptions=True)
+
+
+async def test_huge_requests_are_scheduled_without_spinning_and_stay_fair() -> None:
+    h = Harness(quantum=1)  # 4000-token requests against a 1-token quantum
+    holder = await h.hold()
+    for _ in range(4):
+        h.enqueue(tenant=1, cost=4000)
+        h.enqueue(tenant=2, cost=4000)
+    order = [t.tenant_id for t in await h.drain(holder)]
+    assert sorted(order[:2]) == [1, 2] and sorted(order[2:4]) == [1, 2]

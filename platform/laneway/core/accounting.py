@@ -31,6 +31,8 @@ class UsageRecorder:
         self._pending: list[dict[str, Any]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()  # one flush at a time: a batch is never written twice
+        self._stopping = False
         self.written = 0
         self.dropped = 0
 
@@ -56,16 +58,16 @@ class UsageRecorder:
         self._task = asyncio.create_task(self._run(), name="usage-recorder")
 
     async def stop(self) -> None:
+        """Write everything still pending. The writer is asked to stop, not cancelled: a
+        cancellation between commit and bookkeeping would write a batch twice."""
+        self._stopping = True
+        self._wake.set()
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await self._task
         await self.flush()
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=self._interval)
             except TimeoutError:
@@ -74,6 +76,10 @@ class UsageRecorder:
             await self.flush()
 
     async def flush(self) -> None:
+        async with self._lock:
+            await self._flush_pending()
+
+    async def _flush_pending(self) -> None:
         while self._pending:
             batch = self._pending[: self._batch]
             try:

@@ -81,7 +81,7 @@ class Gateway:
         limiter: RateLimiter | None = None,
         *,
         default_max_tokens: int = 512,
-        quantum: int = 512,
+        quantum: int = 64,
         starvation_share: float = 0.1,
     ) -> None:
         self.registry = registry

@@ -71,6 +71,8 @@ class SimEngine:
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self.steps = 0
+        self.admitted = 0  # sequences that reached the engine, ever
+        self.recent: deque[str] = deque(maxlen=1000)  # their request ids, newest last
 
     async def start(self) -> None:
         self._loop_task = asyncio.create_task(self._step_loop(), name=f"sim-{self.alias}")
@@ -140,6 +142,8 @@ class SimEngine:
         if req.max_tokens <= 0:
             yield Delta(text="", tokens=0, finish_reason="length")
             return
+        self.admitted += 1
+        self.recent.append(req.request_id)
         self._waiting.append(seq)
         self._wake.set()
         faulty = bool(self.fault_marker) and self.fault_marker in req.prompt
