@@ -4,36 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-
-EXE = str(Path(sys.executable).with_name("laneway"))
-
-
-def serve(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
-    """Start `laneway serve` on a free port and wait for /health/ready."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([EXE, "serve"], env={**env, "LANEWAY_PORT": str(port)}, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health/ready").status_code == 200:
-                return proc, port
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline or proc.poll() is not None:
-            proc.kill()
-            pytest.fail("gateway did not become ready")
-        time.sleep(0.05)
+from serving import EXE, serve
 
 
 @pytest.fixture
