@@ -1,10 +1,9 @@
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from laneway.bootstrap import import_policies
 from laneway.core.policy import PolicyStore
 from laneway.core.routing import LaneRouter
 from laneway.db.repositories import PolicyRepository
 from laneway.db.session import make_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 
 async def test_reload_swaps_in_admin_edits_atomically(db_engine: AsyncEngine) -> None:

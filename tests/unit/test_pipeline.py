@@ -109,3 +109,30 @@ async def test_abandoned_stream_frees_the_engine_and_is_recorded_as_client_close
     await stream.aclose()
     assert engine.active_slots == 0 and call.deployment.outstanding == 0
     assert gateway.recorder.queued_rows()[-1]["status"] == CLIENT_CLOSED
+
+
+async def test_lanes_map_to_dedicated_replicas_and_least_outstanding_among_them() -> None:
+    from laneway.core.policy import LanePolicy, PolicySnapshot
+
+    fast = {"decode_ms_base": 0.1, "lanes": ["interactive"]}
+    registry = EngineRegistry()
+    await registry.load(
+        [
+            DeploymentSpec(1, "m-fast", "m", "sim", fast, "q", "g", 4096),
+            DeploymentSpec(2, "m-bulk-1", "m", "sim", {"decode_ms_base": 0.1}, "q", "g", 4096),
+            DeploymentSpec(3, "m-bulk-2", "m", "sim", {"decode_ms_base": 0.1}, "q", "g", 4096),
+        ]
+    )
+    lanes = (LanePolicy("interactive", match_stream=True), LanePolicy("standard"))
+    gw = Gateway(registry, UsageRecorder(None), PolicyStore(None, PolicySnapshot(lanes=lanes)))  # type: ignore[arg-type]
+    try:
+        short = gw.prepare(TENANT, endpoint="chat", alias="m", stream=True, prompt="q", max_tokens=500)
+        assert (short.lane.name, short.deployment.spec.name) == ("interactive", "m-fast")
+        first = gw.prepare(TENANT, endpoint="chat", alias="m", stream=False, prompt="q", max_tokens=500)
+        await gw.admit(first)  # now m-bulk-1 has one outstanding
+        second = gw.prepare(TENANT, endpoint="chat", alias="m", stream=False, prompt="q", max_tokens=500)
+        assert {first.deployment.spec.name, second.deployment.spec.name} == {"m-bulk-1", "m-bulk-2"}
+        await gw.finish(first)
+        assert first.deployment.outstanding == 0
+    finally:
+        await registry.close()

@@ -126,7 +126,7 @@ class Gateway:
         priority: int = 0,
     ) -> Call:
         try:
-            deployment = self.registry.resolve(alias)
+            any_replica = self.registry.resolve(alias)  # replicas of an alias share a tokenizer
         except UnknownModel:
             raise GatewayError(
                 404,
@@ -138,9 +138,13 @@ class Gateway:
             raise GatewayError(
                 403, f"Your key is not allowed to use the model '{alias}'.", code="model_not_allowed", param="model"
             )
-        engine = deployment.engine
-        measured = engine.measure(prompt=prompt, messages=messages)
-        context = engine.info.max_model_len
+        measured = any_replica.engine.measure(prompt=prompt, messages=messages)
+        snapshot = self.policies.current
+        chosen = self.router.route(
+            snapshot, prompt_tokens=measured.tokens, stream=stream, task=task, explicit_lane=lane
+        )
+        deployment = self.registry.resolve(alias, chosen.name)
+        context = deployment.engine.info.max_model_len
         room = context - measured.tokens
         if room <= 0:
             raise GatewayError(
@@ -150,14 +154,10 @@ class Gateway:
                 code="context_length_exceeded",
                 param="messages" if messages else "prompt",
             )
-        snapshot = self.policies.current
         budget = snapshot.max_tokens(
             task=task, prompt_tokens=measured.tokens, requested=max_tokens, room=room, default=self.default_max_tokens
         )
         stops = snapshot.stops(task=task, model_stops=deployment.spec.config.get("stop", ()), requested=stop)
-        chosen = self.router.route(
-            snapshot, prompt_tokens=measured.tokens, stream=stream, task=task, explicit_lane=lane
-        )
         request_id = ("chatcmpl-" if messages is not None else "cmpl-") + uuid.uuid4().hex
         generation = GenerationRequest(
             request_id=request_id,
@@ -187,6 +187,7 @@ class Gateway:
     async def admit(self, call: Call) -> None:
         """Reserve rate limit, pass admission, wait for an engine slot. On any refusal (or the
         client leaving while queued) the call is finished and the error re-raised."""
+        call.deployment.outstanding += 1  # queued counts too: least-outstanding routing sees the backlog
         try:
             tokens = call.prompt_tokens + call.generation.max_tokens
             await self.limiter.reserve(call.tenant, tokens, call.request_id)
@@ -216,7 +217,6 @@ class Gateway:
         """Yield deltas with non-empty text, then one with finish_reason. Requires admit()."""
         assert call.ticket is not None, "admit() first"
         deployment = call.deployment
-        deployment.outstanding += 1
         matcher = StopMatcher(call.generation.stop)
         engine_stream = deployment.engine.generate(call.generation)
         try:
@@ -248,13 +248,13 @@ class Gateway:
             raise
         finally:
             await engine_stream.aclose()  # closing the engine stream is the cancellation
-            deployment.outstanding -= 1
             await self.finish(call)
 
     async def finish(self, call: Call) -> None:
         if call.finished:
             return
         call.finished = True
+        call.deployment.outstanding -= 1
         if call.ticket is not None:
             self.scheduler(call.deployment).release(call.ticket)
         if call.reserved_tokens:

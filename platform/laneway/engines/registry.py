@@ -72,11 +72,17 @@ class EngineRegistry:
     def deployments(self) -> list[LiveDeployment]:
         return [d for ds in self._by_alias.values() for d in ds]
 
-    def resolve(self, alias: str) -> LiveDeployment:
+    def resolve(self, alias: str, lane: str | None = None) -> LiveDeployment:
+        """The deployment to serve `alias` in `lane`: among those dedicated to the lane (config
+        "lanes": [...]) if any, else those open to every lane; least outstanding requests wins."""
         candidates = self._by_alias.get(alias)
         if not candidates:
             raise UnknownModel(alias)
-        return min(candidates, key=lambda d: d.outstanding)  # least outstanding requests
+        if lane is not None:
+            dedicated = [d for d in candidates if lane in d.spec.config.get("lanes", ())]
+            shared = [d for d in candidates if not d.spec.config.get("lanes")]
+            candidates = dedicated or shared or candidates
+        return min(candidates, key=lambda d: d.outstanding)
 
     @property
     def ready(self) -> bool:
