@@ -111,28 +111,34 @@ async def test_abandoned_stream_frees_the_engine_and_is_recorded_as_client_close
     assert gateway.recorder.queued_rows()[-1]["status"] == CLIENT_CLOSED
 
 
-async def test_lanes_map_to_dedicated_replicas_and_least_outstanding_among_them() -> None:
+async def test_lanes_map_to_replicas_and_least_outstanding_among_them() -> None:
     from laneway.core.policy import LanePolicy, PolicySnapshot
 
-    fast = {"decode_ms_base": 0.1, "lanes": ["interactive"]}
+    def sim(**extra: Any) -> dict[str, Any]:
+        return {"decode_ms_base": 0.1, **extra}
+
     registry = EngineRegistry()
     await registry.load(
         [
-            DeploymentSpec(1, "m-fast", "m", "sim", fast, "q", "g", 4096),
-            DeploymentSpec(2, "m-bulk-1", "m", "sim", {"decode_ms_base": 0.1}, "q", "g", 4096),
-            DeploymentSpec(3, "m-bulk-2", "m", "sim", {"decode_ms_base": 0.1}, "q", "g", 4096),
+            DeploymentSpec(1, "m-fast", "m", "sim", sim(lanes=["interactive"]), "q", "g", 4096),
+            DeploymentSpec(2, "m-any", "m", "sim", sim(), "q", "g", 4096),
         ]
     )
     lanes = (LanePolicy("interactive", match_stream=True), LanePolicy("standard"))
     gw = Gateway(registry, UsageRecorder(None), PolicyStore(None, PolicySnapshot(lanes=lanes)))  # type: ignore[arg-type]
     try:
-        short = gw.prepare(TENANT, endpoint="chat", alias="m", stream=True, prompt="q", max_tokens=500)
+        # The standard lane may only use the replica that serves every lane ...
+        bulk = [gw.prepare(TENANT, endpoint="chat", alias="m", stream=False, prompt="q", max_tokens=50) for _ in "ab"]
+        assert {c.lane.name for c in bulk} == {"standard"} and {c.deployment.spec.name for c in bulk} == {"m-any"}
+        for c in bulk:
+            await gw.admit(c)
+        # ... and interactive traffic avoids it while it has a backlog.
+        short = gw.prepare(TENANT, endpoint="chat", alias="m", stream=True, prompt="q", max_tokens=50)
         assert (short.lane.name, short.deployment.spec.name) == ("interactive", "m-fast")
-        first = gw.prepare(TENANT, endpoint="chat", alias="m", stream=False, prompt="q", max_tokens=500)
-        await gw.admit(first)  # now m-bulk-1 has one outstanding
-        second = gw.prepare(TENANT, endpoint="chat", alias="m", stream=False, prompt="q", max_tokens=500)
-        assert {first.deployment.spec.name, second.deployment.spec.name} == {"m-bulk-1", "m-bulk-2"}
-        await gw.finish(first)
-        assert first.deployment.outstanding == 0
+        for c in bulk:
+            await gw.finish(c)
+        assert bulk[0].deployment.outstanding == 0
+        # Idle: interactive may use either replica (least outstanding, first on ties).
+        assert gw.prepare(TENANT, endpoint="chat", alias="m", stream=True, prompt="q").deployment.spec.name == "m-fast"
     finally:
         await registry.close()

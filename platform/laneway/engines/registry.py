@@ -73,15 +73,24 @@ class EngineRegistry:
         return [d for ds in self._by_alias.values() for d in ds]
 
     def resolve(self, alias: str, lane: str | None = None) -> LiveDeployment:
-        """The deployment to serve `alias` in `lane`: among those dedicated to the lane (config
-        "lanes": [...]) if any, else those open to every lane; least outstanding requests wins."""
+        """The deployment to serve `alias` in `lane`.
+
+        Deployments list the lanes they serve in config "lanes" (none listed: every lane).
+        Those dedicated to the lane come first while one has a free engine slot; beyond that
+        (or without any) every deployment serving the lane competes. Among the chosen, the
+        fewest outstanding requests wins (queued ones count, so a backlog is avoided).
+        """
         candidates = self._by_alias.get(alias)
         if not candidates:
             raise UnknownModel(alias)
         if lane is not None:
-            dedicated = [d for d in candidates if lane in d.spec.config.get("lanes", ())]
-            shared = [d for d in candidates if not d.spec.config.get("lanes")]
-            candidates = dedicated or shared or candidates
+            candidates = [d for d in candidates if lane in d.spec.config.get("lanes", (lane,))] or candidates
+            dedicated = [
+                d
+                for d in candidates
+                if lane in d.spec.config.get("lanes", ()) and d.outstanding < d.engine.info.max_concurrency
+            ]
+            candidates = dedicated or candidates
         return min(candidates, key=lambda d: d.outstanding)
 
     @property
