@@ -11,7 +11,7 @@ from litestar import Litestar
 from litestar.exceptions import HTTPException
 
 from laneway.api.errors import gateway_error_handler, http_exception_handler, internal_error_handler
-from laneway.api.health import live, ready
+from laneway.api.health import live, metrics, ready
 from laneway.api.routes import OpenAIController
 from laneway.bootstrap import bootstrap_demo
 from laneway.core.accounting import UsageRecorder
@@ -24,6 +24,7 @@ from laneway.db import migrate
 from laneway.db.repositories import ModelRepository
 from laneway.db.session import make_engine, make_sessionmaker
 from laneway.engines.registry import EngineRegistry
+from laneway.metrics import GatewayMetrics
 from laneway.settings import Settings
 
 log = logging.getLogger("laneway")
@@ -68,6 +69,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             default_max_tokens=settings.default_max_tokens,
             quantum=settings.scheduler_quantum,
             starvation_share=settings.lane_starvation_share,
+            metrics=GatewayMetrics(tenant_label=settings.metrics_tenant_label),
         )
         app.state.started_at = time.time()
         try:
@@ -80,7 +82,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             await db.dispose()
 
     return Litestar(
-        route_handlers=[OpenAIController, live, ready],
+        route_handlers=[OpenAIController, live, ready, metrics],
         lifespan=[lifespan],
         exception_handlers={
             GatewayError: gateway_error_handler,

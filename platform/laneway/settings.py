@@ -43,6 +43,8 @@ class Settings:
     scheduler_quantum: int = 64
     # Lower-priority lanes get at least this share of dispatches while they have work.
     lane_starvation_share: float = 0.1
+    # Add a tenant label to request metrics (off by default: cardinality).
+    metrics_tenant_label: bool = False
     log_level: str = "info"
 
     @property

@@ -1,4 +1,4 @@
-"""Liveness (the process answers) and readiness (every enabled deployment can serve)."""
+"""Liveness (the process answers), readiness (every enabled deployment is warm), metrics."""
 
 from __future__ import annotations
 
@@ -24,3 +24,8 @@ async def ready(request: Request) -> Response[dict[str, object]]:  # type: ignor
         media_type=MediaType.JSON,
         headers=None if registry.ready else {"Retry-After": "1"},
     )
+
+
+@get("/metrics", media_type="text/plain; version=0.0.4; charset=utf-8")
+async def metrics(request: Request) -> Response[bytes]:  # type: ignore[type-arg]
+    return Response(request.app.state.gateway.metrics.exposition(), media_type="text/plain; version=0.0.4")

@@ -20,6 +20,7 @@ from laneway.api.sse import DONE, error_event, event
 from laneway.core.auth import KeyAuthenticator
 from laneway.core.errors import GatewayError, invalid_request
 from laneway.core.pipeline import CLIENT_CLOSED, Call, Gateway
+from laneway.core.streaming import bounded_stream
 from laneway.types import ChatTurn, TenantSnapshot
 
 T = TypeVar("T")
@@ -241,7 +242,7 @@ async def _chat_events(gateway: Gateway, call: Call, include_usage: bool) -> Asy
 
     yield chunk(p.ChunkDelta(role="assistant", content=""))
     try:
-        async for d in gateway.run(call):
+        async for d in bounded_stream(gateway, call):
             if d.text:
                 yield chunk(p.ChunkDelta(content=d.text))
             if d.finish_reason is not None:
@@ -280,7 +281,7 @@ async def _completion_events(gateway: Gateway, call: Call, include_usage: bool, 
     if echo:
         yield chunk(echo)
     try:
-        async for d in gateway.run(call):
+        async for d in bounded_stream(gateway, call):
             if d.text or d.finish_reason is not None:
                 yield chunk(d.text, d.finish_reason)
     except GatewayError as exc:

@@ -29,6 +29,7 @@ from laneway.core.scheduler import DeploymentScheduler, Ticket
 from laneway.core.stops import StopMatcher
 from laneway.engines.base import EngineError
 from laneway.engines.registry import EngineRegistry, LiveDeployment, UnknownModel
+from laneway.metrics import GatewayMetrics
 from laneway.types import ChatTurn, Delta, FinishReason, GenerationRequest, TenantSnapshot
 
 log = logging.getLogger("laneway.pipeline")
@@ -83,6 +84,7 @@ class Gateway:
         default_max_tokens: int = 512,
         quantum: int = 64,
         starvation_share: float = 0.1,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.registry = registry
         self.recorder = recorder
@@ -94,6 +96,8 @@ class Gateway:
         self._starvation_share = starvation_share
         self._schedulers: dict[str, DeploymentScheduler] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self.metrics = metrics or GatewayMetrics()
+        self.metrics.watch_queues(self.queue_stats)
 
     def visible_models(self, tenant: TenantSnapshot) -> list[str]:
         return [a for a in self.registry.aliases() if tenant.may_use(a)]
@@ -105,6 +109,25 @@ class Gateway:
                 deployment.engine.info.max_concurrency, quantum=self._quantum, starvation_share=self._starvation_share
             )
         return s
+
+    def queue_stats(self) -> list[tuple[dict[str, str], int, int]]:
+        """Waiting and running requests per deployment and lane (every configured lane listed)."""
+        out = []
+        lanes = [lane.name for lane in self.policies.current.lanes]
+        for d in self.registry.deployments():
+            info = d.engine.info
+            base = {
+                "deployment": d.spec.name,
+                "model": d.spec.alias,
+                "quantization": info.quantization,
+                "gpu_type": info.gpu_type,
+                "engine": info.engine,
+            }
+            seen = {name: (w, r) for name, w, r in self.scheduler(d).lane_stats()}
+            for name in sorted(set(lanes) | set(seen)):
+                waiting, running = seen.get(name, (0, 0))
+                out.append(({**base, "lane": name}, waiting, running))
+        return out
 
     def prepare(
         self,
@@ -274,6 +297,7 @@ class Gateway:
 
     def _account(self, call: Call) -> None:
         now = time.perf_counter()
+        self.metrics.observe(call, now)
         self.recorder.record(
             {
                 "request_id": call.request_id,

@@ -146,6 +146,11 @@ class DeploymentScheduler:
     def waiting_total(self) -> int:
         return sum(q.size for q in self._queues.values())
 
+    def lane_stats(self) -> list[tuple[str, int, int]]:
+        """(lane, waiting, running) for every lane this deployment has seen."""
+        names = set(self._queues) | set(self.running)
+        return [(n, self.depth(n), self.running.get(n, 0)) for n in sorted(names)]
+
     def predicted_wait(self, lane: LanePolicy) -> float:
         """Seconds a request joining `lane` now can expect to wait for a slot."""
         service = self._service_s.get(lane.name)

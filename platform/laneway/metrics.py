@@ -1,0 +1,110 @@
+"""Every Prometheus metric laneway exports, defined in one place.
+
+One CollectorRegistry per app (not the process-global one), so several gateways in one
+process (tests, benchmarks) never collide. Request metrics are observed once, when a call
+finishes; queue gauges are read from the schedulers at scrape time, so the hot path pays
+nothing for them. Labels: lane, model, quantization, gpu_type, engine (+ tenant only when
+LANEWAY_METRICS_TENANT_LABEL is on: tenants can be many, and cardinality costs memory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from laneway.core.pipeline import Call
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64)
+BASE_LABELS = ("lane", "model", "quantization", "gpu_type", "engine")
+
+# Why a request was refused or cut short, by the error code the client saw.
+REJECTION_REASONS = {
+    "rate_limit_exceeded": "rate_limit",
+    "request_too_large": "rate_limit",
+    "concurrency_limit_exceeded": "concurrency",
+    "queue_full": "queue_full",
+    "predicted_wait_exceeded": "predicted_wait",
+    "queue_timeout": "queue_timeout",
+    "backpressure": "backpressure",
+    "client_disconnected": "disconnect",
+    "engine_error": "engine_error",
+}
+
+
+class GatewayMetrics:
+    def __init__(self, *, tenant_label: bool = False) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.tenant_label = tenant_label
+        labels = (*BASE_LABELS, "tenant") if tenant_label else BASE_LABELS
+
+        def hist(name: str, doc: str, buckets: tuple[float, ...] = LATENCY_BUCKETS) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=self.registry)
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, doc, (*labels, *extra), registry=self.registry)
+
+        self.queue_wait = hist("laneway_queue_wait_seconds", "Time from arrival to an engine slot.")
+        self.ttft = hist("laneway_time_to_first_token_seconds", "Time from arrival to the first token.")
+        self.prefill = hist("laneway_prefill_seconds", "Approximate prefill: from engine slot to first token.")
+        self.decode = hist("laneway_decode_seconds", "From the first token to the last.")
+        self.tpot = hist("laneway_time_per_output_token_seconds", "Decode time per output token.", TPOT_BUCKETS)
+        self.e2e = hist("laneway_request_duration_seconds", "Arrival to the end of the response.")
+        self.prompt_tokens = counter("laneway_prompt_tokens_total", "Prompt tokens of requests that ran.")
+        self.completion_tokens = counter("laneway_completion_tokens_total", "Tokens generated.")
+        self.requests = counter("laneway_requests_total", "Requests by HTTP status.", ("status",))
+        self.rejections = counter("laneway_rejections_total", "Refused or cut-short requests.", ("reason",))
+
+    def observe(self, call: Call, now: float) -> None:
+        info = call.deployment.engine.info
+        values = [call.lane.name, call.alias, info.quantization, info.gpu_type, info.engine]
+        if self.tenant_label:
+            values.append(call.tenant.name)
+        lv = tuple(values)
+        self.requests.labels(*lv, str(call.status)).inc()
+        reason = REJECTION_REASONS.get(call.error_code or "")
+        if reason:
+            self.rejections.labels(*lv, reason).inc()
+        self.e2e.labels(*lv).observe(now - call.started)
+        if call.dispatched_at is None:
+            return  # never reached the engine
+        self.queue_wait.labels(*lv).observe(call.dispatched_at - call.started)
+        self.prompt_tokens.labels(*lv).inc(call.prompt_tokens)
+        self.completion_tokens.labels(*lv).inc(call.completion_tokens)
+        if call.first_token_at is not None:
+            self.ttft.labels(*lv).observe(call.first_token_at - call.started)
+            self.prefill.labels(*lv).observe(call.first_token_at - call.dispatched_at)
+            decode = now - call.first_token_at
+            self.decode.labels(*lv).observe(decode)
+            if call.completion_tokens > 1:
+                self.tpot.labels(*lv).observe(decode / (call.completion_tokens - 1))
+
+    def watch_queues(self, source: Callable[[], Iterable[tuple[dict[str, str], int, int]]]) -> None:
+        """Expose waiting/running per lane and deployment, read from `source` at scrape time."""
+        self.registry.register(_QueueCollector(source))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _QueueCollector(Collector):
+    def __init__(self, source: Callable[[], Iterable[tuple[dict[str, str], int, int]]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Any]:
+        names = ("lane", "deployment", "model", "quantization", "gpu_type", "engine")
+        waiting = GaugeMetricFamily(
+            "laneway_requests_waiting", "Requests queued for an engine slot (the autoscaling signal).", labels=names
+        )
+        running = GaugeMetricFamily("laneway_requests_running", "Requests holding an engine slot.", labels=names)
+        for labels, n_waiting, n_running in self._source():
+            values = [labels[n] for n in names]
+            waiting.add_metric(values, n_waiting)
+            running.add_metric(values, n_running)
+        yield waiting
+        yield running
