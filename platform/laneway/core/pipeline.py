@@ -267,7 +267,8 @@ class Gateway:
                 503, f"The engine serving '{call.alias}' failed: {exc}", code="engine_error", retry_after=1
             ) from exc
         except (asyncio.CancelledError, GeneratorExit):
-            call.status, call.error_code = CLIENT_CLOSED, "client_disconnected"
+            if call.error_code is None:  # a cause set by the closer (e.g. backpressure) stands
+                call.status, call.error_code = CLIENT_CLOSED, "client_disconnected"
             raise
         finally:
             await engine_stream.aclose()  # closing the engine stream is the cancellation
