@@ -41,7 +41,7 @@ class ServerThread:
         self.loop = asyncio.new_event_loop()
         self.loop.run_until_complete(self.server.serve(sockets=[self.sock]))
 
-    def start(self, timeout: float = 60) -> ServerThread:
+    def start(self, timeout: float = 60, *, wait_ready: bool = True) -> ServerThread:
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not self.server.started:
@@ -49,6 +49,10 @@ class ServerThread:
                 raise RuntimeError("the test server exited during start-up (see the log above)")
             if time.monotonic() > deadline:
                 raise TimeoutError("the test server did not start")
+            time.sleep(0.01)
+        while wait_ready and httpx.get(self.base_url + "/health/ready").status_code != 200:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the test server did not become ready (warm-up)")
             time.sleep(0.01)
         return self
 

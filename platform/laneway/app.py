@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -46,6 +47,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
             specs = await ModelRepository(session).enabled_deployments()
         registry = EngineRegistry()
         await registry.load(specs)
+        # Warm up in the background: the server answers /health/live at once and
+        # /health/ready turns 200 when every deployment is warm.
+        warmup = asyncio.create_task(registry.warm_up(), name="warm-up")
         policies = PolicyStore(sessions)
         await policies.reload()
         await policies.start_polling(settings.policy_poll_interval_s)
@@ -75,6 +79,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         try:
             yield
         finally:
+            warmup.cancel()
             await policies.stop()
             await recorder.stop()
             await limiter.close()

@@ -142,3 +142,21 @@ async def test_lanes_map_to_replicas_and_least_outstanding_among_them() -> None:
         assert gw.prepare(TENANT, endpoint="chat", alias="m", stream=True, prompt="q").deployment.spec.name == "m-fast"
     finally:
         await registry.close()
+
+
+async def test_warm_up_shapes_and_readiness() -> None:
+    from laneway.engines.registry import warmup_prompts
+
+    registry = EngineRegistry()
+    await registry.load([spec("w", config={"warmup_system_prompts": ["Be brief."]}, max_len=1000)])
+    try:
+        assert not registry.ready  # loaded, not yet warm
+        [d] = registry.deployments()
+        short, long, system = warmup_prompts(d)
+        assert d.engine.measure(prompt=short).tokens < 10
+        assert 250 <= d.engine.measure(prompt=long).tokens <= 500  # about half the context
+        assert "Be brief." in system and system.startswith("<|im_start|>system")
+        await registry.warm_up()
+        assert registry.ready and registry.warm == {"w-sim"}
+    finally:
+        await registry.close()

@@ -16,6 +16,7 @@ async def ready(request: Request) -> Response[dict[str, object]]:  # type: ignor
     body: dict[str, object] = {
         "status": "ready" if registry.ready else "not_ready",
         "models": registry.aliases(),
+        "warm": sorted(registry.warm),
         "failed": registry.failed,
     }
     return Response(

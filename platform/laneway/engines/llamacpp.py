@@ -68,6 +68,7 @@ class LlamaCppEngine:
         self._pool: ThreadPoolExecutor | None = None
         self._template = CHATML
         self._active = 0
+        self.warmed_prompts = 0
         self._eog: Any = None
 
     async def start(self) -> None:
@@ -129,6 +130,7 @@ class LlamaCppEngine:
             )
             async for _ in self.generate(req):
                 pass
+            self.warmed_prompts += 1
 
     def _decode_loop(self, ctx: Any, req: GenerationRequest, cancel: threading.Event, emit: Any) -> None:
         """Runs in a worker thread. Emits Delta objects, then _DONE (or the exception)."""

@@ -11,6 +11,7 @@ from laneway.db.repositories import DeploymentSpec
 from laneway.engines.base import Engine, EngineError
 from laneway.engines.llamacpp import LlamaCppEngine
 from laneway.engines.sim import SimEngine
+from laneway.types import ChatTurn
 
 log = logging.getLogger("laneway.engines")
 
@@ -47,6 +48,7 @@ class EngineRegistry:
     def __init__(self) -> None:
         self._by_alias: dict[str, list[LiveDeployment]] = {}
         self.failed: dict[str, str] = {}  # deployment name -> why it could not start
+        self.warm: set[str] = set()  # deployments whose warm-up has finished
 
     async def load(self, specs: Sequence[DeploymentSpec]) -> None:
         for spec in specs:
@@ -93,6 +95,35 @@ class EngineRegistry:
             candidates = dedicated or candidates
         return min(candidates, key=lambda d: d.outstanding)
 
+    async def warm_up(self) -> None:
+        """Run every deployment's warm-up shapes (see warmup_prompts); ready once all are done."""
+        for d in self.deployments():
+            try:
+                await d.engine.warmup(warmup_prompts(d))
+            except Exception as exc:
+                log.error("deployment %s failed its warm-up: %s", d.spec.name, exc)
+                self.failed[d.spec.name] = f"warm-up failed: {exc}"
+                continue
+            self.warm.add(d.spec.name)
+            log.info("deployment %s is warm", d.spec.name)
+
     @property
     def ready(self) -> bool:
-        return not self.failed and bool(self._by_alias)
+        deployments = self.deployments()
+        return not self.failed and bool(deployments) and all(d.spec.name in self.warm for d in deployments)
+
+
+def warmup_prompts(d: LiveDeployment) -> list[str]:
+    """Representative shapes, each run with max_tokens=1: a short prompt, a long one (half the
+    context, at most 2048 tokens), and the deployment's common system prompts rendered as chat
+    (config "warmup_system_prompts"), so their prefixes are hot in the engine's caches."""
+    engine = d.engine
+    target = min(engine.info.max_model_len // 2, 2048)
+    long = " the" * target
+    while target > 8 and engine.measure(prompt=long).tokens > target:
+        long = long[: len(long) * 3 // 4]
+    prompts = ["Hello", long]
+    for system in d.spec.config.get("warmup_system_prompts", ()):
+        chat = [ChatTurn("system", str(system)), ChatTurn("user", "Hello")]
+        prompts.append(engine.measure(messages=chat).text)
+    return prompts

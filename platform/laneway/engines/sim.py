@@ -58,6 +58,8 @@ class SimEngine:
         self.max_concurrency = int(config.get("max_concurrency", 8))
         self.fault_marker = str(config.get("fault_marker", "<<laneway-sim-fault>>"))
         self.fault_after_tokens = int(config.get("fault_after_tokens", 2))
+        self.warmup_ms = float(config.get("warmup_ms", 0.0))
+        self.warmed_prompts = 0
         self.info = EngineInfo(
             engine="sim",
             model=alias,
@@ -101,7 +103,20 @@ class SimEngine:
         return self._loop_task is not None and not self._loop_task.done()
 
     async def warmup(self, prompts: Sequence[str]) -> None:
-        return None  # nothing to warm: the simulator has no caches
+        """Runs each prompt for one token; `warmup_ms` (config) stands for an engine's own start-up
+        work (CUDA graph capture, cache allocation) so readiness gating can be seen."""
+        await asyncio.sleep(self.warmup_ms / 1000.0)
+        for i, prompt in enumerate(prompts):
+            req = GenerationRequest(
+                request_id=f"warmup-{i}",
+                prompt=prompt,
+                prompt_tokens=self.measure(prompt=prompt).tokens,
+                max_tokens=1,
+                seed=0,
+            )
+            async for _ in self.generate(req):
+                pass
+        self.warmed_prompts += len(prompts)
 
     async def _step_loop(self) -> None:
         while True:
