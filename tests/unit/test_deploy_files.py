@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import yaml
-
 from laneway.settings import Settings
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
