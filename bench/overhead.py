@@ -58,7 +58,7 @@ def engine_config(model: Path, parallel: int) -> dict[str, object]:
 async def direct(model: Path, args: argparse.Namespace, concurrency: int, stream: bool) -> list[float]:
     engine = LlamaCppEngine("bench", engine_config(model, args.parallel), max_model_len=512)
     await engine.start()
-    tokens = engine.measure(prompt=PROMPT).tokens
+    tokens = (await engine.measure(prompt=PROMPT)).tokens
 
     async def one(i: int) -> float:
         t0 = time.perf_counter()

@@ -98,7 +98,7 @@ async def fifo_one(registry: EngineRegistry, arrival: Arrival, n: int) -> float 
     req = GenerationRequest(
         request_id=str(n),
         prompt=prompt,
-        prompt_tokens=engine.measure(prompt=prompt).tokens,
+        prompt_tokens=(await engine.measure(prompt=prompt)).tokens,
         max_tokens=32 if arrival.short else 128,
         seed=n,
     )
@@ -115,7 +115,7 @@ async def fifo_one(registry: EngineRegistry, arrival: Arrival, n: int) -> float 
 
 async def laneway_one(gateway: Gateway, arrival: Arrival, n: int) -> float | None:
     t0 = time.perf_counter()
-    call = gateway.prepare(
+    call = await gateway.prepare(
         TENANTS[arrival.tenant],
         endpoint="chat",
         alias="m",

@@ -95,7 +95,9 @@ def traffic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traffic]:
     data = tmp_path_factory.mktemp("traffic")
     url = f"sqlite+aiosqlite:///{data / 'laneway.db'}"
     keys = asyncio.run(_seed(url))
-    server = ServerThread(create_app(Settings(data_dir=data, database_url=url, bootstrap_demo=False))).start()
+    # Requests without a task policy may ask for long generations: a hog must outlast the test.
+    settings = Settings(data_dir=data, database_url=url, bootstrap_demo=False, default_max_tokens=100_000)
+    server = ServerThread(create_app(settings)).start()
     yield Traffic(server, keys)
     server.stop()
 

@@ -43,7 +43,7 @@ async def drain(gw: Gateway, call: Any) -> str:
 
 async def test_unknown_model_is_404_and_a_failed_deployment_is_reported(gateway: Gateway) -> None:
     with pytest.raises(GatewayError) as info:
-        gateway.prepare(TENANT, endpoint="chat", alias="nope", stream=False, prompt="x")
+        await gateway.prepare(TENANT, endpoint="chat", alias="nope", stream=False, prompt="x")
     assert (info.value.status, info.value.code, info.value.param) == (404, "model_not_found", "model")
     assert "broken-nope" in gateway.registry.failed and not gateway.registry.ready
 
@@ -51,30 +51,30 @@ async def test_unknown_model_is_404_and_a_failed_deployment_is_reported(gateway:
 async def test_model_outside_the_tenants_allow_list_is_403(gateway: Gateway) -> None:
     tenant = TenantSnapshot(id=2, name="t", api_key_id=2, allowed_models=frozenset({"other"}))
     with pytest.raises(GatewayError) as info:
-        gateway.prepare(tenant, endpoint="chat", alias="sim", stream=False, prompt="x")
+        await gateway.prepare(tenant, endpoint="chat", alias="sim", stream=False, prompt="x")
     assert info.value.status == 403 and info.value.code == "model_not_allowed"
 
 
 async def test_prompt_that_fills_the_context_is_413(gateway: Gateway) -> None:
     with pytest.raises(GatewayError) as info:
-        gateway.prepare(TENANT, endpoint="completions", alias="sim", stream=False, prompt="x" * 1024)
+        await gateway.prepare(TENANT, endpoint="completions", alias="sim", stream=False, prompt="x" * 1024)
     assert info.value.status == 413 and info.value.code == "context_length_exceeded"
 
 
 async def test_max_tokens_is_the_clients_when_lower_and_never_beyond_the_context(gateway: Gateway) -> None:
-    def budget(prompt_chars: int, asked: int | None) -> int:
-        call = gateway.prepare(
+    async def budget(prompt_chars: int, asked: int | None) -> int:
+        call = await gateway.prepare(
             TENANT, endpoint="completions", alias="sim", stream=False, prompt="x" * prompt_chars, max_tokens=asked
         )
         return call.generation.max_tokens
 
-    assert budget(40, 5) == 5  # the client's own, lower
-    assert budget(40, None) == 32  # the default cap
-    assert budget(1000, 100) == 256 - 250  # the context left
+    assert await budget(40, 5) == 5  # the client's own, lower
+    assert await budget(40, None) == 32  # the default cap
+    assert await budget(1000, 100) == 256 - 250  # the context left
 
 
 async def test_chat_messages_are_rendered_and_generation_is_accounted(gateway: Gateway) -> None:
-    call = gateway.prepare(
+    call = await gateway.prepare(
         TENANT, endpoint="chat", alias="sim", stream=True, messages=[ChatTurn("user", "hi")], max_tokens=4, seed=3
     )
     assert call.generation.prompt.startswith("<|im_start|>user\nhi")
@@ -88,10 +88,12 @@ async def test_chat_messages_are_rendered_and_generation_is_accounted(gateway: G
 async def test_stop_sequences_are_enforced_by_the_gateway(gateway: Gateway) -> None:
     full = await drain(
         gateway,
-        gateway.prepare(TENANT, endpoint="completions", alias="sim", stream=False, prompt="q", max_tokens=30, seed=5),
+        await gateway.prepare(
+            TENANT, endpoint="completions", alias="sim", stream=False, prompt="q", max_tokens=30, seed=5
+        ),
     )
     stop = full.split()[5]  # a word the sim will emit (first occurrence is the cut point)
-    call = gateway.prepare(
+    call = await gateway.prepare(
         TENANT, endpoint="completions", alias="sim", stream=False, prompt="q", max_tokens=30, seed=5, stop=[stop]
     )
     text = await drain(gateway, call)
@@ -100,7 +102,7 @@ async def test_stop_sequences_are_enforced_by_the_gateway(gateway: Gateway) -> N
 
 
 async def test_abandoned_stream_frees_the_engine_and_is_recorded_as_client_closed(gateway: Gateway) -> None:
-    call = gateway.prepare(TENANT, endpoint="chat", alias="sim", stream=True, prompt="q", max_tokens=200)
+    call = await gateway.prepare(TENANT, endpoint="chat", alias="sim", stream=True, prompt="q", max_tokens=200)
     await gateway.admit(call)
     stream = gateway.run(call)
     await anext(stream)
@@ -128,18 +130,22 @@ async def test_lanes_map_to_replicas_and_least_outstanding_among_them() -> None:
     gw = Gateway(registry, UsageRecorder(None), PolicyStore(None, PolicySnapshot(lanes=lanes)))  # type: ignore[arg-type]
     try:
         # The standard lane may only use the replica that serves every lane ...
-        bulk = [gw.prepare(TENANT, endpoint="chat", alias="m", stream=False, prompt="q", max_tokens=50) for _ in "ab"]
+        bulk = [
+            await gw.prepare(TENANT, endpoint="chat", alias="m", stream=False, prompt="q", max_tokens=50) for _ in "ab"
+        ]
         assert {c.lane.name for c in bulk} == {"standard"} and {c.deployment.spec.name for c in bulk} == {"m-any"}
         for c in bulk:
             await gw.admit(c)
         # ... and interactive traffic avoids it while it has a backlog.
-        short = gw.prepare(TENANT, endpoint="chat", alias="m", stream=True, prompt="q", max_tokens=50)
+        short = await gw.prepare(TENANT, endpoint="chat", alias="m", stream=True, prompt="q", max_tokens=50)
         assert (short.lane.name, short.deployment.spec.name) == ("interactive", "m-fast")
         for c in bulk:
             await gw.finish(c)
         assert bulk[0].deployment.outstanding == 0
         # Idle: interactive may use either replica (least outstanding, first on ties).
-        assert gw.prepare(TENANT, endpoint="chat", alias="m", stream=True, prompt="q").deployment.spec.name == "m-fast"
+        assert (
+            await gw.prepare(TENANT, endpoint="chat", alias="m", stream=True, prompt="q")
+        ).deployment.spec.name == "m-fast"
     finally:
         await registry.close()
 
@@ -152,9 +158,9 @@ async def test_warm_up_shapes_and_readiness() -> None:
     try:
         assert not registry.ready  # loaded, not yet warm
         [d] = registry.deployments()
-        short, long, system = warmup_prompts(d)
-        assert d.engine.measure(prompt=short).tokens < 10
-        assert 250 <= d.engine.measure(prompt=long).tokens <= 500  # about half the context
+        short, long, system = await warmup_prompts(d)
+        assert (await d.engine.measure(prompt=short)).tokens < 10
+        assert 250 <= (await d.engine.measure(prompt=long)).tokens <= 500  # about half the context
         assert "Be brief." in system and system.startswith("<|im_start|>system")
         await registry.warm_up()
         assert registry.ready and registry.warm == {"w-sim"}

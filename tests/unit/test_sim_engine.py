@@ -37,10 +37,10 @@ async def test_output_is_deterministic_for_a_seed_and_exactly_max_tokens_long(si
     assert a != await collect(sim, req(3, seed=2))
 
 
-def test_tokenizer_counts_one_token_per_four_characters() -> None:
+async def test_tokenizer_counts_one_token_per_four_characters() -> None:
     engine = SimEngine("sim", {})
-    assert engine.measure(prompt="x" * 16000).tokens == 4000
-    assert engine.measure(prompt="").tokens == 1
+    assert (await engine.measure(prompt="x" * 16000)).tokens == 4000
+    assert (await engine.measure(prompt="")).tokens == 1
 
 
 async def test_concurrency_is_capped_and_the_rest_wait_inside_the_engine(sim: SimEngine) -> None:

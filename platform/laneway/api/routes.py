@@ -119,7 +119,7 @@ class OpenAIController(Controller):
         gateway, _ = _services(request)
         hints = _hints(request, req)
         hints["task"] = hints["task"] or "chat"
-        call = gateway.prepare(
+        call = await gateway.prepare(
             tenant,
             endpoint="chat",
             alias=req.model,
@@ -158,7 +158,7 @@ class OpenAIController(Controller):
                 raise invalid_request("Exactly one prompt per request is supported.", param="prompt")
             prompt = prompt[0]
         gateway, _ = _services(request)
-        call = gateway.prepare(
+        call = await gateway.prepare(
             tenant,
             endpoint="completions",
             alias=req.model,

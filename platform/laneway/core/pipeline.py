@@ -1,6 +1,6 @@
 """The request pipeline after auth.
 
-  prepare()  resolve -> measure -> policy (max_tokens, stops) -> route (lane)      sync, no I/O
+  prepare()  resolve -> measure -> policy (max_tokens, stops) -> route (lane)      no waiting
   admit()    rate limit (reserve) -> admission -> schedule (wait for a slot)       may refuse
   run()      generate, enforcing stops; always ends in finish()
   finish()   release slot, settle the rate limit (refund unused tokens), account   idempotent
@@ -129,7 +129,7 @@ class Gateway:
                 out.append(({**base, "lane": name}, waiting, running))
         return out
 
-    def prepare(
+    async def prepare(
         self,
         tenant: TenantSnapshot,
         *,
@@ -161,7 +161,7 @@ class Gateway:
             raise GatewayError(
                 403, f"Your key is not allowed to use the model '{alias}'.", code="model_not_allowed", param="model"
             )
-        measured = any_replica.engine.measure(prompt=prompt, messages=messages)
+        measured = await any_replica.engine.measure(prompt=prompt, messages=messages)
         snapshot = self.policies.current
         chosen = self.router.route(
             snapshot, prompt_tokens=measured.tokens, stream=stream, task=task, explicit_lane=lane

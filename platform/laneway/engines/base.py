@@ -25,7 +25,7 @@ class Engine(Protocol):
 
     async def close(self) -> None: ...
 
-    def measure(self, *, prompt: str | None = None, messages: Sequence[ChatTurn] | None = None) -> PromptMeasure:
+    async def measure(self, *, prompt: str | None = None, messages: Sequence[ChatTurn] | None = None) -> PromptMeasure:
         """Render chat messages with the model's template and count prompt tokens."""
         ...
 

@@ -110,7 +110,7 @@ class LlamaCppEngine:
     def active_slots(self) -> int:
         return self._active
 
-    def measure(self, *, prompt: str | None = None, messages: Sequence[ChatTurn] | None = None) -> PromptMeasure:
+    async def measure(self, *, prompt: str | None = None, messages: Sequence[ChatTurn] | None = None) -> PromptMeasure:
         text = render_chat(messages, self._template) if messages is not None else (prompt or "")
         # special=True so the ChatML markers count as the single tokens the model sees.
         ids = self._contexts[0].tokenize(text.encode("utf-8"), add_bos=True, special=True)
@@ -124,7 +124,7 @@ class LlamaCppEngine:
             req = GenerationRequest(
                 request_id=f"warmup-{i}",
                 prompt=prompt,
-                prompt_tokens=self.measure(prompt=prompt).tokens,
+                prompt_tokens=(await self.measure(prompt=prompt)).tokens,
                 max_tokens=1,
                 seed=0,
             )

@@ -99,7 +99,7 @@ class EngineRegistry:
         """Run every deployment's warm-up shapes (see warmup_prompts); ready once all are done."""
         for d in self.deployments():
             try:
-                await d.engine.warmup(warmup_prompts(d))
+                await d.engine.warmup(await warmup_prompts(d))
             except Exception as exc:
                 log.error("deployment %s failed its warm-up: %s", d.spec.name, exc)
                 self.failed[d.spec.name] = f"warm-up failed: {exc}"
@@ -113,17 +113,17 @@ class EngineRegistry:
         return not self.failed and bool(deployments) and all(d.spec.name in self.warm for d in deployments)
 
 
-def warmup_prompts(d: LiveDeployment) -> list[str]:
+async def warmup_prompts(d: LiveDeployment) -> list[str]:
     """Representative shapes, each run with max_tokens=1: a short prompt, a long one (half the
     context, at most 2048 tokens), and the deployment's common system prompts rendered as chat
     (config "warmup_system_prompts"), so their prefixes are hot in the engine's caches."""
     engine = d.engine
     target = min(engine.info.max_model_len // 2, 2048)
     long = " the" * target
-    while target > 8 and engine.measure(prompt=long).tokens > target:
+    while target > 8 and (await engine.measure(prompt=long)).tokens > target:
         long = long[: len(long) * 3 // 4]
     prompts = ["Hello", long]
     for system in d.spec.config.get("warmup_system_prompts", ()):
         chat = [ChatTurn("system", str(system)), ChatTurn("user", "Hello")]
-        prompts.append(engine.measure(messages=chat).text)
+        prompts.append((await engine.measure(messages=chat)).text)
     return prompts

@@ -95,7 +95,7 @@ class SimEngine:
     def waiting(self) -> int:
         return len(self._waiting)
 
-    def measure(self, *, prompt: str | None = None, messages: Sequence[ChatTurn] | None = None) -> PromptMeasure:
+    async def measure(self, *, prompt: str | None = None, messages: Sequence[ChatTurn] | None = None) -> PromptMeasure:
         text = render_chat(messages) if messages is not None else (prompt or "")
         return PromptMeasure(text=text, tokens=max(1, (len(text) + 3) // 4))
 
@@ -110,7 +110,7 @@ class SimEngine:
             req = GenerationRequest(
                 request_id=f"warmup-{i}",
                 prompt=prompt,
-                prompt_tokens=self.measure(prompt=prompt).tokens,
+                prompt_tokens=(await self.measure(prompt=prompt)).tokens,
                 max_tokens=1,
                 seed=0,
             )
