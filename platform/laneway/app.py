@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 
 from litestar import Litestar
 from litestar.exceptions import HTTPException
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from laneway.api.errors import gateway_error_handler, http_exception_handler, internal_error_handler
 from laneway.api.health import live, metrics, ready
@@ -76,9 +77,13 @@ def create_app(settings: Settings | None = None) -> Litestar:
             metrics=GatewayMetrics(tenant_label=settings.metrics_tenant_label),
         )
         app.state.started_at = time.time()
+        watcher = asyncio.create_task(
+            _watch_engines(registry, sessions, settings.policy_poll_interval_s), name="engine-watch"
+        )
         try:
             yield
         finally:
+            watcher.cancel()
             warmup.cancel()
             await policies.stop()
             await recorder.stop()
@@ -96,3 +101,17 @@ def create_app(settings: Settings | None = None) -> Litestar:
         },
         debug=False,
     )
+
+
+async def _watch_engines(registry: EngineRegistry, sessions: async_sessionmaker[AsyncSession], every_s: float) -> None:
+    """Live engine changes and health: apply deployment edits from the database (a model
+    alias swapped to another engine, with no restart) and re-check ejected deployments."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            async with sessions() as session:
+                specs = await ModelRepository(session).enabled_deployments()
+            await registry.sync(specs)
+            await registry.check_health()
+        except Exception:
+            log.exception("engine watch failed; will retry")

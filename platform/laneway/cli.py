@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     model = sub.add_parser("model", help="manage model aliases").add_subparsers(dest="action", required=True)
     s = model.add_parser("set", help="point an alias at one deployment")
     s.add_argument("alias")
-    s.add_argument("--engine", required=True, choices=["llamacpp", "sim"])
+    s.add_argument("--engine", required=True, choices=["llamacpp", "sim", "vllm", "trtllm"])
     s.add_argument("--config", default="{}", help="engine config as JSON")
     s.add_argument("--deployment")
     s.add_argument("--quantization", default="unknown")

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import time
 import uuid
+import weakref
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 
@@ -94,7 +95,9 @@ class Gateway:
         self.default_max_tokens = default_max_tokens
         self._quantum = quantum
         self._starvation_share = starvation_share
-        self._schedulers: dict[str, DeploymentScheduler] = {}
+        # Keyed by the live deployment itself: a swapped-in replacement gets its own scheduler,
+        # and a retired one's goes with it.
+        self._schedulers: weakref.WeakKeyDictionary[LiveDeployment, DeploymentScheduler] = weakref.WeakKeyDictionary()
         self._background: set[asyncio.Task[None]] = set()
         self.metrics = metrics or GatewayMetrics()
         self.metrics.watch_queues(self.queue_stats)
@@ -103,9 +106,9 @@ class Gateway:
         return [a for a in self.registry.aliases() if tenant.may_use(a)]
 
     def scheduler(self, deployment: LiveDeployment) -> DeploymentScheduler:
-        s = self._schedulers.get(deployment.spec.name)
+        s = self._schedulers.get(deployment)
         if s is None:
-            s = self._schedulers[deployment.spec.name] = DeploymentScheduler(
+            s = self._schedulers[deployment] = DeploymentScheduler(
                 deployment.engine.info.max_concurrency, quantum=self._quantum, starvation_share=self._starvation_share
             )
         return s
@@ -254,6 +257,7 @@ class Gateway:
                 if text and call.first_token_at is None:
                     call.first_token_at = time.perf_counter()
                 if call.finish_reason is not None:
+                    self.registry.record(deployment, ok=True)
                     yield Delta(text=text, tokens=0, finish_reason=call.finish_reason)
                     return
                 if text:
@@ -262,6 +266,7 @@ class Gateway:
             yield Delta(text=matcher.flush(), tokens=0, finish_reason="length")
         except EngineError as exc:
             log.error("engine error on %s (%s): %s", call.request_id, deployment.spec.name, exc)
+            self.registry.record(deployment, ok=False)
             call.status, call.error_code = 503, "engine_error"
             raise GatewayError(
                 503, f"The engine serving '{call.alias}' failed: {exc}", code="engine_error", retry_after=1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -11,12 +12,19 @@ from laneway.db.repositories import DeploymentSpec
 from laneway.engines.base import Engine, EngineError
 from laneway.engines.llamacpp import LlamaCppEngine
 from laneway.engines.sim import SimEngine
+from laneway.engines.trtllm import TritonTRTLLMEngine
+from laneway.engines.vllm import VLLMEngine
 from laneway.types import ChatTurn
 
 log = logging.getLogger("laneway.engines")
 
 EngineFactory = Callable[..., Any]
-ENGINE_KINDS: dict[str, EngineFactory] = {"llamacpp": LlamaCppEngine, "sim": SimEngine}
+ENGINE_KINDS: dict[str, EngineFactory] = {
+    "llamacpp": LlamaCppEngine,
+    "sim": SimEngine,
+    "vllm": VLLMEngine,
+    "trtllm": TritonTRTLLMEngine,
+}
 
 
 class UnknownModel(LookupError):
@@ -28,6 +36,15 @@ class LiveDeployment:
     spec: DeploymentSpec
     engine: Engine
     outstanding: int = 0  # requests admitted to this deployment and not yet finished
+    healthy: bool = True  # False: ejected from routing until a health check passes
+    failures: int = 0  # consecutive engine errors
+
+    @property
+    def overloaded(self) -> bool:
+        return bool(getattr(self.engine, "overloaded", False))
+
+
+EJECT_AFTER_FAILURES = 3
 
 
 def build_engine(spec: DeploymentSpec) -> Engine:
@@ -49,8 +66,14 @@ class EngineRegistry:
         self._by_alias: dict[str, list[LiveDeployment]] = {}
         self.failed: dict[str, str] = {}  # deployment name -> why it could not start
         self.warm: set[str] = set()  # deployments whose warm-up has finished
+        self._retiring: set[asyncio.Task[None]] = set()
 
     async def load(self, specs: Sequence[DeploymentSpec]) -> None:
+        for d in await self._start_all(specs):
+            self._by_alias.setdefault(d.spec.alias, []).append(d)
+
+    async def _start_all(self, specs: Sequence[DeploymentSpec]) -> list[LiveDeployment]:
+        started = []
         for spec in specs:
             try:
                 engine = build_engine(spec)
@@ -59,10 +82,76 @@ class EngineRegistry:
                 log.error("deployment %s (%s) failed to start: %s", spec.name, spec.engine_kind, exc)
                 self.failed[spec.name] = str(exc)
                 continue
-            self._by_alias.setdefault(spec.alias, []).append(LiveDeployment(spec=spec, engine=engine))
+            self.failed.pop(spec.name, None)
+            started.append(LiveDeployment(spec=spec, engine=engine))
             log.info("deployment %s serves %s via %s", spec.name, spec.alias, spec.engine_kind)
+        return started
+
+    async def sync(self, specs: Sequence[DeploymentSpec]) -> list[str]:
+        """Make the live deployments match `specs` (the database's), alias by alias; returns
+        the aliases that changed. An alias's new deployments start and warm up before they
+        take traffic; the old ones finish what they are serving, then close."""
+        wanted: dict[str, list[DeploymentSpec]] = {}
+        for spec in specs:
+            wanted.setdefault(spec.alias, []).append(spec)
+        changed = []
+        for alias in sorted(set(wanted) | set(self._by_alias)):
+            current = [d.spec for d in self._by_alias.get(alias, [])]
+            if current != wanted.get(alias, []):
+                await self.swap(alias, wanted.get(alias, []))
+                changed.append(alias)
+        return changed
+
+    async def swap(self, alias: str, specs: Sequence[DeploymentSpec]) -> None:
+        fresh = await self._start_all(specs)
+        for d in fresh:
+            await d.engine.warmup(await warmup_prompts(d))
+            self.warm.add(d.spec.name)
+        old = self._by_alias.pop(alias, [])
+        if fresh:
+            self._by_alias[alias] = fresh  # one assignment: new requests see only the new engines
+        log.info("model %s now served by %s", alias, [d.spec.name for d in fresh] or "nothing")
+        if old:
+            task = asyncio.create_task(self._retire(old), name=f"retire-{alias}")
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, old: list[LiveDeployment], poll_s: float = 0.05) -> None:
+        """Close replaced deployments once the requests they were serving have finished."""
+        while any(d.outstanding for d in old):  # noqa: ASYNC110 - a plain counter; a 50 ms poll is cheap
+            await asyncio.sleep(poll_s)
+        for d in old:
+            if d.spec.name not in {x.spec.name for x in self.deployments()}:
+                self.warm.discard(d.spec.name)
+            await d.engine.close()
+
+    def record(self, deployment: LiveDeployment, ok: bool) -> None:
+        """Passive health: consecutive engine errors eject a deployment from routing."""
+        if ok:
+            deployment.failures = 0
+            return
+        deployment.failures += 1
+        if deployment.failures >= EJECT_AFTER_FAILURES and deployment.healthy:
+            deployment.healthy = False
+            log.warning("deployment %s ejected after %d consecutive errors", deployment.spec.name, deployment.failures)
+
+    async def check_health(self) -> None:
+        """Active health: ask every engine; an ejected one that answers well comes back."""
+        for d in self.deployments():
+            try:
+                ok = await asyncio.wait_for(d.engine.health(), timeout=5)
+            except Exception:
+                ok = False
+            if ok and not d.healthy:
+                log.info("deployment %s is healthy again", d.spec.name)
+                d.failures = 0
+            elif not ok and d.healthy:
+                log.warning("deployment %s failed its health check: ejected", d.spec.name)
+            d.healthy = ok
 
     async def close(self) -> None:
+        for task in list(self._retiring):
+            task.cancel()
         for deployments in self._by_alias.values():
             for d in deployments:
                 await d.engine.close()
@@ -81,10 +170,13 @@ class EngineRegistry:
         Those dedicated to the lane come first while one has a free engine slot; beyond that
         (or without any) every deployment serving the lane competes. Among the chosen, the
         fewest outstanding requests wins (queued ones count, so a backlog is avoided).
+        Ejected (unhealthy) and overloaded deployments are passed over while another can serve.
         """
         candidates = self._by_alias.get(alias)
         if not candidates:
             raise UnknownModel(alias)
+        candidates = [d for d in candidates if d.healthy] or candidates
+        candidates = [d for d in candidates if not d.overloaded] or candidates
         if lane is not None:
             candidates = [d for d in candidates if lane in d.spec.config.get("lanes", (lane,))] or candidates
             dedicated = [
