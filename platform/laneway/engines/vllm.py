@@ -193,7 +193,7 @@ class VLLMEngine:
         usage_tokens: int | None = None
         try:
             async with self._http().stream("POST", path, json=body, headers={"X-Request-Id": req.request_id}) as r:
-                if r.status_code != 200:
+                if not r.is_success:
                     detail = (await r.aread()).decode("utf-8", "replace")[:500]
                     raise EngineError(f"vLLM answered {r.status_code}: {detail}")
                 async for line in r.aiter_lines():

@@ -1,0 +1,112 @@
+"""A stand-in for vLLM's OpenAI-compatible server, on a real loopback HTTP port.
+
+Serves /v1/completions and /v1/chat/completions (SSE streaming, one word a token, a final
+usage chunk), /tokenize (one token per word), /metrics (vllm:num_requests_waiting and
+vllm:kv_cache_usage_perc, settable), /health. It records every request and every stream
+its client abandoned, so tests can prove an abort reaches the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+from litestar import Litestar, MediaType, Request, Response, get, post
+from litestar.response import Stream
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+
+
+class VLLMStandIn:
+    def __init__(self, token_delay_s: float = 0.002) -> None:
+        self.token_delay_s = token_delay_s
+        self.requests: list[dict[str, Any]] = []  # bodies, with the X-Request-Id as "_request_id"
+        self.cancelled: list[str] = []
+        self.finished: list[str] = []
+        self.tokenize_calls = 0
+        self.healthy = True
+        self.fail_generation = False
+        self.waiting = 0.0
+        self.kv_usage = 0.1
+        self.running = 0
+        self.app = self._build()
+
+    def _build(self) -> Litestar:
+        standin = self
+
+        @get("/health", sync_to_thread=False)
+        def health() -> Response[str]:
+            return Response("", status_code=200 if standin.healthy else 503)
+
+        @get("/metrics", media_type=MediaType.TEXT, sync_to_thread=False)
+        def metrics() -> str:
+            return (
+                "# HELP vllm:num_requests_waiting Requests waiting.\n# TYPE vllm:num_requests_waiting gauge\n"
+                f'vllm:num_requests_waiting{{model_name="m"}} {standin.waiting}\n'
+                f'vllm:num_requests_running{{model_name="m"}} {standin.running}\n'
+                f'vllm:kv_cache_usage_perc{{model_name="m"}} {standin.kv_usage}\n'
+            )
+
+        @post("/tokenize", status_code=200)
+        async def tokenize(request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
+            standin.tokenize_calls += 1
+            body = await request.json()
+            if "messages" in body:
+                count = sum(len(m["content"].split()) + 4 for m in body["messages"]) + 3
+            else:
+                count = len(body["prompt"].split())
+            return {"count": count, "tokens": list(range(count)), "max_model_len": 4096}
+
+        async def generate(request: Request, chat: bool) -> Response[str] | Stream:  # type: ignore[type-arg]
+            body = await request.json()
+            rid = request.headers.get("x-request-id", "")
+            standin.requests.append({**body, "_request_id": rid, "_path": request.url.path})
+            if standin.fail_generation:
+                return Response(json.dumps({"error": {"message": "engine crashed"}}), status_code=500)
+            return Stream(standin._events(body, rid, chat), media_type="text/event-stream")
+
+        @post("/v1/completions", status_code=200)
+        async def completions(request: Request) -> Response[str] | Stream:  # type: ignore[type-arg]
+            return await generate(request, chat=False)
+
+        @post("/v1/chat/completions", status_code=200)
+        async def chat(request: Request) -> Response[str] | Stream:  # type: ignore[type-arg]
+            return await generate(request, chat=True)
+
+        return Litestar([health, metrics, tokenize, completions, chat])
+
+    async def _events(self, body: dict[str, Any], rid: str, chat: bool) -> AsyncIterator[bytes]:
+        rng = random.Random(body.get("seed", 0))
+        stops = body.get("stop") or []
+        stops = [stops] if isinstance(stops, str) else stops
+        produced, finish, text_so_far = 0, "length", ""
+        self.running += 1
+        try:
+            while produced < body["max_tokens"]:
+                await asyncio.sleep(self.token_delay_s)
+                word = " " + rng.choice(WORDS)
+                produced += 1
+                text_so_far += word
+                if any(s in text_so_far for s in stops):
+                    finish = "stop"
+                    break
+                choice = {"index": 0, "delta": {"content": word}} if chat else {"index": 0, "text": word}
+                yield b"data: " + json.dumps({"id": rid, "choices": [choice]}).encode() + b"\n\n"
+            end = (
+                {"index": 0, "delta": {}, "finish_reason": finish}
+                if chat
+                else {"index": 0, "text": "", "finish_reason": finish}
+            )
+            yield b"data: " + json.dumps({"id": rid, "choices": [end]}).encode() + b"\n\n"
+            usage = {"prompt_tokens": 1, "completion_tokens": produced, "total_tokens": produced + 1}
+            yield b"data: " + json.dumps({"id": rid, "choices": [], "usage": usage}).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+            self.finished.append(rid)
+        except (asyncio.CancelledError, GeneratorExit):
+            self.cancelled.append(rid)  # vLLM aborts the request here
+            raise
+        finally:
+            self.running -= 1
