@@ -21,7 +21,7 @@ from laneway.core.auth import KeyAuthenticator
 from laneway.core.errors import GatewayError, invalid_request
 from laneway.core.pipeline import CLIENT_CLOSED, Call, Gateway
 from laneway.core.streaming import bounded_stream
-from laneway.types import ChatTurn, TenantSnapshot
+from laneway.types import ChatTurn, Delta, TenantSnapshot
 
 T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -225,77 +225,75 @@ def _usage(call: Call) -> p.Usage:
     )
 
 
-async def _chat_events(gateway: Gateway, call: Call, include_usage: bool) -> AsyncIterator[bytes]:
+async def _stream_events(
+    gateway: Gateway,
+    call: Call,
+    head: bytes | None,
+    render: Callable[[Delta], list[bytes]],
+    usage: Callable[[], bytes] | None,
+) -> AsyncIterator[bytes]:
+    """The SSE body both endpoints share: head, a chunk per delta, usage if asked, [DONE];
+    a failure mid-stream ends it with an error event (the SDKs raise it as APIError)."""
+    if head:
+        yield head
+    try:
+        async for d in bounded_stream(gateway, call):
+            for frame in render(d):
+                yield frame
+    except GatewayError as exc:
+        yield error_event(exc.status, exc.message, code=exc.code)
+        return
+    if usage is not None:
+        yield usage()
+    yield DONE
+
+
+def _chat_events(gateway: Gateway, call: Call, include_usage: bool) -> AsyncIterator[bytes]:
     created = int(time.time())
 
-    def chunk(delta: p.ChunkDelta, finish: str | None = None) -> bytes:
-        choice = p.ChunkChoice(index=0, delta=delta, finish_reason=finish)
+    def frame(choices: list[p.ChunkChoice], usage: p.Usage | None = None) -> bytes:
         return event(
             p.ChatCompletionChunk(
                 id=call.request_id,
                 created=created,
                 model=call.alias,
-                choices=[choice],
+                choices=choices,
                 system_fingerprint=call.fingerprint,
+                usage=usage,
             )
         )
 
-    yield chunk(p.ChunkDelta(role="assistant", content=""))
-    try:
-        async for d in bounded_stream(gateway, call):
-            if d.text:
-                yield chunk(p.ChunkDelta(content=d.text))
-            if d.finish_reason is not None:
-                yield chunk(p.ChunkDelta(), d.finish_reason)
-    except GatewayError as exc:
-        yield error_event(exc.status, exc.message, code=exc.code)
-        return
-    if include_usage:
-        yield event(
-            p.ChatCompletionChunk(
-                id=call.request_id,
-                created=created,
-                model=call.alias,
-                choices=[],
-                system_fingerprint=call.fingerprint,
-                usage=_usage(call),
-            )
-        )
-    yield DONE
+    def render(d: Delta) -> list[bytes]:
+        out = [frame([p.ChunkChoice(index=0, delta=p.ChunkDelta(content=d.text))])] if d.text else []
+        if d.finish_reason is not None:
+            out.append(frame([p.ChunkChoice(index=0, delta=p.ChunkDelta(), finish_reason=d.finish_reason)]))
+        return out
+
+    head = frame([p.ChunkChoice(index=0, delta=p.ChunkDelta(role="assistant", content=""))])
+    usage = (lambda: frame([], _usage(call))) if include_usage else None
+    return _stream_events(gateway, call, head, render, usage)
 
 
-async def _completion_events(gateway: Gateway, call: Call, include_usage: bool, echo: str) -> AsyncIterator[bytes]:
+def _completion_events(gateway: Gateway, call: Call, include_usage: bool, echo: str) -> AsyncIterator[bytes]:
     created = int(time.time())
 
-    def chunk(text: str, finish: str | None = None) -> bytes:
+    def frame(choices: list[p.CompletionChoice], usage: p.Usage | None = None) -> bytes:
         return event(
             p.Completion(
                 id=call.request_id,
                 created=created,
                 model=call.alias,
-                choices=[p.CompletionChoice(index=0, text=text, finish_reason=finish)],
+                choices=choices,
                 system_fingerprint=call.fingerprint,
+                usage=usage,
             )
         )
 
-    if echo:
-        yield chunk(echo)
-    try:
-        async for d in bounded_stream(gateway, call):
-            if d.text or d.finish_reason is not None:
-                yield chunk(d.text, d.finish_reason)
-    except GatewayError as exc:
-        yield error_event(exc.status, exc.message, code=exc.code)
-        return
-    if include_usage:
-        yield event(
-            p.Completion(
-                id=call.request_id,
-                created=created,
-                model=call.alias,
-                choices=[],
-                system_fingerprint=call.fingerprint,
-                usage=_usage(call),
-            )
-        )
-    yield DONE
+    def render(d: Delta) -> list[bytes]:
+        if not d.text and d.finish_reason is None:
+            return []
+        return [frame([p.CompletionChoice(index=0, text=d.text, finish_reason=d.finish_reason)])]
+
+    head = frame([p.CompletionChoice(index=0, text=echo, finish_reason=None)]) if echo else None
+    usage = (lambda: frame([], _usage(call))) if include_usage else None
+    return _stream_events(gateway, call, head, render, usage)

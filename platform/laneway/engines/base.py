@@ -41,3 +41,16 @@ class Engine(Protocol):
     def active_slots(self) -> int:
         """Sequences holding an engine slot right now (for leak checks and metrics)."""
         ...
+
+
+async def run_warmup(engine: Engine, prompts: Sequence[str]) -> int:
+    """Run each prompt through the engine for one token (the shared body of every adapter's
+    warmup()); returns how many ran."""
+    for i, prompt in enumerate(prompts):
+        measured = await engine.measure(prompt=prompt)
+        req = GenerationRequest(
+            request_id=f"warmup-{i}", prompt=prompt, prompt_tokens=measured.tokens, max_tokens=1, seed=0
+        )
+        async for _ in engine.generate(req):
+            pass
+    return len(prompts)

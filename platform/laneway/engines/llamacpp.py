@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from laneway.engines.base import EngineError
+from laneway.engines.base import EngineError, run_warmup
 from laneway.engines.chat_template import CHATML, render_chat
 from laneway.engines.demo_model import BANNED_BYTE_TOKENS
 from laneway.engines.slots import SlotPool
@@ -120,17 +120,7 @@ class LlamaCppEngine:
         return bool(self._contexts) and self._free is not None
 
     async def warmup(self, prompts: Sequence[str]) -> None:
-        for i, prompt in enumerate(prompts):
-            req = GenerationRequest(
-                request_id=f"warmup-{i}",
-                prompt=prompt,
-                prompt_tokens=(await self.measure(prompt=prompt)).tokens,
-                max_tokens=1,
-                seed=0,
-            )
-            async for _ in self.generate(req):
-                pass
-            self.warmed_prompts += 1
+        self.warmed_prompts += await run_warmup(self, prompts)
 
     def _decode_loop(self, ctx: Any, req: GenerationRequest, cancel: threading.Event, emit: Any) -> None:
         """Runs in a worker thread. Emits Delta objects, then _DONE (or the exception)."""

@@ -24,7 +24,7 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from laneway.engines.base import EngineError
+from laneway.engines.base import EngineError, run_warmup
 from laneway.engines.chat_template import render_chat
 from laneway.engines.demo_model import WORDS
 from laneway.types import ChatTurn, Delta, EngineInfo, GenerationRequest, PromptMeasure
@@ -106,17 +106,7 @@ class SimEngine:
         """Runs each prompt for one token; `warmup_ms` (config) stands for an engine's own start-up
         work (CUDA graph capture, cache allocation) so readiness gating can be seen."""
         await asyncio.sleep(self.warmup_ms / 1000.0)
-        for i, prompt in enumerate(prompts):
-            req = GenerationRequest(
-                request_id=f"warmup-{i}",
-                prompt=prompt,
-                prompt_tokens=(await self.measure(prompt=prompt)).tokens,
-                max_tokens=1,
-                seed=0,
-            )
-            async for _ in self.generate(req):
-                pass
-        self.warmed_prompts += len(prompts)
+        self.warmed_prompts += await run_warmup(self, prompts)
 
     async def _step_loop(self) -> None:
         while True:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from laneway.engines.base import EngineError
+from laneway.engines.base import EngineError, run_warmup
 from laneway.engines.chat_template import render_chat
 from laneway.types import ChatTurn, Delta, EngineInfo, GenerationRequest, PromptMeasure
 
@@ -82,10 +82,7 @@ class TritonTRTLLMEngine:
         return PromptMeasure(text=text, tokens=max(1, (len(text) + 3) // 4))
 
     async def warmup(self, prompts: Sequence[str]) -> None:
-        for i, prompt in enumerate(prompts):
-            req = GenerationRequest(request_id=f"warmup-{i}", prompt=prompt, prompt_tokens=0, max_tokens=1, seed=0)
-            async for _ in self.generate(req):
-                pass
+        await run_warmup(self, prompts)
 
     def _inputs(self, req: GenerationRequest) -> list[Any]:
         import tritonclient.grpc as grpcclient

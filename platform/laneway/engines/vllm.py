@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from laneway.engines.base import EngineError
+from laneway.engines.base import EngineError, run_warmup
 from laneway.types import ChatTurn, Delta, EngineInfo, FinishReason, GenerationRequest, PromptMeasure
 
 log = logging.getLogger("laneway.engines.vllm")
@@ -158,10 +158,7 @@ class VLLMEngine:
             raise EngineError(f"vLLM /tokenize failed: {exc}") from exc
 
     async def warmup(self, prompts: Sequence[str]) -> None:
-        for i, prompt in enumerate(prompts):
-            req = GenerationRequest(request_id=f"warmup-{i}", prompt=prompt, prompt_tokens=0, max_tokens=1, seed=0)
-            async for _ in self.generate(req):
-                pass
+        await run_warmup(self, prompts)
 
     def _body(self, req: GenerationRequest) -> tuple[str, dict[str, Any]]:
         body: dict[str, Any] = {
