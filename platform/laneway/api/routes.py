@@ -248,12 +248,13 @@ async def _stream_events(
     yield DONE
 
 
-def _chat_events(gateway: Gateway, call: Call, include_usage: bool) -> AsyncIterator[bytes]:
+def _framer(call: Call, kind: Callable[..., Any]) -> Callable[..., bytes]:
+    """An SSE frame maker for one stream: `kind` is ChatCompletionChunk or Completion."""
     created = int(time.time())
 
-    def frame(choices: list[p.ChunkChoice], usage: p.Usage | None = None) -> bytes:
+    def frame(choices: list[Any], usage: p.Usage | None = None) -> bytes:
         return event(
-            p.ChatCompletionChunk(
+            kind(
                 id=call.request_id,
                 created=created,
                 model=call.alias,
@@ -262,6 +263,12 @@ def _chat_events(gateway: Gateway, call: Call, include_usage: bool) -> AsyncIter
                 usage=usage,
             )
         )
+
+    return frame
+
+
+def _chat_events(gateway: Gateway, call: Call, include_usage: bool) -> AsyncIterator[bytes]:
+    frame = _framer(call, p.ChatCompletionChunk)
 
     def render(d: Delta) -> list[bytes]:
         out = [frame([p.ChunkChoice(index=0, delta=p.ChunkDelta(content=d.text))])] if d.text else []
@@ -275,19 +282,7 @@ def _chat_events(gateway: Gateway, call: Call, include_usage: bool) -> AsyncIter
 
 
 def _completion_events(gateway: Gateway, call: Call, include_usage: bool, echo: str) -> AsyncIterator[bytes]:
-    created = int(time.time())
-
-    def frame(choices: list[p.CompletionChoice], usage: p.Usage | None = None) -> bytes:
-        return event(
-            p.Completion(
-                id=call.request_id,
-                created=created,
-                model=call.alias,
-                choices=choices,
-                system_fingerprint=call.fingerprint,
-                usage=usage,
-            )
-        )
+    frame = _framer(call, p.Completion)
 
     def render(d: Delta) -> list[bytes]:
         if not d.text and d.finish_reason is None:
