@@ -95,6 +95,21 @@ async def test_vllm_maps_the_request_and_counts_with_tokenize(vllm: VLLMStandIn)
         await engine.close()
 
 
+async def test_vllm_takes_the_servers_max_model_len_when_smaller(vllm: VLLMStandIn) -> None:
+    engine = VLLMEngine("chat", vllm_config(vllm), max_model_len=32768)
+    await engine.start()
+    try:
+        assert engine.info.max_model_len == 4096  # as the server lists it in /v1/models
+    finally:
+        await engine.close()
+    small = VLLMEngine("chat", vllm_config(vllm), max_model_len=2048)
+    await small.start()
+    try:
+        assert small.info.max_model_len == 2048  # a lower configured limit stands
+    finally:
+        await small.close()
+
+
 async def test_vllm_closing_the_stream_aborts_the_request_on_the_engine(vllm: VLLMStandIn) -> None:
     engine = VLLMEngine("chat", vllm_config(vllm))
     await engine.start()

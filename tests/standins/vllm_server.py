@@ -50,6 +50,10 @@ class VLLMStandIn:
                 f'vllm:kv_cache_usage_perc{{model_name="m"}} {standin.kv_usage}\n'
             )
 
+        @get("/v1/models", sync_to_thread=False)
+        def models() -> dict[str, Any]:
+            return {"object": "list", "data": [{"id": "m", "object": "model", "max_model_len": 4096}]}
+
         @post("/tokenize", status_code=200)
         async def tokenize(request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
             standin.tokenize_calls += 1
@@ -76,7 +80,7 @@ class VLLMStandIn:
         async def chat(request: Request) -> Response[str] | Stream:  # type: ignore[type-arg]
             return await generate(request, chat=True)
 
-        return Litestar([health, metrics, tokenize, completions, chat])
+        return Litestar([health, metrics, models, tokenize, completions, chat])
 
     async def _events(self, body: dict[str, Any], rid: str, chat: bool) -> AsyncIterator[bytes]:
         rng = random.Random(body.get("seed", 0))

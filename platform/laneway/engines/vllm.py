@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncGenerator, Sequence
@@ -96,8 +97,23 @@ class VLLMEngine:
         if not await self.health():
             await self._client.aclose()
             raise EngineError(f"vLLM at {self.base_url} is not healthy")
+        served = await self._served_max_model_len()
+        if served is not None and served < self.info.max_model_len:
+            # The server's own limit wins: beyond it vLLM would answer 400, not laneway's 413.
+            self.info = dataclasses.replace(self.info, max_model_len=served)
         if self.metrics_poll_s > 0:
             self._poller = asyncio.create_task(self._poll_metrics(), name=f"vllm-metrics-{self.alias}")
+
+    async def _served_max_model_len(self) -> int | None:
+        """max_model_len of the served model, as vLLM lists it in /v1/models (None if absent)."""
+        try:
+            cards = (await self._http().get("/v1/models", timeout=5.0)).json().get("data", [])
+        except (httpx.HTTPError, ValueError):
+            return None
+        for card in cards:
+            if card.get("id") == self.model and isinstance(card.get("max_model_len"), int):
+                return int(card["max_model_len"])
+        return None
 
     async def close(self) -> None:
         if self._poller is not None:
