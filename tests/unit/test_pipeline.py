@@ -8,7 +8,7 @@ from laneway.core.errors import GatewayError
 from laneway.core.pipeline import CLIENT_CLOSED, Gateway
 from laneway.core.policy import PolicyStore
 from laneway.db.repositories import DeploymentSpec
-from laneway.engines.registry import EngineRegistry
+from laneway.engines.registry import EngineRegistry, UnknownModel
 from laneway.types import ChatTurn, TenantSnapshot
 
 TENANT = TenantSnapshot(id=1, name="acme", api_key_id=11)
@@ -164,5 +164,24 @@ async def test_warm_up_shapes_and_readiness() -> None:
         assert "Be brief." in system and system.startswith("<|im_start|>system")
         await registry.warm_up()
         assert registry.ready and registry.warm == {"w-sim"}
+    finally:
+        await registry.close()
+
+
+async def test_live_swap_keeps_the_old_engine_when_the_new_one_cannot_start() -> None:
+    registry = EngineRegistry()
+    await registry.load([spec("m")])
+    try:
+        [old] = registry.deployments()
+        assert await registry.sync([spec("m", kind="nope")]) == ["m"]
+        await registry.warm_up()
+        assert registry.resolve("m") is old and "m-nope" in registry.rejected
+        assert registry.ready  # still serving with the old engine
+        new = DeploymentSpec(9, "m-sim-2", "m", "sim", {"decode_ms_base": 0.1}, "q", "g", 256)
+        assert await registry.sync([new]) == ["m"]
+        assert registry.resolve("m").spec.name == "m-sim-2" and "m-sim-2" in registry.warm
+        assert await registry.sync([]) == ["m"]  # the alias removed
+        with pytest.raises(UnknownModel):
+            registry.resolve("m")
     finally:
         await registry.close()

@@ -18,6 +18,7 @@ async def ready(request: Request) -> Response[dict[str, object]]:  # type: ignor
         "models": registry.aliases(),
         "warm": sorted(registry.warm),
         "failed": registry.failed,
+        "rejected_changes": registry.rejected,
     }
     return Response(
         body,

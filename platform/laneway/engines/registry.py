@@ -65,6 +65,7 @@ class EngineRegistry:
     def __init__(self) -> None:
         self._by_alias: dict[str, list[LiveDeployment]] = {}
         self.failed: dict[str, str] = {}  # deployment name -> why it could not start
+        self.rejected: dict[str, str] = {}  # live edits that could not start (old engines kept)
         self.warm: set[str] = set()  # deployments whose warm-up has finished
         self._retiring: set[asyncio.Task[None]] = set()
 
@@ -104,6 +105,15 @@ class EngineRegistry:
 
     async def swap(self, alias: str, specs: Sequence[DeploymentSpec]) -> None:
         fresh = await self._start_all(specs)
+        if specs and not fresh:
+            # None of the new engines could start: keep serving with the old ones (the next
+            # sync retries) rather than turn a bad edit into an outage. The failure is
+            # reported, but it does not make this replica unready: it still serves.
+            for spec in specs:
+                if spec.name in self.failed:
+                    self.rejected[spec.name] = self.failed.pop(spec.name)
+            log.error("model %s: no new deployment started; keeping the current ones", alias)
+            return
         for d in fresh:
             await d.engine.warmup(await warmup_prompts(d))
             self.warm.add(d.spec.name)
