@@ -12,10 +12,11 @@ from litestar import Litestar
 from litestar.exceptions import HTTPException
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from laneway.admin.api import AdminAPI
 from laneway.api.errors import gateway_error_handler, http_exception_handler, internal_error_handler
 from laneway.api.health import live, metrics, ready
 from laneway.api.routes import OpenAIController
-from laneway.bootstrap import bootstrap_demo
+from laneway.bootstrap import bootstrap_admin, bootstrap_demo
 from laneway.core.accounting import UsageRecorder
 from laneway.core.auth import KeyAuthenticator
 from laneway.core.errors import GatewayError
@@ -44,6 +45,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
             await migrate.upgrade(db)
         if settings.bootstrap_demo:
             await bootstrap_demo(settings, sessions)
+        if settings.admin_password:
+            await bootstrap_admin(sessions, "admin", settings.admin_password)
         async with sessions() as session:
             specs = await ModelRepository(session).enabled_deployments()
         registry = EngineRegistry()
@@ -92,7 +95,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             await db.dispose()
 
     return Litestar(
-        route_handlers=[OpenAIController, live, ready, metrics],
+        route_handlers=[OpenAIController, AdminAPI, live, ready, metrics],
         lifespan=[lifespan],
         exception_handlers={
             GatewayError: gateway_error_handler,

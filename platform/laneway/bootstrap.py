@@ -11,7 +11,7 @@ import yaml
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from laneway.core.auth import new_api_key
-from laneway.db.repositories import ModelRepository, PolicyRepository, TenantRepository
+from laneway.db.repositories import AdminRepository, ModelRepository, PolicyRepository, TenantRepository
 from laneway.engines.demo_model import write_demo_model
 from laneway.settings import Settings
 
@@ -87,3 +87,16 @@ async def bootstrap_demo(settings: Settings, sessions: async_sessionmaker[AsyncS
         key_file.write_text(secret + "\n")
         os.chmod(key_file, 0o600)
         log.warning("created tenant 'demo' with API key %s (also in %s; shown once)", secret, key_file)
+
+
+async def bootstrap_admin(sessions: async_sessionmaker[AsyncSession], username: str, password: str) -> bool:
+    """Create the first admin when there is none; returns whether one was created."""
+    from laneway.admin.security import hash_password
+
+    async with sessions() as session, session.begin():
+        repo = AdminRepository(session)
+        if await repo.count():
+            return False
+        await repo.create(username, hash_password(password))
+    log.warning("created admin '%s'", username)
+    return True

@@ -134,6 +134,19 @@ async def _model_set(sessions: Any, args: argparse.Namespace) -> None:
     print(f"model {args.alias} -> {args.engine}")
 
 
+async def _admin_create(sessions: Any, args: argparse.Namespace) -> None:
+    import getpass
+    import os
+
+    from laneway.admin.security import hash_password
+    from laneway.db.repositories import AdminRepository
+
+    password = os.environ.get("LANEWAY_NEW_ADMIN_PASSWORD") or getpass.getpass(f"password for {args.username}: ")
+    async with sessions() as session, session.begin():
+        await AdminRepository(session).create(args.username, hash_password(password))
+    print(f"created admin {args.username}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="laneway", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -176,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = key.add_parser("revoke")
     s.add_argument("key_id", type=int)
     s.set_defaults(fn=_with_db(_key_revoke))
+
+    admin = sub.add_parser("admin", help="manage admin accounts").add_subparsers(dest="action", required=True)
+    s = admin.add_parser("create", help="password from LANEWAY_NEW_ADMIN_PASSWORD or a prompt")
+    s.add_argument("username")
+    s.set_defaults(fn=_with_db(_admin_create))
 
     model = sub.add_parser("model", help="manage model aliases").add_subparsers(dest="action", required=True)
     s = model.add_parser("set", help="point an alias at one deployment")

@@ -43,6 +43,10 @@ class Settings:
     scheduler_quantum: int = 64
     # Lower-priority lanes get at least this share of dispatches while they have work.
     lane_starvation_share: float = 0.1
+    # First start with no admin: create "admin" with this password (or use `laneway admin create`).
+    admin_password: str | None = None
+    # Mark the admin session cookie Secure (set when the gateway is served over HTTPS).
+    admin_cookie_secure: bool = False
     # Add a tenant label to request metrics (off by default: cardinality).
     metrics_tenant_label: bool = False
     log_level: str = "info"

@@ -9,7 +9,18 @@ from laneway.db.session import make_sessionmaker
 from sqlalchemy import inspect
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-TABLES = {"tenants", "api_keys", "models", "deployments", "lanes", "task_policies", "usage_records"}
+TABLES = {
+    "tenants",
+    "api_keys",
+    "models",
+    "deployments",
+    "lanes",
+    "task_policies",
+    "usage_records",
+    "admins",
+    "admin_sessions",
+    "audit_log",
+}
 
 
 async def tables(engine: AsyncEngine) -> set[str]:
@@ -19,7 +30,7 @@ async def tables(engine: AsyncEngine) -> set[str]:
 
 async def test_migrations_round_trip(db_engine: AsyncEngine) -> None:
     assert await tables(db_engine) == TABLES
-    assert await migrate.current(db_engine) == "0001"
+    assert await migrate.current(db_engine) == "0002"
     await migrate.downgrade(db_engine, "base")
     assert await tables(db_engine) == set()
     assert await migrate.current(db_engine) is None

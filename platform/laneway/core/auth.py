@@ -75,7 +75,7 @@ class KeyAuthenticator:
                 return _unauthorized("Incorrect API key provided.")
             if key.revoked_at is not None:
                 return _unauthorized("This API key has been revoked.")
-            if key.expires_at is not None and _aware(key.expires_at) <= datetime.now(UTC):
+            if key.expires_at is not None and as_utc(key.expires_at) <= datetime.now(UTC):
                 return _unauthorized("This API key has expired.")
             t = key.tenant
             if t.disabled:
@@ -92,5 +92,5 @@ class KeyAuthenticator:
             )
 
 
-def _aware(ts: datetime) -> datetime:
+def as_utc(ts: datetime) -> datetime:
     return ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)  # SQLite drops the zone

@@ -122,3 +122,39 @@ class UsageRecord(Base):
     total_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     __table_args__ = (Index("ix_usage_tenant_created", "tenant_id", "created_at"),)
+
+
+class Admin(Base):
+    __tablename__ = "admins"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    username: Mapped[str] = mapped_column(String(120), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(200))  # argon2id
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_login_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class AdminSession(Base):
+    """A logged-in admin: the cookie holds the secret, the table only its sha256."""
+
+    __tablename__ = "admin_sessions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    admin_id: Mapped[int] = mapped_column(ForeignKey("admins.id", ondelete="CASCADE"), index=True)
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column()
+    admin: Mapped[Admin] = relationship()
+
+
+class AuditEntry(Base):
+    """Every admin change: who, what, and the row before and after."""
+
+    __tablename__ = "audit_log"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    actor: Mapped[str] = mapped_column(String(120))
+    action: Mapped[str] = mapped_column(String(60))
+    entity: Mapped[str] = mapped_column(String(60))
+    entity_id: Mapped[str] = mapped_column(String(200))
+    before: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    after: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)

@@ -11,7 +11,19 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
-from laneway.db.models import ApiKey, Deployment, Lane, Model, TaskPolicy, Tenant, UsageRecord, utcnow
+from laneway.db.models import (
+    Admin,
+    AdminSession,
+    ApiKey,
+    AuditEntry,
+    Deployment,
+    Lane,
+    Model,
+    TaskPolicy,
+    Tenant,
+    UsageRecord,
+    utcnow,
+)
 
 
 @dataclass(frozen=True)
@@ -159,4 +171,63 @@ class UsageRepository:
 
     async def for_tenant(self, tenant_id: int) -> list[UsageRecord]:
         stmt = select(UsageRecord).where(UsageRecord.tenant_id == tenant_id).order_by(UsageRecord.id)
+        return list((await self.session.execute(stmt)).scalars())
+
+
+class AdminRepository:
+    def __init__(self, session: AsyncSession) -> None:
+        self.session = session
+
+    async def create(self, username: str, password_hash: str) -> Admin:
+        admin = Admin(username=username, password_hash=password_hash)
+        self.session.add(admin)
+        await self.session.flush()
+        return admin
+
+    async def get_by_username(self, username: str) -> Admin | None:
+        return (await self.session.execute(select(Admin).where(Admin.username == username))).scalar_one_or_none()
+
+    async def count(self) -> int:
+        return len((await self.session.execute(select(Admin.id))).all())
+
+    async def open_session(self, admin: Admin, token_sha256: str, csrf_token: str, expires_at: datetime) -> None:
+        admin.last_login_at = utcnow()
+        self.session.add(
+            AdminSession(admin_id=admin.id, token_sha256=token_sha256, csrf_token=csrf_token, expires_at=expires_at)
+        )
+        await self.session.flush()
+
+    async def find_session(self, token_sha256: str) -> AdminSession | None:
+        stmt = (
+            select(AdminSession)
+            .options(selectinload(AdminSession.admin))
+            .where(AdminSession.token_sha256 == token_sha256)
+        )
+        return (await self.session.execute(stmt)).scalar_one_or_none()
+
+    async def close_session(self, token_sha256: str) -> None:
+        row = await self.find_session(token_sha256)
+        if row is not None:
+            await self.session.delete(row)
+
+
+class AuditRepository:
+    def __init__(self, session: AsyncSession) -> None:
+        self.session = session
+
+    async def add(
+        self,
+        actor: str,
+        action: str,
+        entity: str,
+        entity_id: str,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+    ) -> None:
+        self.session.add(
+            AuditEntry(actor=actor, action=action, entity=entity, entity_id=entity_id, before=before, after=after)
+        )
+
+    async def recent(self, limit: int = 100) -> list[AuditEntry]:
+        stmt = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
         return list((await self.session.execute(stmt)).scalars())

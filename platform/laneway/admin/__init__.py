@@ -1,0 +1,1 @@
+"""Administration: admin accounts and sessions, the JSON admin API, the audit log."""

@@ -1,0 +1,312 @@
+"""The JSON admin API under /admin/api: login, tenants and keys, lanes and task policies,
+model deployments, the audit log. Every change is audited (who, what, before/after) and
+applied to the running gateway at once: API-key cache dropped, policy snapshot reloaded,
+engines synced. Other replicas pick it up on their next poll.
+
+Sessions: POST /admin/api/login sets an HttpOnly, SameSite=Strict cookie and returns a
+CSRF token; every change must echo it in X-CSRF-Token.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+import msgspec
+from litestar import Controller, Request, Response, delete, get, patch, post, put
+from litestar.datastructures import Cookie
+from litestar.params import FromPath, FromQuery
+from msgspec import Meta, Struct
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from laneway.admin.security import new_session_token, token_digest, verify_password
+from laneway.api.errors import validation_error
+from laneway.bootstrap import issue_key
+from laneway.core.auth import as_utc
+from laneway.core.errors import GatewayError
+from laneway.db.models import ApiKey, Lane, TaskPolicy, Tenant
+from laneway.db.repositories import AdminRepository, AuditRepository, ModelRepository, PolicyRepository
+
+SESSION_COOKIE = "laneway_admin"
+SESSION_TTL = timedelta(hours=12)
+
+Positive = Annotated[int, Meta(ge=1)]
+
+
+class Login(Struct):
+    username: str
+    password: str
+
+
+class TenantIn(Struct, omit_defaults=True):
+    name: Annotated[str, Meta(min_length=1, max_length=120)] | None = None
+    weight: Annotated[float, Meta(gt=0, le=100)] | None = None
+    rpm: Positive | None = None
+    tpm: Positive | None = None
+    max_concurrency: Positive | None = None
+    allowed_models: list[str] | None = None
+    disabled: bool | None = None
+
+
+class KeyIn(Struct):
+    name: Annotated[str, Meta(min_length=1, max_length=120)] = "default"
+    expires_days: Annotated[float, Meta(gt=0)] | None = None
+
+
+class LaneIn(Struct, omit_defaults=True):
+    position: int | None = None
+    priority: int | None = None
+    match_max_prompt_tokens: Positive | None = None
+    match_stream: bool | None = None
+    match_tasks: list[str] | None = None
+    max_queue_depth: Positive | None = None
+    queue_timeout_s: Annotated[float, Meta(gt=0)] | None = None
+    max_concurrency: Positive | None = None
+    max_unacked_tokens: Positive | None = None
+    retry_after_s: Positive | None = None
+
+
+class TaskIn(Struct, omit_defaults=True):
+    max_tokens: Positive | None = None
+    long_prompt_tokens: Positive | None = None
+    long_prompt_max_tokens: Positive | None = None
+    stop: Annotated[list[str], Meta(max_length=16)] | None = None
+
+
+class DeploymentIn(Struct):
+    name: str
+    engine_kind: str
+    config: dict[str, Any] = {}
+    quantization: str = "unknown"
+    gpu_type: str = "none"
+    max_model_len: Positive = 2048
+
+
+class ModelIn(Struct):
+    deployments: list[DeploymentIn]
+    description: str = ""
+
+
+def _row(obj: Any, fields: tuple[str, ...]) -> dict[str, Any]:
+    out = {}
+    for f in fields:
+        v = getattr(obj, f)
+        out[f] = v.isoformat() if isinstance(v, datetime) else v
+    return out
+
+
+TENANT_FIELDS = ("id", "name", "weight", "rpm", "tpm", "max_concurrency", "allowed_models", "disabled")
+KEY_FIELDS = ("id", "tenant_id", "name", "prefix", "created_at", "expires_at", "revoked_at", "last_used_at")
+LANE_FIELDS = (
+    "name", "position", "priority", "match_max_prompt_tokens", "match_stream", "match_tasks", "max_queue_depth",
+    "queue_timeout_s", "max_concurrency", "max_unacked_tokens", "retry_after_s",
+)  # fmt: skip
+TASK_FIELDS = ("task", "max_tokens", "long_prompt_tokens", "long_prompt_max_tokens", "stop")
+
+
+def _decode(body: bytes, kind: type[Any]) -> Any:
+    try:
+        return msgspec.json.decode(body or b"{}", type=kind)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise validation_error(exc) from None
+
+
+class AdminAPI(Controller):
+    path = "/admin/api"
+
+    # ---- sessions ----
+    @post("/login", status_code=200)
+    async def login(self, request: Request) -> Response[dict[str, str]]:  # type: ignore[type-arg]
+        creds = _decode(await request.body(), Login)
+        token, digest, csrf = new_session_token()
+        async with request.app.state.sessions() as session, session.begin():
+            repo = AdminRepository(session)
+            admin = await repo.get_by_username(creds.username)
+            if not verify_password(admin.password_hash if admin else None, creds.password) or admin is None:
+                raise GatewayError(401, "Wrong username or password.", code="invalid_credentials")
+            await repo.open_session(admin, digest, csrf, datetime.now(UTC) + SESSION_TTL)
+        secure = request.app.state.settings.admin_cookie_secure
+        cookie = Cookie(key=SESSION_COOKIE, value=token, path="/admin", httponly=True, samesite="strict",
+                        secure=secure, max_age=int(SESSION_TTL.total_seconds()))  # fmt: skip
+        return Response({"csrf_token": csrf, "username": admin.username}, cookies=[cookie])
+
+    @post("/logout", status_code=200)
+    async def logout(self, request: Request) -> Response[dict[str, str]]:  # type: ignore[type-arg]
+        await _admin(request, change=True)
+        async with request.app.state.sessions() as session, session.begin():
+            await AdminRepository(session).close_session(token_digest(request.cookies[SESSION_COOKIE]))
+        return Response({"status": "logged_out"}, cookies=[Cookie(key=SESSION_COOKIE, value="", path="/admin",
+                                                                   max_age=0)])  # fmt: skip
+
+    # ---- tenants and keys ----
+    @get("/tenants")
+    async def tenants(
+        self,
+        request: Request,  # type: ignore[type-arg]
+        q: FromQuery[str] = "",
+        page: FromQuery[int] = 1,
+        per_page: FromQuery[int] = 50,
+    ) -> dict[str, Any]:
+        await _admin(request)
+        per_page = max(1, min(per_page, 200))
+        async with request.app.state.sessions() as session:
+            stmt = select(Tenant).where(Tenant.name.contains(q)) if q else select(Tenant)
+            total = (await session.execute(select(func.count()).select_from(stmt.subquery()))).scalar_one()
+            rows = await session.execute(stmt.order_by(Tenant.name).offset((page - 1) * per_page).limit(per_page))
+            return {"data": [_row(t, TENANT_FIELDS) for t in rows.scalars()], "total": total, "page": page}
+
+    @post("/tenants", status_code=201)
+    async def create_tenant(self, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
+        actor = await _admin(request, change=True)
+        data = _decode(await request.body(), TenantIn)
+        if not data.name:
+            raise GatewayError(400, "A tenant needs a name.", code="invalid_request", param="name")
+        async with request.app.state.sessions() as session, session.begin():
+            if (await session.execute(select(Tenant).where(Tenant.name == data.name))).scalar_one_or_none():
+                raise GatewayError(409, f"A tenant named '{data.name}' exists.", code="conflict", param="name")
+            tenant = Tenant(**msgspec.structs.asdict(data))
+            tenant.weight = tenant.weight or 1.0
+            tenant.disabled = bool(tenant.disabled)
+            session.add(tenant)
+            await session.flush()
+            after = _row(tenant, TENANT_FIELDS)
+            await AuditRepository(session).add(actor, "create", "tenant", str(tenant.id), None, after)
+        return after
+
+    @patch("/tenants/{tenant_id:int}")
+    async def edit_tenant(self, request: Request, tenant_id: FromPath[int]) -> dict[str, Any]:  # type: ignore[type-arg]
+        actor = await _admin(request, change=True)
+        raw = msgspec.json.decode(await request.body() or b"{}")
+        data = _decode(await request.body(), TenantIn)
+        async with request.app.state.sessions() as session, session.begin():
+            tenant = await _get(session, Tenant, tenant_id)
+            before = _row(tenant, TENANT_FIELDS)
+            for field in raw:  # explicit nulls clear a limit
+                if field in TENANT_FIELDS and field != "id":
+                    setattr(tenant, field, getattr(data, field))
+            await session.flush()
+            after = _row(tenant, TENANT_FIELDS)
+            await AuditRepository(session).add(actor, "update", "tenant", str(tenant_id), before, after)
+        request.app.state.authenticator.invalidate()  # limits apply to the next request
+        return after
+
+    @get("/tenants/{tenant_id:int}/keys")
+    async def keys(self, request: Request, tenant_id: FromPath[int]) -> list[dict[str, Any]]:  # type: ignore[type-arg]
+        await _admin(request)
+        async with request.app.state.sessions() as session:
+            rows = await session.execute(select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.id))
+            return [_row(k, KEY_FIELDS) for k in rows.scalars()]
+
+    @post("/tenants/{tenant_id:int}/keys", status_code=201)
+    async def issue(self, request: Request, tenant_id: FromPath[int]) -> dict[str, Any]:  # type: ignore[type-arg]
+        actor = await _admin(request, change=True)
+        data = _decode(await request.body(), KeyIn)
+        expires = datetime.now(UTC) + timedelta(days=data.expires_days) if data.expires_days else None
+        async with request.app.state.sessions() as session:
+            tenant = await _get(session, Tenant, tenant_id)
+            name = tenant.name
+        key_id, secret = await issue_key(request.app.state.sessions, name, name=data.name, expires_at=expires)
+        async with request.app.state.sessions() as session, session.begin():
+            after = _row(await _get(session, ApiKey, key_id), KEY_FIELDS)
+            await AuditRepository(session).add(actor, "issue", "api_key", str(key_id), None, after)
+        return {**after, "secret": secret}  # shown once; only its sha256 is stored
+
+    @delete("/keys/{key_id:int}", status_code=200)
+    async def revoke(self, request: Request, key_id: FromPath[int]) -> dict[str, Any]:  # type: ignore[type-arg]
+        actor = await _admin(request, change=True)
+        async with request.app.state.sessions() as session, session.begin():
+            key = await _get(session, ApiKey, key_id)
+            before = _row(key, KEY_FIELDS)
+            key.revoked_at = key.revoked_at or datetime.now(UTC)
+            await session.flush()
+            after = _row(key, KEY_FIELDS)
+            await AuditRepository(session).add(actor, "revoke", "api_key", str(key_id), before, after)
+        request.app.state.authenticator.invalidate()
+        return after
+
+    # ---- policies ----
+    @get("/lanes")
+    async def lanes(self, request: Request) -> list[dict[str, Any]]:  # type: ignore[type-arg]
+        await _admin(request)
+        async with request.app.state.sessions() as session:
+            return [_row(x, LANE_FIELDS) for x in await PolicyRepository(session).lanes()]
+
+    @put("/lanes/{name:str}")
+    async def put_lane(self, request: Request, name: FromPath[str]) -> dict[str, Any]:  # type: ignore[type-arg]
+        actor = await _admin(request, change=True)
+        data = _decode(await request.body(), LaneIn)
+        async with request.app.state.sessions() as session, session.begin():
+            existing = (await session.execute(select(Lane).where(Lane.name == name))).scalar_one_or_none()
+            before = _row(existing, LANE_FIELDS) if existing else None
+            lane = await PolicyRepository(session).upsert_lane(name, **msgspec.structs.asdict(data))
+            after = _row(lane, LANE_FIELDS)
+            await AuditRepository(session).add(actor, "update" if before else "create", "lane", name, before, after)
+        await request.app.state.policies.reload()
+        return after
+
+    @put("/tasks/{task:str}")
+    async def put_task(self, request: Request, task: FromPath[str]) -> dict[str, Any]:  # type: ignore[type-arg]
+        actor = await _admin(request, change=True)
+        data = _decode(await request.body(), TaskIn)
+        async with request.app.state.sessions() as session, session.begin():
+            existing = (await session.execute(select(TaskPolicy).where(TaskPolicy.task == task))).scalar_one_or_none()
+            before = _row(existing, TASK_FIELDS) if existing else None
+            row = await PolicyRepository(session).upsert_task(task, **msgspec.structs.asdict(data))
+            after = _row(row, TASK_FIELDS)
+            await AuditRepository(session).add(actor, "update" if before else "create", "task", task, before, after)
+        await request.app.state.policies.reload()
+        return after
+
+    # ---- models ----
+    @put("/models/{alias:str}")
+    async def put_model(self, request: Request, alias: FromPath[str]) -> dict[str, Any]:  # type: ignore[type-arg]
+        actor = await _admin(request, change=True)
+        data = _decode(await request.body(), ModelIn)
+        deployments = [msgspec.structs.asdict(d) for d in data.deployments]
+        async with request.app.state.sessions() as session, session.begin():
+            repo = ModelRepository(session)
+            old = await repo.get(alias)
+            before = (
+                {"deployments": [_row(d, ("name", "engine_kind", "config")) for d in old.deployments]} if old else None
+            )
+            await repo.upsert(alias, description=data.description, deployments=deployments)
+            await AuditRepository(session).add(actor, "update" if old else "create", "model", alias, before,
+                                               {"deployments": deployments})  # fmt: skip
+        async with request.app.state.sessions() as session:
+            specs = await ModelRepository(session).enabled_deployments()
+        await request.app.state.gateway.registry.sync(specs)  # new engines warm, then take traffic
+        return {"alias": alias, "deployments": [d.spec.name for d in _live(request, alias)]}
+
+    @get("/audit")
+    async def audit(self, request: Request, limit: FromQuery[int] = 100) -> list[dict[str, Any]]:  # type: ignore[type-arg]
+        await _admin(request)
+        async with request.app.state.sessions() as session:
+            rows = await AuditRepository(session).recent(max(1, min(limit, 1000)))
+            return [_row(e, ("id", "at", "actor", "action", "entity", "entity_id", "before", "after")) for e in rows]
+
+
+def _live(request: Request, alias: str) -> list[Any]:  # type: ignore[type-arg]
+    return [d for d in request.app.state.gateway.registry.deployments() if d.spec.alias == alias]
+
+
+async def _get(session: AsyncSession, model: type[Any], ident: int) -> Any:
+    row = await session.get(model, ident)
+    if row is None:
+        raise GatewayError(404, f"No {model.__tablename__[:-1]} with id {ident}.", code="not_found")
+    return row
+
+
+async def _admin(request: Request, *, change: bool = False) -> str:  # type: ignore[type-arg]
+    """The logged-in admin's name; for a change, the request must carry the session's CSRF token."""
+    token = request.cookies.get(SESSION_COOKIE)
+    if not token:
+        raise GatewayError(401, "Log in first (POST /admin/api/login).", code="not_logged_in")
+    async with request.app.state.sessions() as session:
+        row = await AdminRepository(session).find_session(token_digest(token))
+        if row is None or as_utc(row.expires_at) <= datetime.now(UTC):
+            raise GatewayError(401, "Your admin session has expired; log in again.", code="not_logged_in")
+        if change and not secrets.compare_digest(request.headers.get("x-csrf-token", ""), row.csrf_token):
+            raise GatewayError(403, "Missing or wrong X-CSRF-Token.", code="csrf_failed")
+        return str(row.admin.username)
