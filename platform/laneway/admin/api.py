@@ -19,11 +19,11 @@ from litestar.datastructures import Cookie
 from litestar.params import FromPath, FromQuery
 from msgspec import Meta, Struct
 from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncSession
 
+from laneway.admin import service
 from laneway.admin.security import new_session_token, token_digest, verify_password
+from laneway.admin.service import KEY_FIELDS, TENANT_FIELDS, KeyIn, Positive, TenantIn, row
 from laneway.api.errors import validation_error
-from laneway.bootstrap import issue_key
 from laneway.core.auth import as_utc
 from laneway.core.errors import GatewayError
 from laneway.db.models import ApiKey, Lane, TaskPolicy, Tenant
@@ -32,27 +32,10 @@ from laneway.db.repositories import AdminRepository, AuditRepository, ModelRepos
 SESSION_COOKIE = "laneway_admin"
 SESSION_TTL = timedelta(hours=12)
 
-Positive = Annotated[int, Meta(ge=1)]
-
 
 class Login(Struct):
     username: str
     password: str
-
-
-class TenantIn(Struct, omit_defaults=True):
-    name: Annotated[str, Meta(min_length=1, max_length=120)] | None = None
-    weight: Annotated[float, Meta(gt=0, le=100)] | None = None
-    rpm: Positive | None = None
-    tpm: Positive | None = None
-    max_concurrency: Positive | None = None
-    allowed_models: list[str] | None = None
-    disabled: bool | None = None
-
-
-class KeyIn(Struct):
-    name: Annotated[str, Meta(min_length=1, max_length=120)] = "default"
-    expires_days: Annotated[float, Meta(gt=0)] | None = None
 
 
 class LaneIn(Struct, omit_defaults=True):
@@ -89,16 +72,6 @@ class ModelIn(Struct):
     description: str = ""
 
 
-def _row(obj: Any, fields: tuple[str, ...]) -> dict[str, Any]:
-    out = {}
-    for f in fields:
-        v = getattr(obj, f)
-        out[f] = v.isoformat() if isinstance(v, datetime) else v
-    return out
-
-
-TENANT_FIELDS = ("id", "name", "weight", "rpm", "tpm", "max_concurrency", "allowed_models", "disabled")
-KEY_FIELDS = ("id", "tenant_id", "name", "prefix", "created_at", "expires_at", "revoked_at", "last_used_at")
 LANE_FIELDS = (
     "name", "position", "priority", "match_max_prompt_tokens", "match_stream", "match_tasks", "max_queue_depth",
     "queue_timeout_s", "max_concurrency", "max_unacked_tokens", "retry_after_s",
@@ -155,83 +128,43 @@ class AdminAPI(Controller):
             stmt = select(Tenant).where(Tenant.name.contains(q)) if q else select(Tenant)
             total = (await session.execute(select(func.count()).select_from(stmt.subquery()))).scalar_one()
             rows = await session.execute(stmt.order_by(Tenant.name).offset((page - 1) * per_page).limit(per_page))
-            return {"data": [_row(t, TENANT_FIELDS) for t in rows.scalars()], "total": total, "page": page}
+            return {"data": [row(t, TENANT_FIELDS) for t in rows.scalars()], "total": total, "page": page}
 
     @post("/tenants", status_code=201)
     async def create_tenant(self, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
         actor = await _admin(request, change=True)
-        data = _decode(await request.body(), TenantIn)
-        if not data.name:
-            raise GatewayError(400, "A tenant needs a name.", code="invalid_request", param="name")
-        async with request.app.state.sessions() as session, session.begin():
-            if (await session.execute(select(Tenant).where(Tenant.name == data.name))).scalar_one_or_none():
-                raise GatewayError(409, f"A tenant named '{data.name}' exists.", code="conflict", param="name")
-            tenant = Tenant(**msgspec.structs.asdict(data))
-            tenant.weight = tenant.weight or 1.0
-            tenant.disabled = bool(tenant.disabled)
-            session.add(tenant)
-            await session.flush()
-            after = _row(tenant, TENANT_FIELDS)
-            await AuditRepository(session).add(actor, "create", "tenant", str(tenant.id), None, after)
-        return after
+        return await service.create_tenant(request.app.state, actor, _decode(await request.body(), TenantIn))
 
     @patch("/tenants/{tenant_id:int}")
     async def edit_tenant(self, request: Request, tenant_id: FromPath[int]) -> dict[str, Any]:  # type: ignore[type-arg]
         actor = await _admin(request, change=True)
-        raw = msgspec.json.decode(await request.body() or b"{}")
-        data = _decode(await request.body(), TenantIn)
-        async with request.app.state.sessions() as session, session.begin():
-            tenant = await _get(session, Tenant, tenant_id)
-            before = _row(tenant, TENANT_FIELDS)
-            for field in raw:  # explicit nulls clear a limit
-                if field in TENANT_FIELDS and field != "id":
-                    setattr(tenant, field, getattr(data, field))
-            await session.flush()
-            after = _row(tenant, TENANT_FIELDS)
-            await AuditRepository(session).add(actor, "update", "tenant", str(tenant_id), before, after)
-        request.app.state.authenticator.invalidate()  # limits apply to the next request
-        return after
+        body = await request.body()
+        sent = set(msgspec.json.decode(body or b"{}"))  # explicit nulls clear a limit
+        return await service.edit_tenant(request.app.state, actor, tenant_id, _decode(body, TenantIn), sent)
 
     @get("/tenants/{tenant_id:int}/keys")
     async def keys(self, request: Request, tenant_id: FromPath[int]) -> list[dict[str, Any]]:  # type: ignore[type-arg]
         await _admin(request)
         async with request.app.state.sessions() as session:
             rows = await session.execute(select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.id))
-            return [_row(k, KEY_FIELDS) for k in rows.scalars()]
+            return [row(k, KEY_FIELDS) for k in rows.scalars()]
 
     @post("/tenants/{tenant_id:int}/keys", status_code=201)
     async def issue(self, request: Request, tenant_id: FromPath[int]) -> dict[str, Any]:  # type: ignore[type-arg]
         actor = await _admin(request, change=True)
-        data = _decode(await request.body(), KeyIn)
-        expires = datetime.now(UTC) + timedelta(days=data.expires_days) if data.expires_days else None
-        async with request.app.state.sessions() as session:
-            tenant = await _get(session, Tenant, tenant_id)
-            name = tenant.name
-        key_id, secret = await issue_key(request.app.state.sessions, name, name=data.name, expires_at=expires)
-        async with request.app.state.sessions() as session, session.begin():
-            after = _row(await _get(session, ApiKey, key_id), KEY_FIELDS)
-            await AuditRepository(session).add(actor, "issue", "api_key", str(key_id), None, after)
-        return {**after, "secret": secret}  # shown once; only its sha256 is stored
+        return await service.issue_api_key(request.app.state, actor, tenant_id, _decode(await request.body(), KeyIn))
 
     @delete("/keys/{key_id:int}", status_code=200)
     async def revoke(self, request: Request, key_id: FromPath[int]) -> dict[str, Any]:  # type: ignore[type-arg]
         actor = await _admin(request, change=True)
-        async with request.app.state.sessions() as session, session.begin():
-            key = await _get(session, ApiKey, key_id)
-            before = _row(key, KEY_FIELDS)
-            key.revoked_at = key.revoked_at or datetime.now(UTC)
-            await session.flush()
-            after = _row(key, KEY_FIELDS)
-            await AuditRepository(session).add(actor, "revoke", "api_key", str(key_id), before, after)
-        request.app.state.authenticator.invalidate()
-        return after
+        return await service.revoke_api_key(request.app.state, actor, key_id)
 
     # ---- policies ----
     @get("/lanes")
     async def lanes(self, request: Request) -> list[dict[str, Any]]:  # type: ignore[type-arg]
         await _admin(request)
         async with request.app.state.sessions() as session:
-            return [_row(x, LANE_FIELDS) for x in await PolicyRepository(session).lanes()]
+            return [row(x, LANE_FIELDS) for x in await PolicyRepository(session).lanes()]
 
     @put("/lanes/{name:str}")
     async def put_lane(self, request: Request, name: FromPath[str]) -> dict[str, Any]:  # type: ignore[type-arg]
@@ -239,9 +172,9 @@ class AdminAPI(Controller):
         data = _decode(await request.body(), LaneIn)
         async with request.app.state.sessions() as session, session.begin():
             existing = (await session.execute(select(Lane).where(Lane.name == name))).scalar_one_or_none()
-            before = _row(existing, LANE_FIELDS) if existing else None
+            before = row(existing, LANE_FIELDS) if existing else None
             lane = await PolicyRepository(session).upsert_lane(name, **msgspec.structs.asdict(data))
-            after = _row(lane, LANE_FIELDS)
+            after = row(lane, LANE_FIELDS)
             await AuditRepository(session).add(actor, "update" if before else "create", "lane", name, before, after)
         await request.app.state.policies.reload()
         return after
@@ -252,9 +185,9 @@ class AdminAPI(Controller):
         data = _decode(await request.body(), TaskIn)
         async with request.app.state.sessions() as session, session.begin():
             existing = (await session.execute(select(TaskPolicy).where(TaskPolicy.task == task))).scalar_one_or_none()
-            before = _row(existing, TASK_FIELDS) if existing else None
-            row = await PolicyRepository(session).upsert_task(task, **msgspec.structs.asdict(data))
-            after = _row(row, TASK_FIELDS)
+            before = row(existing, TASK_FIELDS) if existing else None
+            policy = await PolicyRepository(session).upsert_task(task, **msgspec.structs.asdict(data))
+            after = row(policy, TASK_FIELDS)
             await AuditRepository(session).add(actor, "update" if before else "create", "task", task, before, after)
         await request.app.state.policies.reload()
         return after
@@ -269,7 +202,7 @@ class AdminAPI(Controller):
             repo = ModelRepository(session)
             old = await repo.get(alias)
             before = (
-                {"deployments": [_row(d, ("name", "engine_kind", "config")) for d in old.deployments]} if old else None
+                {"deployments": [row(d, ("name", "engine_kind", "config")) for d in old.deployments]} if old else None
             )
             await repo.upsert(alias, description=data.description, deployments=deployments)
             await AuditRepository(session).add(actor, "update" if old else "create", "model", alias, before,
@@ -284,18 +217,11 @@ class AdminAPI(Controller):
         await _admin(request)
         async with request.app.state.sessions() as session:
             rows = await AuditRepository(session).recent(max(1, min(limit, 1000)))
-            return [_row(e, ("id", "at", "actor", "action", "entity", "entity_id", "before", "after")) for e in rows]
+            return [row(e, ("id", "at", "actor", "action", "entity", "entity_id", "before", "after")) for e in rows]
 
 
 def _live(request: Request, alias: str) -> list[Any]:  # type: ignore[type-arg]
     return [d for d in request.app.state.gateway.registry.deployments() if d.spec.alias == alias]
-
-
-async def _get(session: AsyncSession, model: type[Any], ident: int) -> Any:
-    row = await session.get(model, ident)
-    if row is None:
-        raise GatewayError(404, f"No {model.__tablename__[:-1]} with id {ident}.", code="not_found")
-    return row
 
 
 async def _admin(request: Request, *, change: bool = False) -> str:  # type: ignore[type-arg]

@@ -1,0 +1,106 @@
+"""Admin operations shared by the JSON API and the web UI: each one validates, writes,
+audits (who, what, before/after) and applies the change to the running gateway."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+import msgspec
+from litestar.datastructures import State
+from msgspec import Meta, Struct
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from laneway.bootstrap import issue_key
+from laneway.core.errors import GatewayError
+from laneway.db.models import ApiKey, Tenant
+from laneway.db.repositories import AuditRepository
+
+Positive = Annotated[int, Meta(ge=1)]
+
+TENANT_FIELDS = ("id", "name", "weight", "rpm", "tpm", "max_concurrency", "allowed_models", "disabled")
+KEY_FIELDS = ("id", "tenant_id", "name", "prefix", "created_at", "expires_at", "revoked_at", "last_used_at")
+
+
+class TenantIn(Struct, omit_defaults=True):
+    name: Annotated[str, Meta(min_length=1, max_length=120)] | None = None
+    weight: Annotated[float, Meta(gt=0, le=100)] | None = None
+    rpm: Positive | None = None
+    tpm: Positive | None = None
+    max_concurrency: Positive | None = None
+    allowed_models: list[str] | None = None
+    disabled: bool | None = None
+
+
+class KeyIn(Struct):
+    name: Annotated[str, Meta(min_length=1, max_length=120)] = "default"
+    expires_days: Annotated[float, Meta(gt=0)] | None = None
+
+
+def row(obj: Any, fields: tuple[str, ...]) -> dict[str, Any]:
+    out = {}
+    for f in fields:
+        v = getattr(obj, f)
+        out[f] = v.isoformat() if isinstance(v, datetime) else v
+    return out
+
+
+async def get_or_404(session: AsyncSession, model: type[Any], ident: int) -> Any:
+    found = await session.get(model, ident)
+    if found is None:
+        raise GatewayError(404, f"No {model.__tablename__[:-1]} with id {ident}.", code="not_found")
+    return found
+
+
+async def create_tenant(state: State, actor: str, data: TenantIn) -> dict[str, Any]:
+    if not data.name:
+        raise GatewayError(400, "A tenant needs a name.", code="invalid_request", param="name")
+    async with state.sessions() as session, session.begin():
+        if (await session.execute(select(Tenant).where(Tenant.name == data.name))).scalar_one_or_none():
+            raise GatewayError(409, f"A tenant named '{data.name}' exists.", code="conflict", param="name")
+        tenant = Tenant(**msgspec.structs.asdict(data))
+        tenant.weight = tenant.weight or 1.0
+        tenant.disabled = bool(tenant.disabled)
+        session.add(tenant)
+        await session.flush()
+        after = row(tenant, TENANT_FIELDS)
+        await AuditRepository(session).add(actor, "create", "tenant", str(tenant.id), None, after)
+    return after
+
+
+async def edit_tenant(state: State, actor: str, tenant_id: int, data: TenantIn, fields: set[str]) -> dict[str, Any]:
+    """Set `fields` (those the admin sent; a None clears a limit) from `data`."""
+    async with state.sessions() as session, session.begin():
+        tenant = await get_or_404(session, Tenant, tenant_id)
+        before = row(tenant, TENANT_FIELDS)
+        for field in fields & set(TENANT_FIELDS) - {"id"}:
+            setattr(tenant, field, getattr(data, field))
+        await session.flush()
+        after = row(tenant, TENANT_FIELDS)
+        await AuditRepository(session).add(actor, "update", "tenant", str(tenant_id), before, after)
+    state.authenticator.invalidate()  # limits apply to the next request
+    return after
+
+
+async def issue_api_key(state: State, actor: str, tenant_id: int, data: KeyIn) -> dict[str, Any]:
+    expires = datetime.now(UTC) + timedelta(days=data.expires_days) if data.expires_days else None
+    async with state.sessions() as session:
+        name = (await get_or_404(session, Tenant, tenant_id)).name
+    key_id, secret = await issue_key(state.sessions, name, name=data.name, expires_at=expires)
+    async with state.sessions() as session, session.begin():
+        after = row(await get_or_404(session, ApiKey, key_id), KEY_FIELDS)
+        await AuditRepository(session).add(actor, "issue", "api_key", str(key_id), None, after)
+    return {**after, "secret": secret}  # shown once; only its sha256 is stored
+
+
+async def revoke_api_key(state: State, actor: str, key_id: int) -> dict[str, Any]:
+    async with state.sessions() as session, session.begin():
+        key = await get_or_404(session, ApiKey, key_id)
+        before = row(key, KEY_FIELDS)
+        key.revoked_at = key.revoked_at or datetime.now(UTC)
+        await session.flush()
+        after = row(key, KEY_FIELDS)
+        await AuditRepository(session).add(actor, "revoke", "api_key", str(key_id), before, after)
+    state.authenticator.invalidate()
+    return after
