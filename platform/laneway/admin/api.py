@@ -93,17 +93,8 @@ class AdminAPI(Controller):
     @post("/login", status_code=200)
     async def login(self, request: Request) -> Response[dict[str, str]]:  # type: ignore[type-arg]
         creds = _decode(await request.body(), Login)
-        token, digest, csrf = new_session_token()
-        async with request.app.state.sessions() as session, session.begin():
-            repo = AdminRepository(session)
-            admin = await repo.get_by_username(creds.username)
-            if not verify_password(admin.password_hash if admin else None, creds.password) or admin is None:
-                raise GatewayError(401, "Wrong username or password.", code="invalid_credentials")
-            await repo.open_session(admin, digest, csrf, datetime.now(UTC) + SESSION_TTL)
-        secure = request.app.state.settings.admin_cookie_secure
-        cookie = Cookie(key=SESSION_COOKIE, value=token, path="/admin", httponly=True, samesite="strict",
-                        secure=secure, max_age=int(SESSION_TTL.total_seconds()))  # fmt: skip
-        return Response({"csrf_token": csrf, "username": admin.username}, cookies=[cookie])
+        cookie, csrf = await open_session(request, creds.username, creds.password)
+        return Response({"csrf_token": csrf, "username": creds.username}, cookies=[cookie])
 
     @post("/logout", status_code=200)
     async def logout(self, request: Request) -> Response[dict[str, str]]:  # type: ignore[type-arg]
@@ -225,14 +216,47 @@ def _live(request: Request, alias: str) -> list[Any]:  # type: ignore[type-arg]
 
 
 async def _admin(request: Request, *, change: bool = False) -> str:  # type: ignore[type-arg]
-    """The logged-in admin's name; for a change, the request must carry the session's CSRF token."""
+    """The logged-in admin's name; for a change, the request must carry the session's CSRF
+    token in X-CSRF-Token."""
+    username, csrf = await admin_session(request)
+    if change:
+        check_csrf(request.headers.get("x-csrf-token", ""), csrf)
+    return username
+
+
+async def admin_session(request: Request) -> tuple[str, str]:  # type: ignore[type-arg]
+    """(admin name, the session's CSRF token) from the session cookie; 401 without one."""
     token = request.cookies.get(SESSION_COOKIE)
     if not token:
-        raise GatewayError(401, "Log in first (POST /admin/api/login).", code="not_logged_in")
+        raise GatewayError(401, "Log in first.", code="not_logged_in")
     async with request.app.state.sessions() as session:
-        row = await AdminRepository(session).find_session(token_digest(token))
-        if row is None or as_utc(row.expires_at) <= datetime.now(UTC):
+        found = await AdminRepository(session).find_session(token_digest(token))
+        if found is None or as_utc(found.expires_at) <= datetime.now(UTC):
             raise GatewayError(401, "Your admin session has expired; log in again.", code="not_logged_in")
-        if change and not secrets.compare_digest(request.headers.get("x-csrf-token", ""), row.csrf_token):
-            raise GatewayError(403, "Missing or wrong X-CSRF-Token.", code="csrf_failed")
-        return str(row.admin.username)
+        return str(found.admin.username), found.csrf_token
+
+
+def check_csrf(given: str, expected: str) -> None:
+    if not given or not secrets.compare_digest(given, expected):
+        raise GatewayError(403, "Missing or wrong CSRF token.", code="csrf_failed")
+
+
+async def open_session(request: Request, username: str, password: str) -> tuple[Cookie, str]:  # type: ignore[type-arg]
+    """Check the password and open a session: (the session cookie, its CSRF token); 401 if wrong."""
+    token, digest, csrf = new_session_token()
+    async with request.app.state.sessions() as session, session.begin():
+        repo = AdminRepository(session)
+        admin = await repo.get_by_username(username)
+        if not verify_password(admin.password_hash if admin else None, password) or admin is None:
+            raise GatewayError(401, "Wrong username or password.", code="invalid_credentials")
+        await repo.open_session(admin, digest, csrf, datetime.now(UTC) + SESSION_TTL)
+    cookie = Cookie(
+        key=SESSION_COOKIE,
+        value=token,
+        path="/admin",
+        httponly=True,
+        samesite="strict",
+        secure=request.app.state.settings.admin_cookie_secure,
+        max_age=int(SESSION_TTL.total_seconds()),
+    )
+    return cookie, csrf
