@@ -10,9 +10,13 @@ from contextlib import asynccontextmanager
 
 from litestar import Litestar
 from litestar.exceptions import HTTPException
+from litestar.plugins.jinja import JinjaTemplateEngine
+from litestar.static_files import create_static_files_router
+from litestar.template.config import TemplateConfig
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from laneway.admin.api import AdminAPI
+from laneway.admin.ui import ADMIN_UI_DIR, AdminUI
 from laneway.api.errors import gateway_error_handler, http_exception_handler, internal_error_handler
 from laneway.api.health import live, metrics, ready
 from laneway.api.routes import OpenAIController
@@ -95,7 +99,16 @@ def create_app(settings: Settings | None = None) -> Litestar:
             await db.dispose()
 
     return Litestar(
-        route_handlers=[OpenAIController, AdminAPI, live, ready, metrics],
+        route_handlers=[
+            OpenAIController,
+            AdminAPI,
+            AdminUI,
+            create_static_files_router(path="/admin/static", directories=[ADMIN_UI_DIR / "static"]),
+            live,
+            ready,
+            metrics,
+        ],
+        template_config=TemplateConfig(directory=ADMIN_UI_DIR / "templates", engine=JinjaTemplateEngine),
         lifespan=[lifespan],
         exception_handlers={
             GatewayError: gateway_error_handler,

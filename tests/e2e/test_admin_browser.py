@@ -1,0 +1,132 @@
+"""The admin UI in a real headless Chromium (Debian's chromium driven by Playwright): log in,
+create a tenant, issue a key, lower its RPM, and see a request with that key get 429, all
+without restarting the gateway. A screenshot of each page lands in tests/e2e/screenshots/."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from laneway.app import create_app
+from laneway.db import migrate
+from laneway.db.repositories import ModelRepository
+from laneway.db.session import make_engine, make_sessionmaker
+from laneway.settings import Settings
+from services import IN_CI
+from serving import ServerThread
+
+PASSWORD = "correct horse battery"
+SHOTS = Path(__file__).parent / "screenshots"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def _browser_or_skip() -> None:
+    if os.path.exists(CHROMIUM):
+        return
+    if IN_CI:
+        pytest.fail("Chromium is not installed (CI=true: .ci/run installs Debian's chromium)")
+    pytest.skip("Chromium is not installed (apt-get install chromium) - browser tests skipped")
+
+
+async def _seed(url: str) -> None:
+    engine = make_engine(url)
+    await migrate.upgrade(engine)
+    async with make_sessionmaker(engine)() as s, s.begin():
+        await ModelRepository(s).upsert("sim", deployments=[{"name": "sim-a", "engine_kind": "sim"}])
+    await engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    _browser_or_skip()
+    data = tmp_path_factory.mktemp("e2e")
+    url = f"sqlite+aiosqlite:///{data / 'laneway.db'}"
+    asyncio.run(_seed(url))
+    settings = Settings(data_dir=data, database_url=url, bootstrap_demo=False, admin_password=PASSWORD)
+    srv = ServerThread(create_app(settings)).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def page(server: ServerThread) -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    SHOTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+        )  # fmt: skip
+        context = browser.new_context(base_url=server.base_url)
+        yield context.new_page()
+        browser.close()
+
+
+def test_admin_lowers_a_tenants_rpm_and_its_next_request_gets_429(server: ServerThread, page: object) -> None:
+    from playwright.sync_api import Page, expect
+
+    assert isinstance(page, Page)
+    page.goto("/admin/")
+    expect(page).to_have_url(f"{server.base_url}/admin/login")
+    page.screenshot(path=SHOTS / "login.png", full_page=True)
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", "wrong password")
+    page.click("button[type=submit]")
+    expect(page.locator("#login-error")).to_contain_text("Wrong username or password")
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    expect(page).to_have_url(f"{server.base_url}/admin/tenants")
+
+    page.fill("fieldset input[name=name]", "acme")
+    page.fill("fieldset input[name=rpm]", "100")
+    page.click("text=Create tenant")
+    expect(page.locator("h1")).to_have_text("Tenant acme")
+    page.click("text=Issue key")
+    secret = page.locator("#secret").inner_text()
+    assert secret.startswith("lw-")
+    page.screenshot(path=SHOTS / "tenant-with-new-key.png", full_page=True)
+
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=secret, max_retries=0)
+
+    def ask() -> object:
+        return client.chat.completions.create(model="sim", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+
+    ask()
+    page.fill("input[name=rpm]", "1")
+    page.click("text=Save")
+    expect(page.locator("#notice")).to_contain_text("Saved")
+    assert page.locator("input[name=rpm]").input_value() == "1"
+    ask()  # the lowered bucket (capacity 1) still holds one
+    with pytest.raises(openai.RateLimitError) as info:
+        ask()
+    assert int(info.value.response.headers["retry-after"]) >= 1
+
+    page.goto("/admin/tenants")
+    expect(page.locator("#tenants")).to_contain_text("acme")
+    page.screenshot(path=SHOTS / "tenants.png", full_page=True)
+    page.goto("/admin/tenants/1")
+    page.click("text=Revoke")
+    expect(page.locator("#keys")).to_contain_text("revoked")
+    with pytest.raises(openai.AuthenticationError):
+        ask()
+    page.screenshot(path=SHOTS / "tenant-key-revoked.png", full_page=True)
+
+
+def test_forms_without_the_csrf_token_are_refused(server: ServerThread, page: object) -> None:
+    from playwright.sync_api import Page
+
+    assert isinstance(page, Page)
+    status = page.evaluate(
+        """async () => (await fetch('/admin/tenants', {method: 'POST',
+             headers: {'Content-Type': 'application/x-www-form-urlencoded'}, body: 'name=evil'})).status"""
+    )
+    assert status == 403
