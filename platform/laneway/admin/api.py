@@ -11,23 +11,23 @@ from __future__ import annotations
 
 import secrets
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 from litestar import Controller, Request, Response, delete, get, patch, post, put
 from litestar.datastructures import Cookie
 from litestar.params import FromPath, FromQuery
-from msgspec import Meta, Struct
+from msgspec import Struct
 from sqlalchemy import func, select
 
 from laneway.admin import service
 from laneway.admin.security import new_session_token, token_digest, verify_password
-from laneway.admin.service import KEY_FIELDS, TENANT_FIELDS, KeyIn, Positive, TenantIn, row
+from laneway.admin.service import KEY_FIELDS, LANE_FIELDS, TENANT_FIELDS, KeyIn, LaneIn, ModelIn, TaskIn, TenantIn, row
 from laneway.api.errors import validation_error
 from laneway.core.auth import as_utc
 from laneway.core.errors import GatewayError
-from laneway.db.models import ApiKey, Lane, TaskPolicy, Tenant
-from laneway.db.repositories import AdminRepository, AuditRepository, ModelRepository, PolicyRepository
+from laneway.db.models import ApiKey, Tenant
+from laneway.db.repositories import AdminRepository, AuditRepository, PolicyRepository
 
 SESSION_COOKIE = "laneway_admin"
 SESSION_TTL = timedelta(hours=12)
@@ -36,47 +36,6 @@ SESSION_TTL = timedelta(hours=12)
 class Login(Struct):
     username: str
     password: str
-
-
-class LaneIn(Struct, omit_defaults=True):
-    position: int | None = None
-    priority: int | None = None
-    match_max_prompt_tokens: Positive | None = None
-    match_stream: bool | None = None
-    match_tasks: list[str] | None = None
-    max_queue_depth: Positive | None = None
-    queue_timeout_s: Annotated[float, Meta(gt=0)] | None = None
-    max_concurrency: Positive | None = None
-    max_unacked_tokens: Positive | None = None
-    retry_after_s: Positive | None = None
-
-
-class TaskIn(Struct, omit_defaults=True):
-    max_tokens: Positive | None = None
-    long_prompt_tokens: Positive | None = None
-    long_prompt_max_tokens: Positive | None = None
-    stop: Annotated[list[str], Meta(max_length=16)] | None = None
-
-
-class DeploymentIn(Struct):
-    name: str
-    engine_kind: str
-    config: dict[str, Any] = {}
-    quantization: str = "unknown"
-    gpu_type: str = "none"
-    max_model_len: Positive = 2048
-
-
-class ModelIn(Struct):
-    deployments: list[DeploymentIn]
-    description: str = ""
-
-
-LANE_FIELDS = (
-    "name", "position", "priority", "match_max_prompt_tokens", "match_stream", "match_tasks", "max_queue_depth",
-    "queue_timeout_s", "max_concurrency", "max_unacked_tokens", "retry_after_s",
-)  # fmt: skip
-TASK_FIELDS = ("task", "max_tokens", "long_prompt_tokens", "long_prompt_max_tokens", "stop")
 
 
 def _decode(body: bytes, kind: type[Any]) -> Any:
@@ -160,48 +119,18 @@ class AdminAPI(Controller):
     @put("/lanes/{name:str}")
     async def put_lane(self, request: Request, name: FromPath[str]) -> dict[str, Any]:  # type: ignore[type-arg]
         actor = await _admin(request, change=True)
-        data = _decode(await request.body(), LaneIn)
-        async with request.app.state.sessions() as session, session.begin():
-            existing = (await session.execute(select(Lane).where(Lane.name == name))).scalar_one_or_none()
-            before = row(existing, LANE_FIELDS) if existing else None
-            lane = await PolicyRepository(session).upsert_lane(name, **msgspec.structs.asdict(data))
-            after = row(lane, LANE_FIELDS)
-            await AuditRepository(session).add(actor, "update" if before else "create", "lane", name, before, after)
-        await request.app.state.policies.reload()
-        return after
+        return await service.put_lane(request.app.state, actor, name, _decode(await request.body(), LaneIn))
 
     @put("/tasks/{task:str}")
     async def put_task(self, request: Request, task: FromPath[str]) -> dict[str, Any]:  # type: ignore[type-arg]
         actor = await _admin(request, change=True)
-        data = _decode(await request.body(), TaskIn)
-        async with request.app.state.sessions() as session, session.begin():
-            existing = (await session.execute(select(TaskPolicy).where(TaskPolicy.task == task))).scalar_one_or_none()
-            before = row(existing, TASK_FIELDS) if existing else None
-            policy = await PolicyRepository(session).upsert_task(task, **msgspec.structs.asdict(data))
-            after = row(policy, TASK_FIELDS)
-            await AuditRepository(session).add(actor, "update" if before else "create", "task", task, before, after)
-        await request.app.state.policies.reload()
-        return after
+        return await service.put_task(request.app.state, actor, task, _decode(await request.body(), TaskIn))
 
     # ---- models ----
     @put("/models/{alias:str}")
     async def put_model(self, request: Request, alias: FromPath[str]) -> dict[str, Any]:  # type: ignore[type-arg]
         actor = await _admin(request, change=True)
-        data = _decode(await request.body(), ModelIn)
-        deployments = [msgspec.structs.asdict(d) for d in data.deployments]
-        async with request.app.state.sessions() as session, session.begin():
-            repo = ModelRepository(session)
-            old = await repo.get(alias)
-            before = (
-                {"deployments": [row(d, ("name", "engine_kind", "config")) for d in old.deployments]} if old else None
-            )
-            await repo.upsert(alias, description=data.description, deployments=deployments)
-            await AuditRepository(session).add(actor, "update" if old else "create", "model", alias, before,
-                                               {"deployments": deployments})  # fmt: skip
-        async with request.app.state.sessions() as session:
-            specs = await ModelRepository(session).enabled_deployments()
-        await request.app.state.gateway.registry.sync(specs)  # new engines warm, then take traffic
-        return {"alias": alias, "deployments": [d.spec.name for d in _live(request, alias)]}
+        return await service.put_model(request.app.state, actor, alias, _decode(await request.body(), ModelIn))
 
     @get("/audit")
     async def audit(self, request: Request, limit: FromQuery[int] = 100) -> list[dict[str, Any]]:  # type: ignore[type-arg]
@@ -209,10 +138,6 @@ class AdminAPI(Controller):
         async with request.app.state.sessions() as session:
             rows = await AuditRepository(session).recent(max(1, min(limit, 1000)))
             return [row(e, ("id", "at", "actor", "action", "entity", "entity_id", "before", "after")) for e in rows]
-
-
-def _live(request: Request, alias: str) -> list[Any]:  # type: ignore[type-arg]
-    return [d for d in request.app.state.gateway.registry.deployments() if d.spec.alias == alias]
 
 
 async def _admin(request: Request, *, change: bool = False) -> str:  # type: ignore[type-arg]

@@ -14,8 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from laneway.bootstrap import issue_key
 from laneway.core.errors import GatewayError
-from laneway.db.models import ApiKey, Tenant
-from laneway.db.repositories import AuditRepository
+from laneway.db.models import ApiKey, Lane, TaskPolicy, Tenant
+from laneway.db.repositories import AuditRepository, ModelRepository, PolicyRepository
 
 Positive = Annotated[int, Meta(ge=1)]
 
@@ -36,6 +36,48 @@ class TenantIn(Struct, omit_defaults=True):
 class KeyIn(Struct):
     name: Annotated[str, Meta(min_length=1, max_length=120)] = "default"
     expires_days: Annotated[float, Meta(gt=0)] | None = None
+
+
+class LaneIn(Struct, omit_defaults=True):
+    position: int | None = None
+    priority: int | None = None
+    match_max_prompt_tokens: Positive | None = None
+    match_stream: bool | None = None
+    match_tasks: list[str] | None = None
+    max_queue_depth: Positive | None = None
+    queue_timeout_s: Annotated[float, Meta(gt=0)] | None = None
+    max_concurrency: Positive | None = None
+    max_unacked_tokens: Positive | None = None
+    retry_after_s: Positive | None = None
+
+
+class TaskIn(Struct, omit_defaults=True):
+    max_tokens: Positive | None = None
+    long_prompt_tokens: Positive | None = None
+    long_prompt_max_tokens: Positive | None = None
+    stop: Annotated[list[str], Meta(max_length=16)] | None = None
+
+
+class DeploymentIn(Struct):
+    name: str
+    engine_kind: str
+    config: dict[str, Any] = {}
+    quantization: str = "unknown"
+    gpu_type: str = "none"
+    max_model_len: Positive = 2048
+
+
+class ModelIn(Struct):
+    deployments: list[DeploymentIn]
+    description: str = ""
+
+
+LANE_FIELDS = (
+    "name", "position", "priority", "match_max_prompt_tokens", "match_stream", "match_tasks", "max_queue_depth",
+    "queue_timeout_s", "max_concurrency", "max_unacked_tokens", "retry_after_s",
+)  # fmt: skip
+TASK_FIELDS = ("task", "max_tokens", "long_prompt_tokens", "long_prompt_max_tokens", "stop")
+DEPLOYMENT_FIELDS = ("name", "engine_kind", "config", "quantization", "gpu_type", "max_model_len", "enabled")
 
 
 def row(obj: Any, fields: tuple[str, ...]) -> dict[str, Any]:
@@ -104,3 +146,41 @@ async def revoke_api_key(state: State, actor: str, key_id: int) -> dict[str, Any
         await AuditRepository(session).add(actor, "revoke", "api_key", str(key_id), before, after)
     state.authenticator.invalidate()
     return after
+
+
+async def put_lane(state: State, actor: str, name: str, data: LaneIn) -> dict[str, Any]:
+    async with state.sessions() as session, session.begin():
+        existing = (await session.execute(select(Lane).where(Lane.name == name))).scalar_one_or_none()
+        before = row(existing, LANE_FIELDS) if existing else None
+        lane = await PolicyRepository(session).upsert_lane(name, **msgspec.structs.asdict(data))
+        after = row(lane, LANE_FIELDS)
+        await AuditRepository(session).add(actor, "update" if before else "create", "lane", name, before, after)
+    await state.policies.reload()  # the next request routes by it
+    return after
+
+
+async def put_task(state: State, actor: str, task: str, data: TaskIn) -> dict[str, Any]:
+    async with state.sessions() as session, session.begin():
+        existing = (await session.execute(select(TaskPolicy).where(TaskPolicy.task == task))).scalar_one_or_none()
+        before = row(existing, TASK_FIELDS) if existing else None
+        policy = await PolicyRepository(session).upsert_task(task, **msgspec.structs.asdict(data))
+        after = row(policy, TASK_FIELDS)
+        await AuditRepository(session).add(actor, "update" if before else "create", "task", task, before, after)
+    await state.policies.reload()
+    return after
+
+
+async def put_model(state: State, actor: str, alias: str, data: ModelIn) -> dict[str, Any]:
+    deployments = [msgspec.structs.asdict(d) for d in data.deployments]
+    async with state.sessions() as session, session.begin():
+        repo = ModelRepository(session)
+        old = await repo.get(alias)
+        before = {"deployments": [row(d, DEPLOYMENT_FIELDS) for d in old.deployments]} if old else None
+        await repo.upsert(alias, description=data.description, deployments=deployments)
+        after = {"deployments": deployments}
+        await AuditRepository(session).add(actor, "update" if old else "create", "model", alias, before, after)
+    async with state.sessions() as session:
+        specs = await ModelRepository(session).enabled_deployments()
+    await state.gateway.registry.sync(specs)  # new engines warm up, then take traffic
+    live = [d.spec.name for d in state.gateway.registry.deployments() if d.spec.alias == alias]
+    return {"alias": alias, "deployments": live}
