@@ -16,7 +16,7 @@ from litestar.template.config import TemplateConfig
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from laneway.admin.api import AdminAPI
-from laneway.admin.ui import ADMIN_UI_DIR, AdminUI
+from laneway.admin.ui import ADMIN_UI_DIR, AdminPages, AdminUI
 from laneway.api.errors import gateway_error_handler, http_exception_handler, internal_error_handler
 from laneway.api.health import live, metrics, ready
 from laneway.api.routes import OpenAIController
@@ -103,6 +103,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             OpenAIController,
             AdminAPI,
             AdminUI,
+            AdminPages,
             create_static_files_router(path="/admin/static", directories=[ADMIN_UI_DIR / "static"]),
             live,
             ready,

@@ -130,3 +130,52 @@ def test_forms_without_the_csrf_token_are_refused(server: ServerThread, page: ob
              headers: {'Content-Type': 'application/x-www-form-urlencoded'}, body: 'name=evil'})).status"""
     )
     assert status == 403
+
+
+def test_every_page_renders_and_policy_edits_validate_inline(server: ServerThread, page: object) -> None:
+    from playwright.sync_api import Page, expect
+
+    assert isinstance(page, Page)
+    page.goto("/admin/policies")
+    if "/login" in page.url:  # a fresh context in isolation: log in first
+        page.fill("input[name=username]", "admin")
+        page.fill("input[name=password]", PASSWORD)
+        page.click("button[type=submit]")
+        page.goto("/admin/policies")
+    # The seeded default lane set is empty here: create one, then break it on purpose.
+    page.goto("/admin/models")
+    expect(page.locator("#models")).to_contain_text("sim-a")
+    page.screenshot(path=SHOTS / "models.png", full_page=True)
+
+    import httpx
+
+    admin = httpx.Client(base_url=server.base_url + "/admin/api")
+    csrf = admin.post("/login", json={"username": "admin", "password": PASSWORD}).json()["csrf_token"]
+    admin.put("/lanes/interactive", json={"position": 0, "match_stream": True}, headers={"X-CSRF-Token": csrf})
+    admin.put("/tasks/chat", json={"max_tokens": 384}, headers={"X-CSRF-Token": csrf})
+
+    page.goto("/admin/policies")
+    lane = page.locator("#lane-interactive")
+    lane.locator("input[name=max_concurrency]").fill("0")
+    lane.locator("button").click()
+    expect(page.locator("#lane-interactive .error")).to_contain_text("max_concurrency")
+    page.screenshot(path=SHOTS / "policies-invalid.png", full_page=True)
+    page.locator("#lane-interactive input[name=max_concurrency]").fill("6")
+    page.locator("#lane-interactive button").click()
+    expect(page.locator("#notice")).to_contain_text("Saved interactive")
+    assert server.app.state.policies.current.lane("interactive").max_concurrency == 6  # live, no restart
+    page.locator("#task-chat input[name=stop]").fill("###,END")
+    page.locator("#task-chat button").click()
+    expect(page.locator("#notice")).to_contain_text("Saved chat")
+    assert server.app.state.policies.current.tasks["chat"].stop == ("###", "END")
+    page.screenshot(path=SHOTS / "policies.png", full_page=True)
+
+    page.goto("/admin/dashboard")
+    expect(page.locator("#queues")).to_contain_text("sim-a")
+    expect(page.locator("#ttft")).to_contain_text("p99")
+    page.wait_for_selector("#ttft-chart", timeout=10_000)  # requests of the first test, after the 2 s poll
+    page.screenshot(path=SHOTS / "dashboard.png", full_page=True)
+
+    page.goto("/admin/audit")
+    expect(page.locator("#audit")).to_contain_text("update lane interactive")
+    page.screenshot(path=SHOTS / "audit.png", full_page=True)

@@ -22,7 +22,18 @@ from sqlalchemy import func, select
 
 from laneway.admin import service
 from laneway.admin.security import new_session_token, token_digest, verify_password
-from laneway.admin.service import KEY_FIELDS, LANE_FIELDS, TENANT_FIELDS, KeyIn, LaneIn, ModelIn, TaskIn, TenantIn, row
+from laneway.admin.service import (
+    AUDIT_FIELDS,
+    KEY_FIELDS,
+    LANE_FIELDS,
+    TENANT_FIELDS,
+    KeyIn,
+    LaneIn,
+    ModelIn,
+    TaskIn,
+    TenantIn,
+    row,
+)
 from laneway.api.errors import validation_error
 from laneway.core.auth import as_utc
 from laneway.core.errors import GatewayError
@@ -137,7 +148,7 @@ class AdminAPI(Controller):
         await _admin(request)
         async with request.app.state.sessions() as session:
             rows = await AuditRepository(session).recent(max(1, min(limit, 1000)))
-            return [row(e, ("id", "at", "actor", "action", "entity", "entity_id", "before", "after")) for e in rows]
+            return [row(e, AUDIT_FIELDS) for e in rows]
 
 
 async def _admin(request: Request, *, change: bool = False) -> str:  # type: ignore[type-arg]

@@ -77,6 +77,7 @@ LANE_FIELDS = (
     "queue_timeout_s", "max_concurrency", "max_unacked_tokens", "retry_after_s",
 )  # fmt: skip
 TASK_FIELDS = ("task", "max_tokens", "long_prompt_tokens", "long_prompt_max_tokens", "stop")
+AUDIT_FIELDS = ("id", "at", "actor", "action", "entity", "entity_id", "before", "after")
 DEPLOYMENT_FIELDS = ("name", "engine_kind", "config", "quantization", "gpu_type", "max_model_len", "enabled")
 
 
@@ -148,11 +149,19 @@ async def revoke_api_key(state: State, actor: str, key_id: int) -> dict[str, Any
     return after
 
 
+def _put_fields(model: type[Any], data: Struct) -> dict[str, Any]:
+    """PUT semantics for a policy row: every field is replaced, and a field left out clears
+    it where the column allows no value (a lane rule then matches anything); a required
+    column left out keeps its current value (or its default)."""
+    columns = model.__table__.c
+    return {k: v for k, v in msgspec.structs.asdict(data).items() if v is not None or columns[k].nullable}
+
+
 async def put_lane(state: State, actor: str, name: str, data: LaneIn) -> dict[str, Any]:
     async with state.sessions() as session, session.begin():
         existing = (await session.execute(select(Lane).where(Lane.name == name))).scalar_one_or_none()
         before = row(existing, LANE_FIELDS) if existing else None
-        lane = await PolicyRepository(session).upsert_lane(name, **msgspec.structs.asdict(data))
+        lane = await PolicyRepository(session).upsert_lane(name, **_put_fields(Lane, data))
         after = row(lane, LANE_FIELDS)
         await AuditRepository(session).add(actor, "update" if before else "create", "lane", name, before, after)
     await state.policies.reload()  # the next request routes by it
@@ -163,7 +172,7 @@ async def put_task(state: State, actor: str, task: str, data: TaskIn) -> dict[st
     async with state.sessions() as session, session.begin():
         existing = (await session.execute(select(TaskPolicy).where(TaskPolicy.task == task))).scalar_one_or_none()
         before = row(existing, TASK_FIELDS) if existing else None
-        policy = await PolicyRepository(session).upsert_task(task, **msgspec.structs.asdict(data))
+        policy = await PolicyRepository(session).upsert_task(task, **_put_fields(TaskPolicy, data))
         after = row(policy, TASK_FIELDS)
         await AuditRepository(session).add(actor, "update" if before else "create", "task", task, before, after)
     await state.policies.reload()

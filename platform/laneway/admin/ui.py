@@ -6,6 +6,7 @@ operations (admin/service.py) as the JSON API; every form carries the session's 
 from __future__ import annotations
 
 import secrets
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,24 @@ from sqlalchemy import func, select
 
 from laneway.admin import service
 from laneway.admin.api import SESSION_COOKIE, admin_session, check_csrf, open_session
-from laneway.admin.service import KEY_FIELDS, TENANT_FIELDS, KeyIn, TenantIn, row
+from laneway.admin.service import (
+    AUDIT_FIELDS,
+    KEY_FIELDS,
+    LANE_FIELDS,
+    TASK_FIELDS,
+    TENANT_FIELDS,
+    KeyIn,
+    LaneIn,
+    ModelIn,
+    TaskIn,
+    TenantIn,
+    row,
+)
+from laneway.api.errors import validation_error
 from laneway.core.errors import GatewayError
-from laneway.db.models import ApiKey, Tenant
+from laneway.db.models import ApiKey, Tenant, UsageRecord
+from laneway.db.repositories import AuditRepository, ModelRepository, PolicyRepository
+from laneway.engines.registry import ENGINE_KINDS
 
 ADMIN_UI_DIR = Path(__file__).resolve().parents[3] / "admin-ui"
 LOGIN_CSRF_COOKIE = "laneway_login_csrf"
@@ -190,3 +206,151 @@ class AdminUI(Controller):
         check_csrf((await _form(request)).get("csrf_token", ""), current[1])
         revoked = await service.revoke_api_key(request.app.state, current[0], key_id)
         return Redirect(f"/admin/tenants/{revoked['tenant_id']}", status_code=303)
+
+
+def _policy_input(form: dict[str, str], kind: type[Any]) -> Any:
+    """Form strings -> a validated LaneIn/TaskIn: numbers, true/false, comma lists; empty = unset."""
+    raw: dict[str, Any] = {}
+    for field in kind.__struct_fields__:
+        text = form.get(field, "").strip()
+        if text == "":
+            continue
+        if field in ("match_tasks", "stop"):
+            raw[field] = [x for x in text.split(",") if x]
+        elif text in ("true", "false"):
+            raw[field] = text == "true"
+        else:
+            try:
+                raw[field] = int(text)
+            except ValueError:
+                try:
+                    raw[field] = float(text)
+                except ValueError:
+                    raw[field] = text
+    return msgspec.convert(raw, kind)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+class AdminPages(Controller):
+    """Policies, models, audit log and the live dashboard."""
+
+    path = "/admin"
+    include_in_schema = False
+
+    async def _policies_page(self, request: Request, current: tuple[str, str], **extra: Any) -> Template:  # type: ignore[type-arg]
+        async with request.app.state.sessions() as session:
+            repo = PolicyRepository(session)
+            lanes = [row(x, LANE_FIELDS) for x in await repo.lanes()]
+            tasks = [row(t, TASK_FIELDS) for t in await repo.task_policies()]
+        context = {"admin": current[0], "csrf": current[1], "lanes": lanes, "tasks": tasks,
+                   "lane_fields": [f for f in LANE_FIELDS if f != "name"], "errors": {}, **extra}  # fmt: skip
+        return Template("policies.html", context=context, status_code=400 if extra.get("errors") else 200)
+
+    @get("/policies")
+    async def policies(self, request: Request) -> Page:  # type: ignore[type-arg]
+        current = await _session(request)
+        return _to_login() if current is None else await self._policies_page(request, current)
+
+    @post("/lanes/{name:str}")
+    async def edit_lane(self, request: Request, name: FromPath[str]) -> Page:  # type: ignore[type-arg]
+        return await self._edit_policy(request, name, LaneIn, service.put_lane, name)
+
+    @post("/tasks/{task:str}")
+    async def edit_task(self, request: Request, task: FromPath[str]) -> Page:  # type: ignore[type-arg]
+        return await self._edit_policy(request, task, TaskIn, service.put_task, f"task:{task}")
+
+    async def _edit_policy(self, request: Request, name: str, kind: type[Any], apply: Any, key: str) -> Page:  # type: ignore[type-arg]
+        current = await _session(request)
+        if current is None:
+            return _to_login()
+        form = await _form(request)
+        check_csrf(form.get("csrf_token", ""), current[1])
+        try:
+            data = _policy_input(form, kind)
+        except msgspec.ValidationError as exc:  # shown inline, next to the form that sent it
+            return await self._policies_page(request, current, errors={key: validation_error(exc).message})
+        await apply(request.app.state, current[0], name, data)
+        return await self._policies_page(request, current, notice=f"Saved {name}. The gateway applies it now.")
+
+    async def _models_page(self, request: Request, current: tuple[str, str], **extra: Any) -> Template:  # type: ignore[type-arg]
+        registry = request.app.state.gateway.registry
+        async with request.app.state.sessions() as session:
+            specs = await ModelRepository(session).enabled_deployments()
+        deployments = [
+            {"alias": s.alias, "name": s.name, "engine": s.engine_kind, "quantization": s.quantization,
+             "gpu_type": s.gpu_type, "max_model_len": s.max_model_len,
+             "state": "failed" if s.name in registry.failed else "warm" if s.name in registry.warm else "starting"}
+            for s in specs
+        ]  # fmt: skip
+        context = {"admin": current[0], "csrf": current[1], "deployments": deployments,
+                   "engine_kinds": sorted(ENGINE_KINDS), **extra}  # fmt: skip
+        return Template("models.html", context=context, status_code=400 if extra.get("error") else 200)
+
+    @get("/models")
+    async def models(self, request: Request) -> Page:  # type: ignore[type-arg]
+        current = await _session(request)
+        return _to_login() if current is None else await self._models_page(request, current)
+
+    @post("/models")
+    async def set_model(self, request: Request) -> Page:  # type: ignore[type-arg]
+        current = await _session(request)
+        if current is None:
+            return _to_login()
+        form = await _form(request)
+        check_csrf(form.get("csrf_token", ""), current[1])
+        try:
+            deployment = {"name": form.get("name", "").strip(), "engine_kind": form.get("engine_kind", ""),
+                          "config": msgspec.json.decode(form.get("config") or "{}"),
+                          "max_model_len": int(form.get("max_model_len") or 2048)}  # fmt: skip
+            data = msgspec.convert({"deployments": [deployment]}, ModelIn)
+        except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+            return await self._models_page(request, current, error=f"Invalid value: {exc}")
+        alias = form.get("alias", "").strip()
+        result = await service.put_model(request.app.state, current[0], alias, data)
+        served = ", ".join(result["deployments"]) or "nothing (see failures)"
+        return await self._models_page(request, current, notice=f"{alias} is served by {served}.")
+
+    @get("/audit")
+    async def audit(self, request: Request) -> Page:  # type: ignore[type-arg]
+        current = await _session(request)
+        if current is None:
+            return _to_login()
+        async with request.app.state.sessions() as session:
+            entries = [row(e, AUDIT_FIELDS) for e in await AuditRepository(session).recent(200)]
+        return Template("audit.html", context={"admin": current[0], "csrf": current[1], "entries": entries})
+
+    async def _panel_context(self, request: Request, minutes: int = 5) -> dict[str, Any]:  # type: ignore[type-arg]
+        queues = [{"lane": labels["lane"], "deployment": labels["deployment"], "waiting": w, "running": r}
+                  for labels, w, r in request.app.state.gateway.queue_stats()]  # fmt: skip
+        since = datetime.now(UTC) - timedelta(minutes=minutes)
+        async with request.app.state.sessions() as session:
+            rows = await session.execute(
+                select(UsageRecord.lane, UsageRecord.ttft_ms).where(
+                    UsageRecord.created_at >= since, UsageRecord.ttft_ms.is_not(None)
+                )
+            )
+            by_lane: dict[str, list[float]] = {}
+            for lane, ttft in rows.all():
+                by_lane.setdefault(lane or "-", []).append(float(ttft))
+        ttft = [{"lane": lane, "n": len(v), "p50": _percentile(v, 0.5), "p95": _percentile(v, 0.95),
+                 "p99": _percentile(v, 0.99)} for lane, v in sorted(by_lane.items())]  # fmt: skip
+        scale = max([t["p99"] for t in ttft] + [1.0])
+        return {"queues": queues, "ttft": ttft, "minutes": minutes, "scale": scale}
+
+    @get("/dashboard")
+    async def dashboard(self, request: Request) -> Page:  # type: ignore[type-arg]
+        current = await _session(request)
+        if current is None:
+            return _to_login()
+        context = {"admin": current[0], "csrf": current[1], **await self._panel_context(request)}
+        return Template("dashboard.html", context=context)
+
+    @get("/dashboard/panel")
+    async def panel(self, request: Request) -> Page:  # type: ignore[type-arg]
+        if await _session(request) is None:
+            return _to_login()
+        return Template("dashboard_panel.html", context=await self._panel_context(request))
