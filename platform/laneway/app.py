@@ -23,6 +23,7 @@ from laneway.api.routes import OpenAIController
 from laneway.bootstrap import bootstrap_admin, bootstrap_demo
 from laneway.core.accounting import UsageRecorder
 from laneway.core.auth import KeyAuthenticator
+from laneway.core.config_watch import ConfigChanges
 from laneway.core.errors import GatewayError
 from laneway.core.pipeline import Gateway
 from laneway.core.policy import PolicyStore
@@ -84,6 +85,16 @@ def create_app(settings: Settings | None = None) -> Litestar:
             metrics=GatewayMetrics(tenant_label=settings.metrics_tenant_label),
         )
         app.state.started_at = time.time()
+        authenticator = app.state.authenticator
+
+        async def apply_config() -> None:
+            authenticator.invalidate()
+            await policies.reload()
+            async with sessions() as session:
+                await registry.sync(await ModelRepository(session).enabled_deployments())
+
+        app.state.config_changes = ConfigChanges(db, apply_config)
+        await app.state.config_changes.start()
         watcher = asyncio.create_task(
             _watch_engines(registry, sessions, settings.policy_poll_interval_s), name="engine-watch"
         )
@@ -91,6 +102,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             yield
         finally:
             watcher.cancel()
+            await app.state.config_changes.stop()
             warmup.cancel()
             await policies.stop()
             await recorder.stop()

@@ -109,6 +109,7 @@ async def create_tenant(state: State, actor: str, data: TenantIn) -> dict[str, A
         await session.flush()
         after = row(tenant, TENANT_FIELDS)
         await AuditRepository(session).add(actor, "create", "tenant", str(tenant.id), None, after)
+    await state.config_changes.notify()
     return after
 
 
@@ -123,6 +124,7 @@ async def edit_tenant(state: State, actor: str, tenant_id: int, data: TenantIn, 
         after = row(tenant, TENANT_FIELDS)
         await AuditRepository(session).add(actor, "update", "tenant", str(tenant_id), before, after)
     state.authenticator.invalidate()  # limits apply to the next request
+    await state.config_changes.notify()  # and on every other replica
     return after
 
 
@@ -146,6 +148,7 @@ async def revoke_api_key(state: State, actor: str, key_id: int) -> dict[str, Any
         after = row(key, KEY_FIELDS)
         await AuditRepository(session).add(actor, "revoke", "api_key", str(key_id), before, after)
     state.authenticator.invalidate()
+    await state.config_changes.notify()
     return after
 
 
@@ -165,6 +168,7 @@ async def put_lane(state: State, actor: str, name: str, data: LaneIn) -> dict[st
         after = row(lane, LANE_FIELDS)
         await AuditRepository(session).add(actor, "update" if before else "create", "lane", name, before, after)
     await state.policies.reload()  # the next request routes by it
+    await state.config_changes.notify()
     return after
 
 
@@ -176,6 +180,7 @@ async def put_task(state: State, actor: str, task: str, data: TaskIn) -> dict[st
         after = row(policy, TASK_FIELDS)
         await AuditRepository(session).add(actor, "update" if before else "create", "task", task, before, after)
     await state.policies.reload()
+    await state.config_changes.notify()
     return after
 
 
@@ -191,5 +196,6 @@ async def put_model(state: State, actor: str, alias: str, data: ModelIn) -> dict
     async with state.sessions() as session:
         specs = await ModelRepository(session).enabled_deployments()
     await state.gateway.registry.sync(specs)  # new engines warm up, then take traffic
+    await state.config_changes.notify()
     live = [d.spec.name for d in state.gateway.registry.deployments() if d.spec.alias == alias]
     return {"alias": alias, "deployments": live}
