@@ -60,6 +60,16 @@ async def _form(request: Request) -> dict[str, str]:  # type: ignore[type-arg]
     return {k: str(v) for k, v in (await request.form()).items()}
 
 
+async def _posted_form(request: Request) -> tuple[tuple[str, str], dict[str, str]] | None:  # type: ignore[type-arg]
+    """(the admin's session, the form) for a POST whose CSRF token matches; None if logged out."""
+    current = await _session(request)
+    if current is None:
+        return None
+    form = await _form(request)
+    check_csrf(form.get("csrf_token", ""), current[1])
+    return current, form
+
+
 def _tenant_input(form: dict[str, str]) -> tuple[TenantIn, set[str]]:
     """Form strings -> a validated TenantIn (empty number fields clear the limit)."""
     raw: dict[str, Any] = {}
@@ -146,11 +156,10 @@ class AdminUI(Controller):
 
     @post("/tenants")
     async def create_tenant(self, request: Request) -> Page:  # type: ignore[type-arg]
-        current = await _session(request)
-        if current is None:
+        posted = await _posted_form(request)
+        if posted is None:
             return _to_login()
-        form = await _form(request)
-        check_csrf(form.get("csrf_token", ""), current[1])
+        current, form = posted
         try:
             data, _ = _tenant_input(form)
             created = await service.create_tenant(request.app.state, current[0], data)
@@ -174,11 +183,10 @@ class AdminUI(Controller):
 
     @post("/tenants/{tenant_id:int}")
     async def edit_tenant(self, request: Request, tenant_id: FromPath[int]) -> Page:  # type: ignore[type-arg]
-        current = await _session(request)
-        if current is None:
+        posted = await _posted_form(request)
+        if posted is None:
             return _to_login()
-        form = await _form(request)
-        check_csrf(form.get("csrf_token", ""), current[1])
+        current, form = posted
         try:
             data, fields = _tenant_input(form)
             await service.edit_tenant(request.app.state, current[0], tenant_id, data, fields)
@@ -188,11 +196,10 @@ class AdminUI(Controller):
 
     @post("/tenants/{tenant_id:int}/keys")
     async def issue_key(self, request: Request, tenant_id: FromPath[int]) -> Page:  # type: ignore[type-arg]
-        current = await _session(request)
-        if current is None:
+        posted = await _posted_form(request)
+        if posted is None:
             return _to_login()
-        form = await _form(request)
-        check_csrf(form.get("csrf_token", ""), current[1])
+        current, form = posted
         days = form.get("expires_days", "").strip()
         data = KeyIn(name=form.get("name", "default").strip() or "default", expires_days=float(days) if days else None)
         issued = await service.issue_api_key(request.app.state, current[0], tenant_id, data)
@@ -200,11 +207,10 @@ class AdminUI(Controller):
 
     @post("/keys/{key_id:int}/revoke")
     async def revoke_key(self, request: Request, key_id: FromPath[int]) -> Page:  # type: ignore[type-arg]
-        current = await _session(request)
-        if current is None:
+        posted = await _posted_form(request)
+        if posted is None:
             return _to_login()
-        check_csrf((await _form(request)).get("csrf_token", ""), current[1])
-        revoked = await service.revoke_api_key(request.app.state, current[0], key_id)
+        revoked = await service.revoke_api_key(request.app.state, posted[0][0], key_id)
         return Redirect(f"/admin/tenants/{revoked['tenant_id']}", status_code=303)
 
 
@@ -264,11 +270,10 @@ class AdminPages(Controller):
         return await self._edit_policy(request, task, TaskIn, service.put_task, f"task:{task}")
 
     async def _edit_policy(self, request: Request, name: str, kind: type[Any], apply: Any, key: str) -> Page:  # type: ignore[type-arg]
-        current = await _session(request)
-        if current is None:
+        posted = await _posted_form(request)
+        if posted is None:
             return _to_login()
-        form = await _form(request)
-        check_csrf(form.get("csrf_token", ""), current[1])
+        current, form = posted
         try:
             data = _policy_input(form, kind)
         except msgspec.ValidationError as exc:  # shown inline, next to the form that sent it
@@ -297,11 +302,10 @@ class AdminPages(Controller):
 
     @post("/models")
     async def set_model(self, request: Request) -> Page:  # type: ignore[type-arg]
-        current = await _session(request)
-        if current is None:
+        posted = await _posted_form(request)
+        if posted is None:
             return _to_login()
-        form = await _form(request)
-        check_csrf(form.get("csrf_token", ""), current[1])
+        current, form = posted
         try:
             deployment = {"name": form.get("name", "").strip(), "engine_kind": form.get("engine_kind", ""),
                           "config": msgspec.json.decode(form.get("config") or "{}"),
