@@ -209,7 +209,8 @@ async def test_a_flooding_tenant_does_not_starve_another(traffic: Traffic) -> No
 async def test_a_queued_request_whose_client_leaves_never_reaches_the_engine(traffic: Traffic) -> None:
     c = traffic.client(**{"X-Laneway-Task": "hold"})
     hog = await c.chat.completions.create(model="sim", messages=MSG, max_tokens=5000, stream=True)
-    await anext(aiter(hog))
+    await anext(aiter(hog))  # the role chunk: sent before the engine starts on it
+    await wait_until(lambda: traffic.sim.active_slots == 1)
     admitted = traffic.sim.admitted
     port = traffic.server.port
     body = b'{"model":"sim","messages":[{"role":"user","content":"never"}],"max_tokens":3}'
