@@ -161,25 +161,24 @@ def _put_fields(model: type[Any], data: Struct) -> dict[str, Any]:
 
 
 async def put_lane(state: State, actor: str, name: str, data: LaneIn) -> dict[str, Any]:
-    async with state.sessions() as session, session.begin():
-        existing = (await session.execute(select(Lane).where(Lane.name == name))).scalar_one_or_none()
-        before = row(existing, LANE_FIELDS) if existing else None
-        lane = await PolicyRepository(session).upsert_lane(name, **_put_fields(Lane, data))
-        after = row(lane, LANE_FIELDS)
-        await AuditRepository(session).add(actor, "update" if before else "create", "lane", name, before, after)
-    await state.policies.reload()  # the next request routes by it
-    await state.config_changes.notify()
-    return after
+    return await _put_policy(state, actor, "lane", Lane, LANE_FIELDS, name, data)
 
 
 async def put_task(state: State, actor: str, task: str, data: TaskIn) -> dict[str, Any]:
+    return await _put_policy(state, actor, "task", TaskPolicy, TASK_FIELDS, task, data)
+
+
+async def _put_policy(
+    state: State, actor: str, entity: str, model: type[Any], fields: tuple[str, ...], key: str, data: Struct
+) -> dict[str, Any]:
+    """Create or replace a lane or task policy, audit it, and apply it to the next request."""
     async with state.sessions() as session, session.begin():
-        existing = (await session.execute(select(TaskPolicy).where(TaskPolicy.task == task))).scalar_one_or_none()
-        before = row(existing, TASK_FIELDS) if existing else None
-        policy = await PolicyRepository(session).upsert_task(task, **_put_fields(TaskPolicy, data))
-        after = row(policy, TASK_FIELDS)
-        await AuditRepository(session).add(actor, "update" if before else "create", "task", task, before, after)
-    await state.policies.reload()
+        repo = PolicyRepository(session)
+        existing = await repo.find(model, key)
+        before = row(existing, fields) if existing else None
+        after = row(await repo.upsert(model, key, **_put_fields(model, data)), fields)
+        await AuditRepository(session).add(actor, "update" if before else "create", entity, key, before, after)
+    await state.policies.reload()  # the next request routes by it
     await state.config_changes.notify()
     return after
 

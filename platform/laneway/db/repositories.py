@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -130,6 +130,10 @@ class ModelRepository:
         ]
 
 
+PolicyRow = TypeVar("PolicyRow", Lane, TaskPolicy)
+_POLICY_KEYS: dict[type[Any], str] = {Lane: "name", TaskPolicy: "task"}
+
+
 class PolicyRepository:
     def __init__(self, session: AsyncSession) -> None:
         self.session = session
@@ -140,25 +144,26 @@ class PolicyRepository:
     async def task_policies(self) -> list[TaskPolicy]:
         return list((await self.session.execute(select(TaskPolicy).order_by(TaskPolicy.task))).scalars())
 
-    async def upsert_lane(self, name: str, **fields: Any) -> Lane:
-        lane = (await self.session.execute(select(Lane).where(Lane.name == name))).scalar_one_or_none()
-        if lane is None:
-            lane = Lane(name=name)
-            self.session.add(lane)
+    async def find(self, model: type[PolicyRow], key: str) -> PolicyRow | None:
+        """A lane by name or a task policy by task."""
+        stmt = select(model).where(getattr(model, _POLICY_KEYS[model]) == key)
+        return (await self.session.execute(stmt)).scalar_one_or_none()
+
+    async def upsert(self, model: type[PolicyRow], key: str, **fields: Any) -> PolicyRow:
+        found = await self.find(model, key)
+        if found is None:
+            found = model(**{_POLICY_KEYS[model]: key})
+            self.session.add(found)
         for k, v in fields.items():
-            setattr(lane, k, v)
+            setattr(found, k, v)
         await self.session.flush()
-        return lane
+        return found
+
+    async def upsert_lane(self, name: str, **fields: Any) -> Lane:
+        return await self.upsert(Lane, name, **fields)
 
     async def upsert_task(self, task: str, **fields: Any) -> TaskPolicy:
-        row = (await self.session.execute(select(TaskPolicy).where(TaskPolicy.task == task))).scalar_one_or_none()
-        if row is None:
-            row = TaskPolicy(task=task)
-            self.session.add(row)
-        for k, v in fields.items():
-            setattr(row, k, v)
-        await self.session.flush()
-        return row
+        return await self.upsert(TaskPolicy, task, **fields)
 
 
 class UsageRepository:
