@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import socket
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -26,3 +31,118 @@ def require_service(name: str, host: str, port: int) -> None:
     if IN_CI:
         pytest.fail(f"{message} (CI=true: services are required)")
     pytest.skip(f"{message}; start it to run these tests")
+
+
+# ---- private instances, for tests that stop, freeze or restart a service ----
+# Never the machine's shared ones: each of these runs on its own free port and data directory.
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(port: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not _reachable("127.0.0.1", port):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nothing listens on {port}")
+        time.sleep(0.02)
+
+
+class PrivateRedis:
+    """A redis-server of the test's own: kill, freeze (SIGSTOP), thaw and restart it."""
+
+    def __init__(self) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            _missing("redis-server (to start a private Redis)")
+        self.exe = str(exe)
+        self.port = _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> PrivateRedis:
+        self.proc = subprocess.Popen(
+            [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _wait_port(self.port)
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+
+    def freeze(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.thaw()
+        self.kill()
+
+
+PG_BIN = Path("/usr/lib/postgresql")
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster of the test's own (initdb + pg_ctl on a free port), to stop and
+    start again. As root, the cluster runs as the `postgres` system user."""
+
+    def __init__(self, base: Path) -> None:
+        bins = sorted(PG_BIN.glob("*/bin/initdb"))
+        if not bins:
+            _missing("PostgreSQL's initdb (to start a private cluster)")
+        self.bin = bins[-1].parent
+        self.base = base
+        self.data = base / "data"
+        self.port = _free_port()
+        self._as_user: list[str] = []
+        if os.geteuid() == 0:
+            if shutil.which("runuser") is None:
+                _missing("runuser (to run a private PostgreSQL as the postgres user)")
+            self._as_user = ["runuser", "-u", "postgres", "--"]
+            shutil.chown(base, "postgres")
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *args: str) -> None:
+        subprocess.run([*self._as_user, *args], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def start(self) -> PrivatePostgres:
+        if not self.data.exists():
+            self._run(str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
+                      "--no-sync", "-E", "UTF8")  # fmt: skip
+        options = f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.base / "log"),
+                  "-w", "start")  # fmt: skip
+        return self
+
+    def stop(self) -> None:
+        if (self.data / "postmaster.pid").exists():
+            self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+
+
+def _missing(what: str) -> None:
+    if IN_CI:
+        pytest.fail(f"{what} is not installed (CI=true: services are required)")
+    pytest.skip(f"{what} is not installed")

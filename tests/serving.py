@@ -1,19 +1,78 @@
-"""Test helpers: the embedded server, gateways in subprocesses, and the integration fixture type."""
+"""Test helpers: one seeding helper, one server factory (in-process and as a subprocess), and
+the integration fixture type."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from laneway.app import create_app
+from laneway.bootstrap import issue_key
+from laneway.db import migrate
+from laneway.db.repositories import ModelRepository, PolicyRepository, TenantRepository, UsageRepository
+from laneway.db.session import make_engine, make_sessionmaker
 from laneway.embedded import EmbeddedServer as ServerThread
+from laneway.settings import Settings
 
 EXE = str(Path(sys.executable).with_name("laneway"))
+
+
+def sim_model(name: str, **config: Any) -> list[dict[str, Any]]:
+    """One sim deployment for alias `name` (config: the sim's cost model and concurrency)."""
+    return [{"name": f"{name}-sim", "engine_kind": "sim", "quantization": "sim", "gpu_type": "sim",
+             "max_model_len": int(config.pop("max_model_len", 8192)), "config": config}]  # fmt: skip
+
+
+@dataclass
+class KeySpec:
+    tenant: str
+    expires_at: datetime | None = None
+    revoked: bool = False
+
+
+async def seed(
+    url: str,
+    *,
+    models: Mapping[str, Sequence[dict[str, Any]]] | None = None,
+    lanes: Sequence[dict[str, Any]] = (),
+    tasks: Sequence[dict[str, Any]] = (),
+    tenants: Mapping[str, dict[str, Any]] | None = None,
+    keys: Mapping[str, KeySpec] | None = None,
+) -> dict[str, str]:
+    """Migrate the database at `url` and write models (alias -> deployments), lanes (in match
+    order), task policies and tenants (name -> columns). Returns key name -> secret: one key
+    per tenant, named after it, unless `keys` says otherwise."""
+    engine = make_engine(url)
+    await migrate.upgrade(engine)
+    sessions = make_sessionmaker(engine)
+    async with sessions() as s, s.begin():
+        for alias, deployments in (models or {}).items():
+            await ModelRepository(s).upsert(alias, deployments=list(deployments))
+        policies = PolicyRepository(s)
+        for position, lane in enumerate(lanes):
+            await policies.upsert_lane(position=position, **lane)
+        for task in tasks:
+            await policies.upsert_task(**task)
+        for name, columns in (tenants or {}).items():
+            await TenantRepository(s).create(name, **columns)
+    secrets: dict[str, str] = {}
+    for key_name, spec in (keys if keys is not None else {t: KeySpec(t) for t in tenants or {}}).items():
+        key_id, secrets[key_name] = await issue_key(sessions, spec.tenant, name=key_name, expires_at=spec.expires_at)
+        if spec.revoked:
+            async with sessions() as s, s.begin():
+                await TenantRepository(s).revoke_key(key_id)
+    await engine.dispose()
+    return secrets
 
 
 @dataclass
@@ -21,6 +80,7 @@ class Gateway:
     server: ServerThread
     keys: dict[str, str]
     database_url: str
+    settings: Settings = field(default_factory=Settings)
 
     @property
     def base_url(self) -> str:
@@ -30,15 +90,70 @@ class Gateway:
     def api_url(self) -> str:
         return self.server.base_url + "/v1"
 
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def gateway(self) -> Any:
+        """The running app's pipeline (laneway.core.pipeline.Gateway)."""
+        return self.server.app.state.gateway
+
     def engine(self, alias: str):  # type: ignore[no-untyped-def]
-        return self.server.app.state.gateway.registry.resolve(alias).engine
+        return self.gateway.registry.resolve(alias).engine
+
+    def usage_rows(self, tenant_name: str | None = None) -> list[Any]:
+        """Usage rows in the database (after flushing what the recorder holds)."""
+        self.server.call(self.server.app.state.recorder.flush())
+
+        async def read() -> list[Any]:
+            engine = make_engine(self.database_url)
+            try:
+                async with make_sessionmaker(engine)() as s:
+                    tenant_ids = None
+                    if tenant_name is not None:
+                        tenant = await TenantRepository(s).get_by_name(tenant_name)
+                        tenant_ids = [tenant.id] if tenant else []
+                    rows = []
+                    for tid in tenant_ids if tenant_ids is not None else await _all_tenant_ids(s):
+                        rows += await UsageRepository(s).for_tenant(tid)
+                    return rows
+            finally:
+                await engine.dispose()
+
+        return asyncio.run(read())
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+async def _all_tenant_ids(session: Any) -> list[int]:
+    from laneway.db.models import Tenant
+    from sqlalchemy import select
+
+    return list((await session.execute(select(Tenant.id))).scalars())
+
+
+def start_gateway(data_dir: Path, *, database_url: str | None = None, wait_ready: bool = True,
+                  seed_with: dict[str, Any] | None = None, **settings: Any) -> Gateway:  # fmt: skip
+    """Seed a database (SQLite in data_dir unless database_url is given) and serve it in-process
+    on a loopback port. `settings` override Settings fields."""
+    url = database_url or f"sqlite+aiosqlite:///{data_dir / 'laneway.db'}"
+    keys = asyncio.run(seed(url, **(seed_with or {})))
+    config = Settings(data_dir=data_dir, database_url=url, bootstrap_demo=False, **settings)
+    server = ServerThread(create_app(config)).start(wait_ready=wait_ready)
+    return Gateway(server=server, keys=keys, database_url=url, settings=config)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def serve(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
     """Start `laneway serve` on a free port and wait for /health/ready."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([EXE, "serve"], env={**env, "LANEWAY_PORT": str(port)}, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while True:
@@ -51,3 +166,12 @@ def serve(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
             proc.kill()
             pytest.fail("gateway did not become ready")
         time.sleep(0.05)
+
+
+def wait_for(predicate: Any, within: float = 10.0, step: float = 0.002, what: str = "condition") -> float:
+    """Poll (from a test thread) until predicate() holds; return how long it took."""
+    start = time.perf_counter()
+    while not predicate():
+        assert time.perf_counter() - start < within, f"{what} not reached within {within} s"
+        time.sleep(step)
+    return time.perf_counter() - start

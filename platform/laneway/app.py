@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from litestar import Litestar
+from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.static_files import create_static_files_router
@@ -24,6 +25,7 @@ from laneway.bootstrap import bootstrap_admin, bootstrap_demo
 from laneway.core.accounting import UsageRecorder
 from laneway.core.auth import KeyAuthenticator
 from laneway.core.config_watch import ConfigChanges
+from laneway.core.dependencies import DependencyHealth
 from laneway.core.errors import GatewayError
 from laneway.core.pipeline import Gateway
 from laneway.core.policy import PolicyStore
@@ -32,7 +34,7 @@ from laneway.db import migrate
 from laneway.db.repositories import ModelRepository
 from laneway.db.session import make_engine, make_sessionmaker
 from laneway.engines.registry import EngineRegistry
-from laneway.metrics import GatewayMetrics
+from laneway.metrics import GatewayMetrics, Reading
 from laneway.settings import Settings
 
 log = logging.getLogger("laneway")
@@ -44,7 +46,12 @@ def create_app(settings: Settings | None = None) -> Litestar:
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        db = make_engine(settings.resolved_database_url)
+        health = DependencyHealth()
+        db = make_engine(
+            settings.resolved_database_url,
+            connect_timeout_s=settings.database_connect_timeout_s,
+            command_timeout_s=settings.database_command_timeout_s,
+        )
         sessions = make_sessionmaker(db)
         if settings.auto_migrate:
             await migrate.upgrade(db)
@@ -63,18 +70,34 @@ def create_app(settings: Settings | None = None) -> Litestar:
         await policies.reload()
         await policies.start_polling(settings.policy_poll_interval_s)
         limiter: RateLimiter = (
-            RedisRateLimiter(settings.redis_url, settings.redis_prefix) if settings.redis_url else MemoryRateLimiter()
+            RedisRateLimiter(
+                settings.redis_url,
+                settings.redis_prefix,
+                max_connections=settings.redis_max_connections,
+                timeout_s=settings.redis_timeout_s,
+                failure_mode=settings.redis_failure_mode,
+                health=health,
+            )
+            if settings.redis_url
+            else MemoryRateLimiter()
         )
         recorder = UsageRecorder(
-            sessions, interval_s=settings.usage_flush_interval_s, batch_size=settings.usage_batch_size
+            sessions,
+            interval_s=settings.usage_flush_interval_s,
+            batch_size=settings.usage_batch_size,
+            max_pending=settings.usage_max_pending,
+            health=health,
+            spool_dir=settings.data_dir / "usage-spool",
         )
         await recorder.start()
-        app.state.settings = settings
-        app.state.sessions = sessions
-        app.state.recorder = recorder
-        app.state.authenticator = KeyAuthenticator(sessions, ttl_s=settings.auth_cache_ttl_s)
-        app.state.policies = policies
-        app.state.gateway = Gateway(
+        authenticator = KeyAuthenticator(
+            sessions,
+            ttl_s=settings.auth_cache_ttl_s,
+            stale_s=settings.auth_stale_s,
+            lookup_timeout_s=settings.auth_lookup_timeout_s,
+            health=health,
+        )
+        gateway = Gateway(
             registry,
             recorder,
             policies,
@@ -84,8 +107,19 @@ def create_app(settings: Settings | None = None) -> Litestar:
             starvation_share=settings.lane_starvation_share,
             metrics=GatewayMetrics(tenant_label=settings.metrics_tenant_label),
         )
+        gateway.metrics.watch(lambda: runtime_readings(health, recorder, limiter))
+        app.state.sessions = sessions
+        app.state.recorder = recorder
+        app.state.authenticator = authenticator
+        app.state.policies = policies
+        app.state.gateway = gateway
+        app.state.health = health
         app.state.started_at = time.time()
-        authenticator = app.state.authenticator
+
+        async def drain() -> None:
+            await gateway.drain(settings.drain_timeout_s)
+
+        app.state.drain = drain
 
         async def apply_config() -> None:
             authenticator.invalidate()
@@ -102,6 +136,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             yield
         finally:
             watcher.cancel()
+            await gateway.drain(0)  # whatever the server left running (a drain already ran on SIGTERM)
             await app.state.config_changes.stop()
             warmup.cancel()
             await policies.stop()
@@ -123,6 +158,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         ],
         template_config=TemplateConfig(directory=ADMIN_UI_DIR / "templates", engine=JinjaTemplateEngine),
         lifespan=[lifespan],
+        state=State({"settings": settings}),
         exception_handlers={
             GatewayError: gateway_error_handler,
             HTTPException: http_exception_handler,
@@ -144,3 +180,24 @@ async def _watch_engines(registry: EngineRegistry, sessions: async_sessionmaker[
             await registry.check_health()
         except Exception:
             log.exception("engine watch failed; will retry")
+
+
+def runtime_readings(health: DependencyHealth, recorder: UsageRecorder, limiter: RateLimiter) -> list[Reading]:
+    """Dependency faults and the usage backlog, read at scrape time."""
+    out: list[Reading] = []
+    for dep in sorted(set(health.errors) | set(health.degraded)):
+        labels = {"dependency": dep}
+        out.append(("laneway_dependency_errors_total", "Faults of a dependency (Redis, the database).",
+                    "counter", labels, health.errors[dep]))  # fmt: skip
+        out.append(("laneway_dependency_degraded", "1 while the gateway works around a dependency's fault.",
+                    "gauge", labels, float(health.degraded.get(dep, False))))  # fmt: skip
+    out.append(("laneway_usage_rows_pending", "Usage rows waiting to be written.", "gauge", {}, recorder.pending))
+    out.append(("laneway_usage_rows_written_total", "Usage rows written.", "counter", {}, recorder.written))
+    for reason, n in (("overflow", recorder.dropped), ("rejected", recorder.rejected)):
+        out.append(("laneway_usage_rows_lost_total", "Usage rows dropped (backlog overflow) or refused by the "
+                    "database.", "counter", {"reason": reason}, n))  # fmt: skip
+    pending_settles = getattr(limiter, "pending_settles", None)
+    if pending_settles is not None:
+        out.append(("laneway_ratelimit_settles_pending", "Rate-limit settles not yet sent to Redis.", "gauge", {},
+                    pending_settles))  # fmt: skip
+    return out

@@ -37,17 +37,10 @@ def _with_db(fn: Callable[..., Awaitable[Any]]) -> Callable[[Settings, argparse.
 
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> None:
-    import uvicorn
-
     from laneway.app import create_app
+    from laneway.server import serve
 
-    uvicorn.run(
-        create_app(settings),
-        host=args.host or settings.host,
-        port=args.port or settings.port,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=10,
-    )
+    serve(create_app(settings), settings, host=args.host or settings.host, port=args.port or settings.port)
 
 
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> None:

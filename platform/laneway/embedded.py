@@ -16,13 +16,16 @@ import httpx
 import uvicorn
 from litestar import Litestar
 
+from laneway.server import server_config
+from laneway.settings import Settings
+
 
 class EmbeddedServer:
     def __init__(self, app: Litestar) -> None:
         self.app = app
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
-        )
+        # The production server configuration (protocol guards, limits), on a loopback port.
+        settings = app.state.get("settings") or Settings()
+        self.server = uvicorn.Server(server_config(app, settings, log_level="warning", lifespan="on"))
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -58,6 +61,9 @@ class EmbeddedServer:
         assert self.loop is not None
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def stop(self) -> None:
+    def stop(self, *, drain: bool = True) -> None:
+        """Stop like a SIGTERM would: drain the gateway (finish or cut what runs), then exit."""
+        if drain and self.loop is not None and self._thread.is_alive() and hasattr(self.app.state, "drain"):
+            self.call(self.app.state.drain(), timeout=120)
         self.server.should_exit = True
         self._thread.join(timeout=30)

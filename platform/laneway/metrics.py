@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -33,8 +33,16 @@ REJECTION_REASONS = {
     "queue_timeout": "queue_timeout",
     "backpressure": "backpressure",
     "client_disconnected": "disconnect",
+    "slow_client": "slow_client",
     "engine_error": "engine_error",
+    "shutting_down": "shutting_down",
+    "rate_limiter_unavailable": "dependency",
+    "database_unavailable": "dependency",
+    "internal_error": "internal_error",
 }
+
+# A runtime reading taken at scrape time: (name, help, "gauge" | "counter", labels, value).
+Reading = tuple[str, str, str, dict[str, str], float]
 
 
 class GatewayMetrics:
@@ -88,6 +96,10 @@ class GatewayMetrics:
         """Expose waiting/running per lane and deployment, read from `source` at scrape time."""
         self.registry.register(_QueueCollector(source))
 
+    def watch(self, source: Callable[[], Iterable[Reading]]) -> None:
+        """Expose readings of runtime state (dependency faults, usage backlog) at scrape time."""
+        self.registry.register(_ReadingsCollector(source))
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -108,3 +120,18 @@ class _QueueCollector(Collector):
             running.add_metric(values, n_running)
         yield waiting
         yield running
+
+
+class _ReadingsCollector(Collector):
+    def __init__(self, source: Callable[[], Iterable[Reading]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Any]:
+        families: dict[str, Any] = {}
+        for name, doc, kind, labels, value in self._source():
+            family = families.get(name)
+            if family is None:
+                cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+                family = families[name] = cls(name, doc, labels=sorted(labels))
+            family.add_metric([labels[k] for k in sorted(labels)], value)
+        yield from families.values()

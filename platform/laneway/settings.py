@@ -28,15 +28,30 @@ class Settings:
     demo_model_alias: str = "tiny"
     # How long an API key lookup is cached: a revoked key stops working within this.
     auth_cache_ttl_s: float = 0.5
+    # While the database is down (or slower than auth_lookup_timeout_s), a key seen within
+    # this many seconds keeps working from the cache; unknown keys get 503 meanwhile.
+    auth_stale_s: float = 300.0
+    auth_lookup_timeout_s: float = 1.0
+    # Database connections: how long to wait to connect, and for one statement.
+    database_connect_timeout_s: float = 3.0
+    database_command_timeout_s: float = 10.0
     # Usage rows are written in batches off the hot path.
     usage_flush_interval_s: float = 0.5
     usage_batch_size: int = 500
+    # Rows kept in memory while the database is unreachable (the oldest are dropped beyond,
+    # and counted); what is left at shutdown is spooled to data_dir and written next start.
+    usage_max_pending: int = 100_000
     # Caps a request that names no max_tokens (also capped by the model's context left).
     default_max_tokens: int = 512
     # Rate-limit buckets shared by replicas live in Redis when set (redis://host:6379/0);
     # otherwise in this process's memory.
     redis_url: str | None = None
     redis_prefix: str = "laneway:"
+    # Redis as a dependency with a contract: a bounded pool, short timeouts, and what to do
+    # while it is unreachable: "open" = serve with this replica's own limits, "closed" = 503.
+    redis_max_connections: int = 64
+    redis_timeout_s: float = 0.25
+    redis_failure_mode: str = "open"
     # How often policy rows are re-read (admin edits from other replicas or the CLI).
     policy_poll_interval_s: float = 2.0
     # Weighted deficit round robin: tokens credited per visit to a tenant of weight 1.
@@ -50,6 +65,17 @@ class Settings:
     # Add a tenant label to request metrics (off by default: cardinality).
     metrics_tenant_label: bool = False
     log_level: str = "info"
+    # Shutdown (SIGTERM): running requests get this long to finish before they are cut.
+    drain_timeout_s: float = 30.0
+    # A streamed response whose client has not accepted a send for this long is cut (499).
+    stream_send_timeout_s: float = 10.0
+    # HTTP server guards: a request's headers and body must arrive within this (slowloris);
+    # connections beyond the cap get 503; idle keep-alive connections close after keep_alive.
+    http_request_read_timeout_s: float = 10.0
+    http_max_connections: int = 4096
+    http_keep_alive_s: int = 5
+    # When set, /metrics and /schema need "Authorization: Bearer <token>" (default: open).
+    metrics_token: str | None = None
 
     @property
     def resolved_database_url(self) -> str:

@@ -37,8 +37,11 @@ async def gateway() -> Gateway:
 
 
 async def drain(gw: Gateway, call: Any) -> str:
-    await gw.admit(call)
-    return "".join([d.text async for d in gw.run(call)])
+    lease = await gw.admit(call)
+    try:
+        return "".join([d.text async for d in gw.run(lease)])
+    finally:
+        lease.release()
 
 
 async def test_unknown_model_is_404_and_a_failed_deployment_is_reported(gateway: Gateway) -> None:
@@ -103,13 +106,14 @@ async def test_stop_sequences_are_enforced_by_the_gateway(gateway: Gateway) -> N
 
 async def test_abandoned_stream_frees_the_engine_and_is_recorded_as_client_closed(gateway: Gateway) -> None:
     call = await gateway.prepare(TENANT, endpoint="chat", alias="sim", stream=True, prompt="q", max_tokens=200)
-    await gateway.admit(call)
-    stream = gateway.run(call)
+    lease = await gateway.admit(call)
+    stream = gateway.run(lease)
     await anext(stream)
     engine = call.deployment.engine
     assert engine.active_slots == 1 and call.deployment.outstanding == 1
     await stream.aclose()
     assert engine.active_slots == 0 and call.deployment.outstanding == 0
+    lease.release()
     assert gateway.recorder.queued_rows()[-1]["status"] == CLIENT_CLOSED
 
 
@@ -134,13 +138,12 @@ async def test_lanes_map_to_replicas_and_least_outstanding_among_them() -> None:
             await gw.prepare(TENANT, endpoint="chat", alias="m", stream=False, prompt="q", max_tokens=50) for _ in "ab"
         ]
         assert {c.lane.name for c in bulk} == {"standard"} and {c.deployment.spec.name for c in bulk} == {"m-any"}
-        for c in bulk:
-            await gw.admit(c)
+        leases = [await gw.admit(c) for c in bulk]
         # ... and interactive traffic avoids it while it has a backlog.
         short = await gw.prepare(TENANT, endpoint="chat", alias="m", stream=True, prompt="q", max_tokens=50)
         assert (short.lane.name, short.deployment.spec.name) == ("interactive", "m-fast")
-        for c in bulk:
-            await gw.finish(c)
+        for lease in leases:
+            lease.release()
         assert bulk[0].deployment.outstanding == 0
         # Idle: interactive may use either replica (least outstanding, first on ties).
         assert (

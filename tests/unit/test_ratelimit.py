@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from laneway.core.errors import GatewayError
-from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter, TokenBucket
+from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter, Reservation, TokenBucket
 from laneway.types import TenantSnapshot
 from services import require_service
 
@@ -52,11 +52,11 @@ async def test_tpm_reserves_then_refunds_what_was_not_used() -> None:
     clock = Clock()
     limiter = MemoryRateLimiter(clock)
     t = tenant(tpm=100)
-    await limiter.reserve(t, 80, "a")
+    a = await limiter.reserve(t, 80, "a")
     with pytest.raises(GatewayError) as info:
         await limiter.reserve(t, 50, "b")
     assert info.value.headers["Retry-After"] == "18"  # 30 missing tokens at 100/60 per s = 18 s
-    await limiter.settle(t, "a", unused_tokens=60)  # it used only 20
+    limiter.settle(a, used_tokens=20)  # 60 of its 80 come back
     await limiter.reserve(t, 50, "b")
 
 
@@ -77,6 +77,13 @@ async def test_lowering_a_limit_applies_to_the_next_request() -> None:
     assert info.value.headers["Retry-After"] == "60"
 
 
+async def settle(limiter: RateLimiter, reservation: Reservation, used_tokens: int) -> None:
+    """Settle and wait until it has landed (Redis settles are sent in the background)."""
+    limiter.settle(reservation, used_tokens)
+    if isinstance(limiter, RedisRateLimiter):
+        await limiter.settled()
+
+
 @pytest.fixture(params=["memory", "redis"])
 async def limiter(request: pytest.FixtureRequest) -> AsyncIterator[RateLimiter]:
     if request.param == "memory":
@@ -90,12 +97,12 @@ async def limiter(request: pytest.FixtureRequest) -> AsyncIterator[RateLimiter]:
 
 async def test_max_concurrency_counts_requests_in_flight(limiter: RateLimiter) -> None:
     t = tenant(max_concurrency=2)
-    await limiter.reserve(t, 1, "a")
+    a = await limiter.reserve(t, 1, "a")
     await limiter.reserve(t, 1, "b")
     with pytest.raises(GatewayError) as info:
         await limiter.reserve(t, 1, "c")
     assert info.value.code == "concurrency_limit_exceeded" and info.value.headers["Retry-After"] == "1"
-    await limiter.settle(t, "a", 0)
+    await settle(limiter, a, 0)
     await limiter.reserve(t, 1, "c")
 
 
@@ -107,10 +114,10 @@ async def test_contract_rpm_and_tpm(limiter: RateLimiter) -> None:
         await limiter.reserve(t, 100, "r3")
     assert 19 <= int(info.value.headers["Retry-After"]) <= 20  # 1 request at 3/min
     other = tenant(id=2, tpm=300)
-    await limiter.reserve(other, 300, "x")
+    x = await limiter.reserve(other, 300, "x")
     with pytest.raises(GatewayError):
         await limiter.reserve(other, 100, "y")
-    await limiter.settle(other, "x", 200)
+    await settle(limiter, x, used_tokens=100)
     await limiter.reserve(other, 100, "y")
 
 

@@ -12,9 +12,11 @@ def live() -> dict[str, str]:
 
 @get("/health/ready", media_type=MediaType.JSON)
 async def ready(request: Request) -> Response[dict[str, object]]:  # type: ignore[type-arg]
-    registry = request.app.state.gateway.registry
+    gateway = request.app.state.gateway
+    registry = gateway.registry
+    ready = registry.ready and not gateway.draining
     body: dict[str, object] = {
-        "status": "ready" if registry.ready else "not_ready",
+        "status": "draining" if gateway.draining else "ready" if ready else "not_ready",
         "models": registry.aliases(),
         "warm": sorted(registry.warm),
         "failed": registry.failed,
@@ -22,9 +24,9 @@ async def ready(request: Request) -> Response[dict[str, object]]:  # type: ignor
     }
     return Response(
         body,
-        status_code=200 if registry.ready else 503,
+        status_code=200 if ready else 503,
         media_type=MediaType.JSON,
-        headers=None if registry.ready else {"Retry-After": "1"},
+        headers=None if ready else {"Retry-After": "1"},
     )
 
 

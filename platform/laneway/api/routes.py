@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
-import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -16,11 +14,12 @@ from litestar.response import Stream
 from laneway.api import protocol as p
 from laneway.api.disconnect import ClientDisconnected, until_disconnect
 from laneway.api.errors import validation_error
+from laneway.api.responses import LeasedStream
 from laneway.api.sse import DONE, error_event, event
 from laneway.core.auth import KeyAuthenticator
 from laneway.core.errors import GatewayError, invalid_request
-from laneway.core.pipeline import CLIENT_CLOSED, Call, Gateway
-from laneway.core.streaming import bounded_stream
+from laneway.core.pipeline import CLIENT_CLOSED, Call, Gateway, Lease
+from laneway.core.streaming import pumped
 from laneway.types import ChatTurn, Delta, TenantSnapshot
 
 T = TypeVar("T")
@@ -145,7 +144,7 @@ class OpenAIController(Controller):
                 system_fingerprint=call.fingerprint,
             )
 
-        return await _respond(request, gateway, call, lambda: _chat_events(gateway, call, include_usage), body)
+        return await _respond(request, gateway, call, lambda lease: _chat_events(gateway, lease, include_usage), body)
 
     @post("/completions", status_code=200)
     async def completions(self, request: Request) -> Response[bytes] | Stream:  # type: ignore[type-arg]
@@ -185,35 +184,46 @@ class OpenAIController(Controller):
             )
 
         return await _respond(
-            request, gateway, call, lambda: _completion_events(gateway, call, include_usage, echo), body
+            request, gateway, call, lambda lease: _completion_events(gateway, lease, include_usage, echo), body
         )
 
 
-async def _collect(gateway: Gateway, call: Call) -> str:
-    return "".join([d.text async for d in gateway.run(call)])
+async def _collect(gateway: Gateway, lease: Lease) -> str:
+    return "".join([d.text async for d in pumped(gateway, lease, limit=None)])
 
 
 async def _respond(
     request: Request,  # type: ignore[type-arg]
     gateway: Gateway,
     call: Call,
-    events: Callable[[], AsyncIterator[bytes]],
+    events: Callable[[Lease], AsyncIterator[bytes]],
     body: Callable[[str], Any],
 ) -> Response[bytes] | Stream:
-    """Admit (queueing as needed) while watching for the client to leave, then answer."""
+    """Admit (queueing as needed) while watching for the client to leave, then answer.
+
+    The lease is opened before the first await and owned here: handed to the streaming
+    response (which releases it when the stream ends), or released by this `finally`."""
     headers = {"X-Request-Id": call.request_id, "X-Laneway-Lane": call.lane.name}
+    lease = gateway.lease(call)
+    owned = True
     try:
-        await until_disconnect(request, gateway.admit(call))
+        await until_disconnect(request, gateway.acquire(lease), call)
         if call.stream:
-            stream = events()
-            # A body the server never starts iterating (client gone right after the headers)
-            # still finishes its call: release the slot and settle the reservation.
-            loop = asyncio.get_running_loop()
-            weakref.finalize(stream, loop.call_soon_threadsafe, gateway.finish_later, call)
-            return Stream(stream, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
-        text = await until_disconnect(request, _collect(gateway, call))
+            settings = request.app.state.settings
+            response = LeasedStream(
+                lease, events(lease), headers={**SSE_HEADERS, **headers}, send_timeout_s=settings.stream_send_timeout_s
+            )
+            owned = False  # the response releases it when the stream ends
+            return response
+        text = await until_disconnect(request, _collect(gateway, lease), call)
     except ClientDisconnected:
         return Response(b"", status_code=CLIENT_CLOSED)
+    except BaseException as exc:
+        call.fail(*gateway.outcome_of(exc))
+        raise
+    finally:
+        if owned:
+            lease.release()
     return Response(p.encode(body(text)), media_type=MediaType.JSON, headers=headers)
 
 
@@ -227,7 +237,7 @@ def _usage(call: Call) -> p.Usage:
 
 async def _stream_events(
     gateway: Gateway,
-    call: Call,
+    lease: Lease,
     head: bytes | None,
     render: Callable[[Delta], list[bytes]],
     usage: Callable[[], bytes] | None,
@@ -237,7 +247,7 @@ async def _stream_events(
     if head:
         yield head
     try:
-        async for d in bounded_stream(gateway, call):
+        async for d in pumped(gateway, lease, limit=max(1, lease.call.lane.max_unacked_tokens)):
             for frame in render(d):
                 yield frame
     except GatewayError as exc:
@@ -267,7 +277,8 @@ def _framer(call: Call, kind: Callable[..., Any]) -> Callable[..., bytes]:
     return frame
 
 
-def _chat_events(gateway: Gateway, call: Call, include_usage: bool) -> AsyncIterator[bytes]:
+def _chat_events(gateway: Gateway, lease: Lease, include_usage: bool) -> AsyncIterator[bytes]:
+    call = lease.call
     frame = _framer(call, p.ChatCompletionChunk)
 
     def render(d: Delta) -> list[bytes]:
@@ -278,10 +289,11 @@ def _chat_events(gateway: Gateway, call: Call, include_usage: bool) -> AsyncIter
 
     head = frame([p.ChunkChoice(index=0, delta=p.ChunkDelta(role="assistant", content=""))])
     usage = (lambda: frame([], _usage(call))) if include_usage else None
-    return _stream_events(gateway, call, head, render, usage)
+    return _stream_events(gateway, lease, head, render, usage)
 
 
-def _completion_events(gateway: Gateway, call: Call, include_usage: bool, echo: str) -> AsyncIterator[bytes]:
+def _completion_events(gateway: Gateway, lease: Lease, include_usage: bool, echo: str) -> AsyncIterator[bytes]:
+    call = lease.call
     frame = _framer(call, p.Completion)
 
     def render(d: Delta) -> list[bytes]:
@@ -291,4 +303,4 @@ def _completion_events(gateway: Gateway, call: Call, include_usage: bool, echo: 
 
     head = frame([p.CompletionChoice(index=0, text=echo, finish_reason=None)]) if echo else None
     usage = (lambda: frame([], _usage(call))) if include_usage else None
-    return _stream_events(gateway, call, head, render, usage)
+    return _stream_events(gateway, lease, head, render, usage)

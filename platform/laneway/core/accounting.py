@@ -1,18 +1,45 @@
-"""Usage rows, written in batches by a background task so requests never wait on the database."""
+"""Usage rows, written in batches by a background task so requests never wait on the database.
+
+Rows are never lost to a fault of one row or of the database:
+- a batch the database rejects for its content (a value it cannot store) is written in
+  halves, smaller and smaller, until the offending row is alone: it is set aside (counted,
+  logged) and every other row is written; rows are never written twice;
+- while the database is unreachable, rows wait in memory (up to `max_pending`; beyond that
+  the oldest are dropped and counted) and the writer retries with a growing delay;
+- at shutdown, rows that still cannot be written are spooled to a file in `spool_dir`
+  and loaded again at the next start.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
+import time
+from collections import deque
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from itertools import islice
+from pathlib import Path
 from typing import Any
 
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from laneway.core.dependencies import DependencyHealth
 from laneway.db.repositories import TenantRepository, UsageRepository
 
 log = logging.getLogger("laneway.accounting")
+
+
+def is_row_fault(exc: BaseException) -> bool:
+    """True when the database refused the rows themselves (a value it cannot store), not
+    when it could not be reached: only then does splitting the batch find the culprit."""
+    if isinstance(exc, sa_exc.DataError | sa_exc.IntegrityError):
+        return True
+    # Raised before anything reached the database: a value the driver cannot encode.
+    return isinstance(exc, sa_exc.StatementError) and not isinstance(exc, sa_exc.DBAPIError)
 
 
 class UsageRecorder:
@@ -23,24 +50,31 @@ class UsageRecorder:
         interval_s: float = 0.5,
         batch_size: int = 500,
         max_pending: int = 100_000,
+        health: DependencyHealth | None = None,
+        spool_dir: Path | None = None,
     ) -> None:
         self._sessions = sessions
         self._interval = interval_s
         self._batch = batch_size
         self._max_pending = max_pending
-        self._pending: list[dict[str, Any]] = []
+        self._health = health or DependencyHealth()
+        self._spool_dir = spool_dir
+        self._pending: deque[dict[str, Any]] = deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # one flush at a time: a batch is never written twice
         self._stopping = False
+        self._retry_at = 0.0  # after a database fault, no attempt before this (monotonic)
+        self._backoff = interval_s
         self.written = 0
-        self.dropped = 0
+        self.dropped = 0  # oldest rows shed while the database was down for long
+        self.rejected = 0  # rows the database refused (set aside, logged)
 
     def record(self, row: dict[str, Any]) -> None:
         """Non-blocking: queue one usage row."""
         row.setdefault("created_at", datetime.now(UTC))
         if len(self._pending) >= self._max_pending:  # the database is down for long: shed the oldest
-            self._pending.pop(0)
+            self._pending.popleft()
             self.dropped += 1
         self._pending.append(row)
         if len(self._pending) >= self._batch:
@@ -55,16 +89,23 @@ class UsageRecorder:
         return list(self._pending)
 
     async def start(self) -> None:
+        self._load_spool()
         self._task = asyncio.create_task(self._run(), name="usage-recorder")
 
-    async def stop(self) -> None:
-        """Write everything still pending. The writer is asked to stop, not cancelled: a
-        cancellation between commit and bookkeeping would write a batch twice."""
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Write everything still pending (for up to timeout_s), spool what could not be
+        written. The writer is asked to stop, not cancelled: a cancellation between commit
+        and bookkeeping would write a batch twice."""
         self._stopping = True
         self._wake.set()
         if self._task is not None:
             await self._task
-        await self.flush()
+        self._retry_at = 0.0
+        deadline = time.monotonic() + timeout_s
+        while self._pending and time.monotonic() < deadline:
+            if not await self.flush():
+                await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        self._spool()
 
     async def _run(self) -> None:
         while not self._stopping:
@@ -73,24 +114,77 @@ class UsageRecorder:
             except TimeoutError:
                 pass
             self._wake.clear()
-            await self.flush()
+            if time.monotonic() >= self._retry_at:
+                await self.flush()
 
-    async def flush(self) -> None:
+    async def flush(self) -> bool:
+        """Write what is pending; False when the database could not be reached."""
         async with self._lock:
-            await self._flush_pending()
+            return await self._flush_pending()
 
-    async def _flush_pending(self) -> None:
+    async def _flush_pending(self) -> bool:
+        size = self._batch
         while self._pending:
-            batch = self._pending[: self._batch]
+            batch = list(islice(self._pending, size))
             try:
-                async with self._sessions() as session, session.begin():
-                    await UsageRepository(session).add_many(batch)
-                    await TenantRepository(session).touch_keys(_key_ids(batch), datetime.now(UTC))
-            except Exception:
-                log.exception("writing %d usage rows failed; will retry", len(batch))
-                return
-            del self._pending[: len(batch)]
-            self.written += len(batch)
+                await self._write(batch)
+            except Exception as exc:
+                if not is_row_fault(exc):
+                    self._retry_at = time.monotonic() + self._backoff
+                    self._backoff = min(self._backoff * 2, 10.0)
+                    self._health.failed("database", exc, f"{len(self._pending)} usage rows kept for a retry")
+                    return False
+                if len(batch) > 1:
+                    size = max(1, len(batch) // 2)  # narrow down on the row the database refuses
+                    continue
+                self.rejected += 1
+                log.error("usage row refused by the database and set aside: %s: %.300r", exc, batch[0])
+            else:
+                self.written += len(batch)
+                size = self._batch
+            for _ in batch:
+                self._pending.popleft()
+        if self._backoff != self._interval:
+            self._backoff = self._interval
+            self._health.recovered("database")
+        return True
+
+    async def _write(self, batch: list[dict[str, Any]]) -> None:
+        async with self._sessions() as session, session.begin():
+            await UsageRepository(session).add_many(batch)
+            await TenantRepository(session).touch_keys(_key_ids(batch), datetime.now(UTC))
+
+    # ---- the spool: rows that outlive a shutdown during a database outage ----
+    def _spool(self) -> None:
+        if not self._pending:
+            return
+        if self._spool_dir is None:
+            log.error("%d usage rows could not be written before shutdown and are lost", len(self._pending))
+            return
+        self._spool_dir.mkdir(parents=True, exist_ok=True)
+        path = self._spool_dir / f"usage-{time.time_ns()}-{os.getpid()}.jsonl"
+        with path.open("w") as out:
+            for row in self._pending:
+                out.write(json.dumps(row, default=_encode) + "\n")
+        log.warning("%d usage rows could not be written; spooled to %s for the next start", len(self._pending), path)
+        self._pending.clear()
+
+    def _load_spool(self) -> None:
+        if self._spool_dir is None or not self._spool_dir.is_dir():
+            return
+        for path in sorted(self._spool_dir.glob("usage-*.jsonl")):
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            for row in rows:
+                row["created_at"] = datetime.fromisoformat(row["created_at"])
+            self._pending.extendleft(reversed(rows))
+            path.unlink()
+            log.info("loaded %d spooled usage rows from %s", len(rows), path)
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"cannot spool {type(value).__name__}")
 
 
 def _key_ids(rows: Iterable[dict[str, Any]]) -> set[int]:

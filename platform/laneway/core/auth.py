@@ -1,19 +1,24 @@
 """API keys: issue (secret shown once, sha256 stored) and authenticate with a short-lived cache.
 
 The cache keeps the hot path off the database; its TTL (default 0.5 s) bounds how long a
-revoked key, an expired key or a disabled tenant can still get through.
+revoked key, an expired key or a disabled tenant can still get through while the database
+is up. See KeyAuthenticator for what happens while it is not.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from laneway.core.errors import GatewayError
+from laneway.core.dependencies import DependencyHealth
+from laneway.core.errors import GatewayError, dependency_unavailable
 from laneway.db.repositories import TenantRepository
 from laneway.types import TenantSnapshot
 
@@ -34,12 +39,50 @@ def _unauthorized(message: str) -> GatewayError:
     return GatewayError(401, message, code="invalid_api_key")
 
 
+@dataclass(slots=True)
+class _Entry:
+    outcome: TenantSnapshot | GatewayError
+    fresh_until: float  # monotonic: served without asking the database before this
+    confirmed_at: float  # when the database last said so
+    generation: int  # invalidate() bumps the authenticator's: older entries are not fresh
+
+
 class KeyAuthenticator:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], ttl_s: float = 0.5) -> None:
+    """API key -> tenant, off the database's critical path.
+
+    - Fresh entries (younger than ttl_s) are served from memory: the hot path does no I/O.
+    - Past that, the key is looked up again, once however many requests need it at the same
+      moment (single flight), so an expiring entry under load costs one query, not hundreds.
+    - When the lookup fails or takes longer than lookup_timeout_s (the database is down or
+      frozen), the last answer the database gave is served if it is younger than stale_s,
+      and for the next second nobody waits on the database at all. A key never seen (or
+      seen too long ago) gets 503, not 500.
+    """
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        ttl_s: float = 0.5,
+        *,
+        stale_s: float = 300.0,
+        lookup_timeout_s: float = 1.0,
+        max_entries: int = 50_000,
+        health: DependencyHealth | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._sessions = sessions
         self._ttl = ttl_s
-        self._cache: dict[str, tuple[float, TenantSnapshot | GatewayError]] = {}
+        self._stale = stale_s
+        self._lookup_timeout = lookup_timeout_s
+        self._max_entries = max_entries
+        self._health = health or DependencyHealth()
+        self._clock = clock
+        self._cache: dict[str, _Entry] = {}
+        self._inflight: dict[str, asyncio.Task[TenantSnapshot | GatewayError]] = {}
+        self._generation = 0
+        self._database_down_until = 0.0
         self.lookups = 0  # database round trips, for tests and metrics
+        self.served_stale = 0
 
     @staticmethod
     def bearer(header: str | None) -> str:
@@ -52,20 +95,65 @@ class KeyAuthenticator:
 
     async def authenticate(self, authorization: str | None) -> TenantSnapshot:
         digest = hash_secret(self.bearer(authorization))
-        now = time.monotonic()
-        hit = self._cache.get(digest)
-        if hit is None or hit[0] <= now:
-            hit = (now + self._ttl, await self._lookup(digest))
-            if len(self._cache) > 50_000:  # bounded: a key-guessing client can't grow it forever
-                self._cache.clear()
-            self._cache[digest] = hit
-        outcome = hit[1]
+        entry = self._cache.get(digest)
+        now = self._clock()
+        if entry is not None and entry.fresh_until > now and entry.generation == self._generation:
+            outcome = entry.outcome
+        elif entry is not None and now < self._database_down_until and self._usable_stale(entry, now):
+            outcome = self._stale_outcome(digest, entry)
+        else:
+            try:
+                outcome = await self._lookup_once(digest)
+            except Exception as exc:
+                self._database_down_until = self._clock() + 1.0
+                self._health.failed("database", exc, "serving API keys from the cache")
+                if entry is None or not self._usable_stale(entry, now):
+                    raise dependency_unavailable("database") from None
+                outcome = self._stale_outcome(digest, entry)
         if isinstance(outcome, GatewayError):
-            raise outcome
+            raise outcome.with_traceback(None)  # cached: don't grow one traceback forever
         return outcome
 
     def invalidate(self) -> None:
-        self._cache.clear()
+        """An admin change: every entry is looked up again before it is served fresh (kept,
+        though, as the fallback while the database is down)."""
+        self._generation += 1
+
+    def _usable_stale(self, entry: _Entry, now: float) -> bool:
+        return now - entry.confirmed_at <= self._stale
+
+    def _stale_outcome(self, digest: str, entry: _Entry) -> TenantSnapshot | GatewayError:
+        self.served_stale += 1
+        if digest not in self._inflight:  # keep trying in the background: back to fresh at once
+            self._start_lookup(digest)
+        return entry.outcome
+
+    async def _lookup_once(self, digest: str) -> TenantSnapshot | GatewayError:
+        task = self._inflight.get(digest) or self._start_lookup(digest)
+        async with asyncio.timeout(self._lookup_timeout):
+            return await asyncio.shield(task)  # a timed-out waiter leaves the lookup running
+
+    def _start_lookup(self, digest: str) -> asyncio.Task[TenantSnapshot | GatewayError]:
+        task = asyncio.ensure_future(self._lookup_and_cache(digest))
+        self._inflight[digest] = task
+        task.add_done_callback(lambda t: self._lookup_done(digest, t))
+        return task
+
+    def _lookup_done(self, digest: str, task: asyncio.Task[TenantSnapshot | GatewayError]) -> None:
+        self._inflight.pop(digest, None)
+        if not task.cancelled() and task.exception() is not None:
+            self._database_down_until = self._clock() + 1.0
+
+    async def _lookup_and_cache(self, digest: str) -> TenantSnapshot | GatewayError:
+        generation = self._generation
+        outcome = await self._lookup(digest)
+        now = self._clock()
+        self._cache.pop(digest, None)  # re-inserted last: the oldest entries are evicted first
+        if len(self._cache) >= self._max_entries:  # bounded: a key-guessing client can't grow it
+            del self._cache[next(iter(self._cache))]
+        self._cache[digest] = _Entry(outcome, now + self._ttl, now, generation)
+        self._health.recovered("database")
+        return outcome
 
     async def _lookup(self, digest: str) -> TenantSnapshot | GatewayError:
         self.lookups += 1

@@ -27,3 +27,25 @@ class GatewayError(Exception):
 
 def invalid_request(message: str, *, param: str | None = None, code: str = "invalid_request") -> GatewayError:
     return GatewayError(400, message, code=code, param=param)
+
+
+def shutting_down(retry_after: float = 1) -> GatewayError:
+    """This replica is draining for a shutdown: the client should retry (another replica)."""
+    return GatewayError(
+        503,
+        "This gateway replica is shutting down; retry the request.",
+        code="shutting_down",
+        type="service_unavailable",
+        retry_after=retry_after,
+    )
+
+
+def dependency_unavailable(dependency: str, retry_after: float = 1) -> GatewayError:
+    """A dependency the gateway needs (Redis, the database) is down and no fallback applies."""
+    return GatewayError(
+        503,
+        f"The gateway cannot reach its {dependency} right now; retry shortly.",
+        code=f"{dependency.replace(' ', '_')}_unavailable",
+        type="service_unavailable",
+        retry_after=retry_after,
+    )

@@ -1,13 +1,19 @@
 """The request pipeline after auth.
 
   prepare()  resolve -> measure -> policy (max_tokens, stops) -> route (lane)      no waiting
-  admit()    rate limit (reserve) -> admission -> schedule (wait for a slot)       may refuse
-  run()      generate, enforcing stops; always ends in finish()
-  finish()   release slot, settle the rate limit (refund unused tokens), account   idempotent
+  lease()    open the request's Lease (no await)                                    owned from here
+  acquire()  rate limit (reserve) -> admission -> schedule (wait for a slot)       may refuse
+             each resource is taken into the lease
+  run(lease) generate, enforcing stops
+  lease.release()  the only release: engine slot, outstanding, rate-limit reservation
+             (settled with the tokens actually used), usage row and metrics. Idempotent.
 
-The HTTP layer calls them in this order; a GatewayError from any of them is the client's
-answer. finish() runs exactly once however the request ends (done, error, disconnect,
-refused), so no slot, reservation or usage row is ever lost.
+Ownership: the lease is opened before the first await, and its owner releases it from one
+`finally` whatever happens (the HTTP layer hands it to the response that streams the body,
+which then owns it). admit() = lease() + acquire() for callers that are not an HTTP request.
+The outcome is classified once, by
+whoever first knows it (`Call.fail`): the client leaving is 499; an engine fault, a
+dependency or a shutdown is 503 (500 for a bug), with its own code, never mistaken for 499.
 """
 
 from __future__ import annotations
@@ -17,14 +23,15 @@ import logging
 import time
 import uuid
 import weakref
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from laneway.core import admission
 from laneway.core.accounting import UsageRecorder
-from laneway.core.errors import GatewayError
+from laneway.core.errors import GatewayError, shutting_down
 from laneway.core.policy import LanePolicy, PolicyStore
-from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter
+from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, Reservation
 from laneway.core.routing import LaneRouter
 from laneway.core.scheduler import DeploymentScheduler, Ticket
 from laneway.core.stops import StopMatcher
@@ -57,9 +64,12 @@ class Call:
     finish_reason: FinishReason | None = None
     status: int = 200
     error_code: str | None = None
-    reserved_tokens: int = 0
-    ticket: Ticket | None = None
-    finished: bool = False
+
+    def fail(self, status: int, code: str | None) -> None:
+        """Record why the request did not end well; the first cause stands (a backpressure
+        cut or a shutdown is not relabelled by the cancellation it causes)."""
+        if self.error_code is None and self.status == 200:
+            self.status, self.error_code = status, code
 
     @property
     def prompt_tokens(self) -> int:
@@ -72,6 +82,63 @@ class Call:
     @property
     def fingerprint(self) -> str:
         return f"laneway-{self.deployment.spec.engine_kind}"
+
+
+@dataclass(eq=False)
+class Lease:
+    """Everything an admitted request holds: the deployment's outstanding count, the rate-limit
+    reservation (with its concurrency holder) and the engine slot. release() is the only
+    release of any of them; it never awaits, so no cancellation can stop it half-way."""
+
+    gateway: Gateway
+    call: Call
+    reservation: Reservation | None = None
+    ticket: Ticket | None = None
+    holds_deployment: bool = False
+    released: bool = False
+    # How to end the generation early (shutdown): set by whoever is running it.
+    interrupter: Callable[[GatewayError], None] | None = None
+    _run: Any = None  # the run() async generator (its ag_frame / ag_running tell its state)
+    _generation_ended: bool = False
+
+    def end_generation(self) -> None:
+        """Give back the engine slot and the outstanding count (idempotent)."""
+        if self._generation_ended:
+            return
+        self._generation_ended = True
+        if self.holds_deployment:
+            self.call.deployment.outstanding -= 1
+        if self.ticket is not None:
+            self.gateway.scheduler(self.call.deployment).release(self.ticket)
+
+    def interrupt(self, error: GatewayError) -> None:
+        """End this request early with `error` (shutdown): the client gets it as an error event
+        (stream) or an error response; the engine stops."""
+        self.call.fail(error.status, error.code)
+        if self.interrupter is not None:
+            self.interrupter(error)
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        run = self._run
+        if run is None or run.ag_frame is None:  # never generated, or generation over
+            self.end_generation()
+        elif not run.ag_running:  # suspended, nobody will resume it: close it, then free the slot
+            self.gateway.spawn(self._close_run(run))
+        # else: run() is executing right now, and its own `finally` ends the generation.
+        call = self.call
+        if self.reservation is not None:
+            self.gateway.limiter.settle(self.reservation, call.prompt_tokens + call.completion_tokens)
+        self.gateway.account(call)
+        self.gateway.forget(self)
+
+    async def _close_run(self, run: Any) -> None:
+        try:
+            await run.aclose()
+        finally:
+            self.end_generation()
 
 
 class Gateway:
@@ -98,7 +165,12 @@ class Gateway:
         # Keyed by the live deployment itself: a swapped-in replacement gets its own scheduler,
         # and a retired one's goes with it.
         self._schedulers: weakref.WeakKeyDictionary[LiveDeployment, DeploymentScheduler] = weakref.WeakKeyDictionary()
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[Any]] = set()
+        self._leases: set[Lease] = set()  # opened and not yet released
+        self._leases_opened = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.draining = False  # shutdown has begun: no new admissions
         self.metrics = metrics or GatewayMetrics()
         self.metrics.watch_queues(self.queue_stats)
 
@@ -210,98 +282,182 @@ class Gateway:
             end_user=user[:200] if user else None,
         )
 
-    async def admit(self, call: Call) -> None:
-        """Reserve rate limit, pass admission, wait for an engine slot. On any refusal (or the
-        client leaving while queued) the call is finished and the error re-raised."""
+    # ---- admission: everything taken is owned by one Lease ----
+    def lease(self, call: Call) -> Lease:
+        """Open the call's lease (no await: from here its owner's `finally` releases it)."""
+        lease = Lease(self, call)
+        self._leases.add(lease)
+        self._leases_opened += 1
+        self._idle.clear()
         call.deployment.outstanding += 1  # queued counts too: least-outstanding routing sees the backlog
+        lease.holds_deployment = True
+        return lease
+
+    async def acquire(self, lease: Lease) -> None:
+        """Reserve rate limit, pass admission, wait for an engine slot, each taken into the lease.
+        A refusal, failure or cancellation is recorded as the call's outcome and re-raised; the
+        lease's owner releases whatever was taken."""
+        call = lease.call
         try:
+            if self.draining:
+                raise shutting_down()
             tokens = call.prompt_tokens + call.generation.max_tokens
-            await self.limiter.reserve(call.tenant, tokens, call.request_id)
-            call.reserved_tokens = tokens
+            lease.reservation = await self._reserve(call, tokens)
+            if self.draining:
+                raise shutting_down()
             scheduler = self.scheduler(call.deployment)
             admission.admit(scheduler, call.lane)
-            ticket = Ticket(
+            lease.ticket = Ticket(
                 request_id=call.request_id,
                 tenant_id=call.tenant.id,
                 weight=call.tenant.weight,
                 cost=tokens,
                 lane=call.lane,
             )
-            await scheduler.acquire(ticket)
-            call.ticket = ticket
+            await scheduler.acquire(lease.ticket)
             call.dispatched_at = time.perf_counter()
-        except GatewayError as exc:
-            call.status, call.error_code = exc.status, exc.code
-            await self.finish(call)
-            raise
-        except BaseException:
-            call.status, call.error_code = CLIENT_CLOSED, "client_disconnected"
-            await self.finish(call)
+        except BaseException as exc:
+            call.fail(*self.outcome_of(exc))
             raise
 
-    async def run(self, call: Call) -> AsyncGenerator[Delta, None]:
-        """Yield deltas with non-empty text, then one with finish_reason. Requires admit()."""
-        assert call.ticket is not None, "admit() first"
-        deployment = call.deployment
-        matcher = StopMatcher(call.generation.stop)
-        engine_stream = deployment.engine.generate(call.generation)
+    async def admit(self, call: Call) -> Lease:
+        """lease() + acquire() for callers without an HTTP request (tests, benchmarks): the
+        lease comes back admitted, or is released before the exception propagates."""
+        lease = self.lease(call)
         try:
-            async for delta in engine_stream:
-                call.completion_tokens += delta.tokens
-                text = matcher.feed(delta.text)
-                if matcher.stopped:
-                    call.finish_reason = "stop"
-                elif delta.finish_reason is not None:
-                    text += matcher.flush()
-                    call.finish_reason = delta.finish_reason
-                if text and call.first_token_at is None:
-                    call.first_token_at = time.perf_counter()
-                if call.finish_reason is not None:
-                    self.registry.record(deployment, ok=True)
-                    yield Delta(text=text, tokens=0, finish_reason=call.finish_reason)
-                    return
-                if text:
-                    yield Delta(text=text, tokens=delta.tokens)
-            call.finish_reason = "length"  # an engine that ends without a reason ran out of tokens
-            yield Delta(text=matcher.flush(), tokens=0, finish_reason="length")
+            await self.acquire(lease)
+        except BaseException:
+            lease.release()
+            raise
+        return lease
+
+    async def _reserve(self, call: Call, tokens: int) -> Reservation:
+        """The limiter's reserve, safe against cancellation: a remote reservation that completes
+        after the client left is settled at once (nothing used) instead of leaking."""
+        reserve = self.limiter.reserve(call.tenant, tokens, call.request_id)
+        if not self.limiter.remote:
+            return await reserve  # runs to the end without suspending: cannot be cut
+        task = asyncio.ensure_future(reserve)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._settle_orphan)
+            raise
+
+    def _settle_orphan(self, task: asyncio.Future[Reservation]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            self.limiter.settle(task.result(), 0)
+
+    def outcome_of(self, exc: BaseException) -> tuple[int, str]:
+        """(status, code) for a request ended by `exc`, when nothing more specific was recorded."""
+        if isinstance(exc, GatewayError):
+            return exc.status, exc.code or "error"
+        if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+            # Nobody said why: during a shutdown it is the server's doing, otherwise the client's.
+            return (503, "shutting_down") if self.draining else (CLIENT_CLOSED, "client_disconnected")
+        if isinstance(exc, EngineError):
+            return 503, "engine_error"
+        return 500, "internal_error"
+
+    # ---- generation ----
+    def run(self, lease: Lease) -> AsyncGenerator[Delta, None]:
+        """Yield deltas with non-empty text, then one with finish_reason. The engine slot is
+        given back as soon as the generation ends, however it ends."""
+        assert lease.ticket is not None and lease.ticket.granted is not None, "admit() first"
+        run = self._generate(lease)
+        lease._run = run
+        return run
+
+    async def _generate(self, lease: Lease) -> AsyncGenerator[Delta, None]:
+        call = lease.call
+        deployment = call.deployment
+        try:
+            matcher = StopMatcher(call.generation.stop)
+            engine_stream = deployment.engine.generate(call.generation)
+            try:
+                async for delta in engine_stream:
+                    call.completion_tokens += delta.tokens
+                    text = matcher.feed(delta.text)
+                    if matcher.stopped:
+                        call.finish_reason = "stop"
+                    elif delta.finish_reason is not None:
+                        text += matcher.flush()
+                        call.finish_reason = delta.finish_reason
+                    if text and call.first_token_at is None:
+                        call.first_token_at = time.perf_counter()
+                    if call.finish_reason is not None:
+                        self.registry.record(deployment, ok=True)
+                        yield Delta(text=text, tokens=0, finish_reason=call.finish_reason)
+                        return
+                    if text:
+                        yield Delta(text=text, tokens=delta.tokens)
+                call.finish_reason = "length"  # an engine that ends without a reason ran out of tokens
+                yield Delta(text=matcher.flush(), tokens=0, finish_reason="length")
+            finally:
+                await engine_stream.aclose()  # closing the engine stream is the cancellation
         except EngineError as exc:
             log.error("engine error on %s (%s): %s", call.request_id, deployment.spec.name, exc)
             self.registry.record(deployment, ok=False)
-            call.status, call.error_code = 503, "engine_error"
+            call.fail(503, "engine_error")
             raise GatewayError(
                 503, f"The engine serving '{call.alias}' failed: {exc}", code="engine_error", retry_after=1
             ) from exc
-        except (asyncio.CancelledError, GeneratorExit):
-            if call.error_code is None:  # a cause set by the closer (e.g. backpressure) stands
-                call.status, call.error_code = CLIENT_CLOSED, "client_disconnected"
+        except BaseException as exc:
+            call.fail(*self.outcome_of(exc))
             raise
         finally:
-            await engine_stream.aclose()  # closing the engine stream is the cancellation
-            await self.finish(call)
+            lease.end_generation()
 
-    async def finish(self, call: Call) -> None:
-        if call.finished:
-            return
-        call.finished = True
-        call.deployment.outstanding -= 1
-        if call.ticket is not None:
-            self.scheduler(call.deployment).release(call.ticket)
-        if call.reserved_tokens:
-            used = call.prompt_tokens + call.completion_tokens
+    # ---- bookkeeping ----
+    def forget(self, lease: Lease) -> None:
+        self._leases.discard(lease)
+        if not self._leases:
+            self._idle.set()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests holding a lease (queued or running) and not yet released."""
+        return len(self._leases)
+
+    @property
+    def leases_opened(self) -> int:
+        """Leases ever opened: each one leaves exactly one usage row when released."""
+        return self._leases_opened
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run cleanup work in the background, kept referenced until it ends."""
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def drain(self, timeout_s: float, *, cut_grace_s: float = 2.0) -> None:
+        """Shutdown: stop admitting (503 shutting_down), refuse every queued request the same way,
+        let running ones finish for up to timeout_s, then interrupt them (an error event for a
+        stream) and wait for each to release its lease (its usage row is then queued)."""
+        self.draining = True
+        for scheduler in list(self._schedulers.values()):
+            scheduler.reject_waiting(shutting_down)
+        if self._leases:
+            log.info("draining %d requests for up to %.0f s", len(self._leases), timeout_s)
             try:
-                await self.limiter.settle(call.tenant, call.request_id, call.reserved_tokens - used)
-            except Exception:
-                log.exception("settling the rate limit of %s failed", call.request_id)
-        self._account(call)
+                async with asyncio.timeout(timeout_s):
+                    await self._idle.wait()
+            except TimeoutError:
+                log.warning("cutting %d requests still running after %.0f s", len(self._leases), timeout_s)
+                for lease in list(self._leases):
+                    lease.interrupt(shutting_down())
+                try:
+                    async with asyncio.timeout(cut_grace_s):
+                        await self._idle.wait()
+                except TimeoutError:
+                    log.error("%d requests did not end after being cut; releasing them", len(self._leases))
+                    for lease in list(self._leases):
+                        lease.release()
+        while self._background:
+            await asyncio.wait(set(self._background))
 
-    def finish_later(self, call: Call) -> None:
-        """finish() from synchronous code (a finalizer); a no-op for a finished call."""
-        if not call.finished:
-            task = asyncio.ensure_future(self.finish(call))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-
-    def _account(self, call: Call) -> None:
+    def account(self, call: Call) -> None:
+        """The usage row and metrics of a finished request (once, from Lease.release)."""
         now = time.perf_counter()
         self.metrics.observe(call, now)
         self.recorder.record(

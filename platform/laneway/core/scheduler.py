@@ -166,7 +166,12 @@ class DeploymentScheduler:
     # ---- the slot protocol ----
     async def acquire(self, ticket: Ticket) -> None:
         """Wait for a slot; raise 503 queue_timeout after the lane's queue timeout. Cancelling the
-        waiter (the client left) removes the ticket: it never reaches the engine."""
+        waiter (the client left) removes the ticket: it never reaches the engine.
+
+        No wait_for(shield(...)) here: on Python 3.11 that can return normally when the waiter
+        is cancelled just after the grant, swallowing the cancellation and leaking the slot. A
+        plain await of the future raises CancelledError whatever the timing, and a ticket that
+        was granted in the same instant hands its slot straight back."""
         lane = ticket.lane
         self._lanes[lane.name] = lane
         ticket.enqueued = self._clock()
@@ -174,8 +179,9 @@ class DeploymentScheduler:
         self._queues.setdefault(lane.name, _LaneQueue()).push(ticket)
         self._dispatch()
         try:
-            await asyncio.wait_for(asyncio.shield(ticket.future), timeout=lane.queue_timeout_s)
-        except (TimeoutError, asyncio.CancelledError) as exc:
+            async with asyncio.timeout(lane.queue_timeout_s):
+                await ticket.future
+        except BaseException as exc:
             if ticket.granted is not None:  # granted in the same instant: hand the slot back
                 self.release(ticket)
             else:
@@ -183,6 +189,18 @@ class DeploymentScheduler:
             if isinstance(exc, TimeoutError):
                 raise queue_timeout(lane, self._clock() - ticket.enqueued) from None
             raise
+
+    def reject_waiting(self, error: Callable[[], BaseException]) -> int:
+        """Fail every queued ticket with error() (shutdown); returns how many were waiting."""
+        rejected = 0
+        for queue in self._queues.values():
+            for tenant in list(queue.tenants.values()):
+                for ticket in list(tenant.tickets):
+                    queue.remove(ticket)
+                    if ticket.future is not None and not ticket.future.done():
+                        ticket.future.set_exception(error())
+                    rejected += 1
+        return rejected
 
     def release(self, ticket: Ticket) -> None:
         if ticket.granted is None:

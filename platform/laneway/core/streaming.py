@@ -1,28 +1,32 @@
-"""Bounded backpressure between the engine and a streaming client.
+"""Bounded backpressure between the engine and the client, and early interruption.
 
-A pump task pulls deltas from the pipeline into a buffer; the HTTP body drains it as fast
-as the client's socket accepts bytes. Tokens in the buffer are *unacknowledged*: generated
-but not yet handed to the transport. When a slow client lets them exceed the lane's
+A pump task pulls deltas from the pipeline into a buffer; the response drains it as fast as
+the client's socket accepts bytes. Tokens in the buffer are *unacknowledged*: generated but
+not yet handed to the transport. When a slow client lets them exceed the lane's
 `max_unacked_tokens`, the generation is cancelled (the engine slot is freed for someone who
 reads), and the stream ends with an error event. Without this bound an engine decodes for a
-client that is not reading, and the gateway holds the whole answer in memory.
+client that is not reading, and the gateway holds the whole answer in memory. (The time a
+single send may stay blocked is bounded by the response, see api/responses.py.)
+
+The pump is also how a running request is cut short from outside (a shutdown past its
+drain timeout): Lease.interrupt() puts the error in the buffer and cancels the pump, so
+the client gets an error event, not a silently truncated stream.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncGenerator
 from typing import Any
 
 from laneway.core.errors import GatewayError
-from laneway.core.pipeline import Call, Gateway
+from laneway.core.pipeline import CLIENT_CLOSED, Gateway, Lease
 from laneway.types import Delta
 
 _END = object()
 
 
-def backpressure_error(call: Call, limit: int) -> GatewayError:
+def backpressure_error(limit: int) -> GatewayError:
     return GatewayError(
         503,
         f"The client read the stream too slowly: more than {limit} tokens were waiting to be sent, "
@@ -32,28 +36,37 @@ def backpressure_error(call: Call, limit: int) -> GatewayError:
     )
 
 
-async def bounded_stream(gateway: Gateway, call: Call) -> AsyncGenerator[Delta, None]:
-    limit = max(1, call.lane.max_unacked_tokens)
+async def pumped(gateway: Gateway, lease: Lease, limit: int | None) -> AsyncGenerator[Delta, None]:
+    """The lease's deltas through a pump task; `limit` bounds unacknowledged tokens (None: no
+    bound, for a non-streaming answer that the gateway collects itself). Raises GatewayError
+    for an engine failure, a backpressure cut or an interruption."""
     buffer: asyncio.Queue[Any] = asyncio.Queue()
     unacked = 0
 
     async def pump() -> None:
         nonlocal unacked
-        source = gateway.run(call)
+        source = gateway.run(lease)
         try:
             async for delta in source:
                 unacked += max(1, delta.tokens)
-                if unacked > limit:
-                    call.status, call.error_code = 499, "backpressure"
-                    await source.aclose()  # frees the engine slot now; finish() records why
-                    buffer.put_nowait(backpressure_error(call, limit))
-                    return
+                if limit is not None and unacked > limit:
+                    lease.call.fail(CLIENT_CLOSED, "backpressure")
+                    buffer.put_nowait(backpressure_error(limit))
+                    return  # closing the source (below) frees the engine slot now
                 buffer.put_nowait(delta)
             buffer.put_nowait(_END)
         except GatewayError as exc:
             buffer.put_nowait(exc)
+        finally:
+            await source.aclose()
 
-    task = asyncio.create_task(pump(), name=f"pump-{call.request_id}")
+    task = asyncio.create_task(pump(), name=f"pump-{lease.call.request_id}")
+
+    def interrupt(error: GatewayError) -> None:
+        buffer.put_nowait(error)
+        task.cancel()
+
+    lease.interrupter = interrupt
     try:
         while True:
             item = await buffer.get()
@@ -64,7 +77,8 @@ async def bounded_stream(gateway: Gateway, call: Call) -> AsyncGenerator[Delta, 
             unacked -= max(1, item.tokens)
             yield item
     finally:
-        if not task.done():
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        lease.interrupter = None
+        task.cancel()
+        # asyncio.wait, not `await task`: it never raises the pump's CancelledError, so a
+        # cancellation of *this* task arriving meanwhile is not swallowed.
+        await asyncio.wait({task})

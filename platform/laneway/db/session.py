@@ -8,7 +8,11 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 
-def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
+def make_engine(
+    url: str, *, connect_timeout_s: float | None = None, command_timeout_s: float | None = None, **kwargs: Any
+) -> AsyncEngine:
+    """An engine for `url`. The timeouts matter for PostgreSQL: without them a database that is
+    down or frozen makes every caller wait for the OS (minutes), not for a second or two."""
     if url.startswith("sqlite"):
         engine = create_async_engine(url, connect_args={"timeout": 30}, **kwargs)
 
@@ -20,7 +24,13 @@ def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
             cur.close()
 
         return engine
-    return create_async_engine(url, pool_pre_ping=True, **kwargs)
+    connect_args: dict[str, Any] = dict(kwargs.pop("connect_args", {}))
+    if connect_timeout_s is not None:
+        connect_args.setdefault("timeout", connect_timeout_s)
+        kwargs.setdefault("pool_timeout", connect_timeout_s)
+    if command_timeout_s is not None:
+        connect_args.setdefault("command_timeout", command_timeout_s)
+    return create_async_engine(url, pool_pre_ping=True, connect_args=connect_args, **kwargs)
 
 
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

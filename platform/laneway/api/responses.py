@@ -1,0 +1,133 @@
+"""A streamed response that owns its request's Lease until the stream is over.
+
+The handler admits the request, then hands the lease to this response with no await in
+between; from then on the response's `finally` is the one place it is released, whatever
+ends the stream: the last byte sent, the client hanging up (499), a client that stops
+reading (a send blocked for `send_timeout_s`: 499 slow_client, and the connection is
+aborted), an engine fault or a shutdown (an error event, 503), or the server cancelling
+the task. A response that is never sent at all (the framework failed after the handler
+returned) is released by a finalizer on its body, and that is logged: it is a bug.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import AsyncIterator
+from typing import Any
+
+from litestar import Request
+from litestar.response import Stream
+from litestar.response.base import ASGIResponse
+from litestar.response.streaming import ASGIStreamingResponse
+from litestar.types import Receive, Scope, Send
+
+from laneway.core.pipeline import CLIENT_CLOSED, Lease
+
+log = logging.getLogger("laneway.api")
+
+# The transport's abort(), put in the ASGI scope by laneway's HTTP protocol (server.py): a
+# client that stopped reading is cut off instead of being left holding buffered bytes.
+ABORT_EXTENSION = "laneway.abort"
+
+
+class _ClientStalled(Exception):
+    pass
+
+
+def _release_unsent(lease: Lease) -> None:
+    if not lease.released:
+        log.error("the stream of %s was never sent; releasing its lease", lease.call.request_id)
+        lease.release()
+
+
+class LeasedStream(Stream):
+    def __init__(
+        self, lease: Lease, body: AsyncIterator[bytes], *, headers: dict[str, str], send_timeout_s: float
+    ) -> None:
+        super().__init__(body, media_type="text/event-stream", headers=headers)
+        self.lease = lease
+        self.send_timeout_s = send_timeout_s
+        loop = asyncio.get_running_loop()
+        weakref.finalize(body, loop.call_soon_threadsafe, _release_unsent, lease)
+
+    def to_asgi_response(self, app: Any, request: Request[Any, Any, Any], **kwargs: Any) -> ASGIResponse:
+        headers = {**kwargs.get("headers", {}), **self.headers}
+        return _LeasedASGIStream(
+            lease=self.lease,
+            send_timeout_s=self.send_timeout_s,
+            iterator=self.iterator,
+            content_length=0,
+            headers=headers,
+            cookies=kwargs.get("cookies"),
+            encoded_headers=kwargs.get("encoded_headers"),
+            media_type="text/event-stream",
+            status_code=self.status_code or kwargs.get("status_code"),
+        )
+
+
+class _LeasedASGIStream(ASGIStreamingResponse):
+    __slots__ = ("_scope", "lease", "send_timeout_s")
+
+    def __init__(self, *, lease: Lease, send_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.lease = lease
+        self.send_timeout_s = send_timeout_s
+        self._scope: Any = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._scope = scope
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.lease.release()
+
+    async def send_body(self, send: Send, receive: Receive) -> None:
+        sender = asyncio.ensure_future(self._send_chunks(send))
+        watcher = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({sender, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+            if not sender.done():  # the client hung up (or this task is being cancelled)
+                if watcher.done() and not watcher.cancelled():
+                    self.lease.call.fail(CLIENT_CLOSED, "client_disconnected")
+                sender.cancel()
+                await asyncio.wait({sender})
+        if not sender.cancelled() and isinstance(sender.exception(), _ClientStalled):
+            extensions = (self._scope or {}).get("extensions") or {}
+            abort = extensions.get(ABORT_EXTENSION)
+            if callable(abort):
+                abort()
+        elif not sender.cancelled() and sender.exception() is not None:
+            raise sender.exception()  # type: ignore[misc]
+
+    async def _send_chunks(self, send: Send) -> None:
+        body = self.iterator
+        try:
+            async for chunk in body:
+                data = chunk if isinstance(chunk, bytes) else chunk.encode(self.encoding)
+                await self._send(send, data, more=True)
+            await self._send(send, b"", more=False)
+        finally:
+            # Cut short inside a send, the body is suspended, not finished: close it now, which
+            # stops its generation (left to the garbage collector it would run on meanwhile).
+            aclose = getattr(body, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def _send(self, send: Send, data: bytes, *, more: bool) -> None:
+        """One body event; a send that stays blocked (the client's socket is full because it
+        does not read) for send_timeout_s ends the stream."""
+        try:
+            async with asyncio.timeout(self.send_timeout_s):
+                await send({"type": "http.response.body", "body": data, "more_body": more})
+        except TimeoutError:
+            self.lease.call.fail(CLIENT_CLOSED, "slow_client")
+            raise _ClientStalled from None
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
