@@ -5,15 +5,17 @@ Under CI=true a missing PostgreSQL or Redis is a failure, not a skip.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from laneway.db import migrate
 from laneway.db.session import make_engine
 from laneway.engines.demo_model import write_demo_model
-from services import PG_URL, require_service
+from services import PG_URL, PrivatePostgres, PrivateRedis, require_service
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -46,3 +48,25 @@ async def db_engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
         async with admin.begin() as conn:
             await conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         await admin.dispose()
+
+
+@pytest.fixture
+def private_pg() -> Iterator[PrivatePostgres]:
+    """A PostgreSQL cluster of this test's own, which it may stop and start."""
+    base = Path(tempfile.mkdtemp(prefix="lw-pg-"))
+    pg = PrivatePostgres(base)
+    try:
+        yield pg.start()
+    finally:
+        pg.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def private_redis() -> Iterator[PrivateRedis]:
+    """A redis-server of this test's own, which it may kill, freeze and restart."""
+    redis = PrivateRedis().start()
+    try:
+        yield redis
+    finally:
+        redis.stop()

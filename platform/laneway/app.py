@@ -27,6 +27,7 @@ from laneway.core.auth import KeyAuthenticator
 from laneway.core.config_watch import ConfigChanges
 from laneway.core.dependencies import DependencyHealth
 from laneway.core.errors import GatewayError
+from laneway.core.loop_lag import LoopLagMonitor
 from laneway.core.pipeline import Gateway
 from laneway.core.policy import PolicyStore
 from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
@@ -107,13 +108,16 @@ def create_app(settings: Settings | None = None) -> Litestar:
             starvation_share=settings.lane_starvation_share,
             metrics=GatewayMetrics(tenant_label=settings.metrics_tenant_label),
         )
-        gateway.metrics.watch(lambda: runtime_readings(health, recorder, limiter))
+        loop_lag = LoopLagMonitor()
+        await loop_lag.start()
+        gateway.metrics.watch(lambda: runtime_readings(health, recorder, limiter, loop_lag))
         app.state.sessions = sessions
         app.state.recorder = recorder
         app.state.authenticator = authenticator
         app.state.policies = policies
         app.state.gateway = gateway
         app.state.health = health
+        app.state.loop_lag = loop_lag
         app.state.started_at = time.time()
 
         async def drain() -> None:
@@ -143,6 +147,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             await recorder.stop()
             await limiter.close()
             await registry.close()
+            await loop_lag.stop()
             await db.dispose()
 
     return Litestar(
@@ -182,9 +187,16 @@ async def _watch_engines(registry: EngineRegistry, sessions: async_sessionmaker[
             log.exception("engine watch failed; will retry")
 
 
-def runtime_readings(health: DependencyHealth, recorder: UsageRecorder, limiter: RateLimiter) -> list[Reading]:
-    """Dependency faults and the usage backlog, read at scrape time."""
-    out: list[Reading] = []
+def runtime_readings(
+    health: DependencyHealth, recorder: UsageRecorder, limiter: RateLimiter, loop_lag: LoopLagMonitor
+) -> list[Reading]:
+    """Dependency faults, the usage backlog and the event loop's lag, read at scrape time."""
+    out: list[Reading] = [
+        ("laneway_event_loop_lag_seconds", "How late the event loop ran its last 50 ms timer.", "gauge", {},
+         loop_lag.last_s),
+        ("laneway_event_loop_lag_max_seconds", "The worst event-loop lag over the last minute.", "gauge", {},
+         max(loop_lag.samples, default=0.0)),
+    ]  # fmt: skip
     for dep in sorted(set(health.errors) | set(health.degraded)):
         labels = {"dependency": dep}
         out.append(("laneway_dependency_errors_total", "Faults of a dependency (Redis, the database).",

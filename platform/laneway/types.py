@@ -70,6 +70,8 @@ class TenantSnapshot:
     max_concurrency: int | None = None
     allowed_models: frozenset[str] | None = None  # None: every model
     disabled: bool = False
+    allowed_lanes: frozenset[str] = frozenset()  # lanes it may ask for by name
+    priority_floor: int = 0  # the most urgent priority it may request (lower runs first)
 
     def may_use(self, alias: str) -> bool:
         return self.allowed_models is None or alias in self.allowed_models

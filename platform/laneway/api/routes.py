@@ -39,9 +39,13 @@ async def _decode(request: Request, kind: type[T]) -> T:  # type: ignore[type-ar
         return msgspec.json.decode(body, type=kind)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise validation_error(exc) from None
+    except RecursionError:  # msgspec stops at the interpreter's recursion limit (~1000 levels)
+        raise invalid_request("Request body is nested too deeply.", code="invalid_json") from None
 
 
 def _common_checks(req: p.ChatCompletionRequest | p.CompletionRequest) -> list[str]:
+    if req.user is not None and "\x00" in req.user:  # stored on the usage row: PostgreSQL text can't hold NUL
+        raise invalid_request("`user` must not contain NUL (\\u0000) characters.", param="user")
     if req.n != 1:
         raise invalid_request("Only n=1 is supported.", param="n")
     if req.stream_options is not None and not req.stream:

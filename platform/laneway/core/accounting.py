@@ -38,8 +38,12 @@ def is_row_fault(exc: BaseException) -> bool:
     when it could not be reached: only then does splitting the batch find the culprit."""
     if isinstance(exc, sa_exc.DataError | sa_exc.IntegrityError):
         return True
+    if isinstance(exc, sa_exc.DBAPIError):
+        # SQLSTATE class 22 (data exception: NUL, too long, out of range) or 23 (integrity).
+        sqlstate = str(getattr(exc.orig, "sqlstate", "") or "")
+        return sqlstate[:2] in ("22", "23")
     # Raised before anything reached the database: a value the driver cannot encode.
-    return isinstance(exc, sa_exc.StatementError) and not isinstance(exc, sa_exc.DBAPIError)
+    return isinstance(exc, sa_exc.StatementError)
 
 
 class UsageRecorder:

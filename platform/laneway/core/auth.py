@@ -177,6 +177,8 @@ class KeyAuthenticator:
                 tpm=t.tpm,
                 max_concurrency=t.max_concurrency,
                 allowed_models=frozenset(t.allowed_models) if t.allowed_models is not None else None,
+                allowed_lanes=frozenset(t.allowed_lanes or ()),
+                priority_floor=t.priority_floor,
             )
 
 

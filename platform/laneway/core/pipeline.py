@@ -236,6 +236,15 @@ class Gateway:
             raise GatewayError(
                 403, f"Your key is not allowed to use the model '{alias}'.", code="model_not_allowed", param="model"
             )
+        if lane is not None and lane not in tenant.allowed_lanes:
+            raise GatewayError(
+                403,
+                f"Tenant '{tenant.name}' may not choose a lane (asked for '{lane}'); its requests are routed "
+                "by the lane rules. An admin can allow lanes per tenant.",
+                code="lane_not_allowed",
+                param="X-Laneway-Lane",
+            )
+        priority = max(priority, tenant.priority_floor)  # no more urgent than the tenant may ask
         measured = await any_replica.engine.measure(prompt=prompt, messages=messages)
         snapshot = self.policies.current
         chosen = self.router.route(

@@ -26,6 +26,10 @@ class Tenant(Base):
     tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_concurrency: Mapped[int | None] = mapped_column(Integer, nullable=True)
     allowed_models: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    # Lanes this tenant may pick with X-Laneway-Lane (None or empty: none, the rules decide).
+    allowed_lanes: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    # The most urgent X-Laneway-Priority it may ask for (lower runs first); below is clamped.
+    priority_floor: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     disabled: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     keys: Mapped[list[ApiKey]] = relationship(back_populates="tenant", cascade="all, delete-orphan")

@@ -1,0 +1,105 @@
+"""Usage rows are never lost to one bad row or to a database outage (real PostgreSQL; the
+outage tests stop a private cluster of their own)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from laneway.core.accounting import UsageRecorder
+from laneway.db import migrate
+from laneway.db.repositories import TenantRepository, UsageRepository
+from laneway.db.session import make_engine, make_sessionmaker
+from services import PrivatePostgres
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+
+def usage(i: int, **extra: Any) -> dict[str, Any]:
+    return {"request_id": f"r{i}", "tenant_id": 1, "model": "m", "endpoint": "chat", "stream": False,
+            "status": 200, "prompt_tokens": 1, "completion_tokens": 1, **extra}  # fmt: skip
+
+
+async def stored(engine: AsyncEngine) -> list[str]:
+    async with make_sessionmaker(engine)() as s:
+        return sorted(r.request_id for r in await UsageRepository(s).for_tenant(1))
+
+
+async def until(predicate: Any, within: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not predicate():
+        assert loop.time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_one_row_postgres_refuses_does_not_block_the_others(db_engine: AsyncEngine) -> None:
+    """A NUL byte (SQLite stores it, PostgreSQL refuses it) or a value too long for its column:
+    that row is set aside and counted, every other row of the batch and after it is written."""
+    sessions = make_sessionmaker(db_engine)
+    async with sessions() as s, s.begin():
+        await TenantRepository(s).create("acme")
+    recorder = UsageRecorder(sessions, interval_s=0.01, batch_size=8)
+    await recorder.start()
+    bad = {3: {"end_user": "a\x00b"}, 11: {"request_id": "x" * 500}}
+    for i in range(20):
+        recorder.record(usage(i, **bad.get(i, {})))
+    await until(lambda: recorder.pending == 0)
+    for i in range(20, 25):  # and billing goes on
+        recorder.record(usage(i))
+    await recorder.stop()
+    ids = await stored(db_engine)
+    postgres = db_engine.dialect.name == "postgresql"
+    lost = {"r3", "x" * 500} if postgres else set()
+    assert len(ids) == 25 - len(lost) and not lost & set(ids)
+    assert recorder.rejected == len(lost) and recorder.written == len(ids) and recorder.dropped == 0
+
+
+async def test_rows_wait_out_a_database_outage_then_are_written_once(private_pg: PrivatePostgres) -> None:
+    engine = make_engine(private_pg.url, connect_timeout_s=1, command_timeout_s=2)
+    await migrate.upgrade(engine)
+    sessions = make_sessionmaker(engine)
+    async with sessions() as s, s.begin():
+        await TenantRepository(s).create("acme")
+    recorder = UsageRecorder(sessions, interval_s=0.05, batch_size=50)
+    await recorder.start()
+    recorder.record(usage(0))
+    await until(lambda: recorder.written == 1)
+    await asyncio.to_thread(private_pg.stop)
+    for i in range(1, 301):
+        recorder.record(usage(i))
+        if i % 50 == 0:
+            await asyncio.sleep(0.1)
+    await asyncio.sleep(1.0)  # the writer tries, fails, keeps the rows and backs off
+    assert recorder.pending == 300 and recorder.written == 1
+    await asyncio.to_thread(private_pg.start)
+    await until(lambda: recorder.pending == 0, within=30)
+    await recorder.stop()
+    assert await stored(engine) == sorted(f"r{i}" for i in range(301))  # each once
+    await engine.dispose()
+
+
+async def test_rows_left_at_shutdown_during_an_outage_are_spooled_and_written_next_start(
+    private_pg: PrivatePostgres, tmp_path: Path
+) -> None:
+    engine = make_engine(private_pg.url, connect_timeout_s=1, command_timeout_s=2)
+    await migrate.upgrade(engine)
+    sessions = make_sessionmaker(engine)
+    async with sessions() as s, s.begin():
+        await TenantRepository(s).create("acme")
+    spool = tmp_path / "spool"
+    recorder = UsageRecorder(sessions, interval_s=0.05, spool_dir=spool)
+    await recorder.start()
+    await asyncio.to_thread(private_pg.stop)
+    for i in range(40):
+        recorder.record(usage(i))
+    await recorder.stop(timeout_s=1.0)  # the database is still down
+    assert len(list(spool.glob("usage-*.jsonl"))) == 1 and recorder.pending == 0
+    await asyncio.to_thread(private_pg.start)
+    again = UsageRecorder(sessions, interval_s=0.05, spool_dir=spool)
+    await again.start()
+    await until(lambda: again.written == 40, within=30)
+    await again.stop()
+    assert await stored(engine) == sorted(f"r{i}" for i in range(40))
+    assert not list(spool.glob("usage-*.jsonl"))
+    await engine.dispose()
