@@ -1,5 +1,6 @@
 import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from laneway.bootstrap import issue_key
@@ -101,3 +102,42 @@ async def test_recorder_writes_in_batches_and_touches_keys(db_engine: AsyncEngin
         assert len(await UsageRepository(s).for_tenant(1)) == 25
         key = await TenantRepository(s).find_key(hash_secret(secret))
         assert key is not None and key.last_used_at is not None
+
+
+async def test_an_expiring_entry_under_load_is_looked_up_once(db_engine: AsyncEngine) -> None:
+    """Single flight: 200 requests with the same key arriving when its entry expired cost one
+    database round trip, not 200 (which drained the connection pool)."""
+    sessions = make_sessionmaker(db_engine)
+    async with sessions() as s, s.begin():
+        await TenantRepository(s).create("acme")
+    _, secret = await issue_key(sessions, "acme")
+    auth = KeyAuthenticator(sessions, ttl_s=0.05)
+    await auth.authenticate(f"Bearer {secret}")
+    await asyncio.sleep(0.06)  # expired
+    tenants = await asyncio.gather(*(auth.authenticate(f"Bearer {secret}") for _ in range(200)))
+    assert {t.name for t in tenants} == {"acme"} and auth.lookups == 2
+
+
+async def test_known_keys_are_served_from_cache_while_the_database_is_unreachable(db_engine: AsyncEngine) -> None:
+    sessions = make_sessionmaker(db_engine)
+    async with sessions() as s, s.begin():
+        await TenantRepository(s).create("acme")
+    _, secret = await issue_key(sessions, "acme")
+    _, never_seen = await issue_key(sessions, "acme")
+    clock = [1000.0]
+    auth = KeyAuthenticator(sessions, ttl_s=0.5, stale_s=300, clock=lambda: clock[0])
+    assert (await auth.authenticate(f"Bearer {secret}")).name == "acme"
+
+    async def broken(_: str) -> Any:
+        raise ConnectionRefusedError("database down")
+
+    auth._lookup = broken  # type: ignore[method-assign]
+    clock[0] += 10  # expired, but seen 10 s ago
+    assert (await auth.authenticate(f"Bearer {secret}")).name == "acme"
+    with pytest.raises(GatewayError) as info:  # a key never seen: 503, not 500
+        await auth.authenticate(f"Bearer {never_seen}")
+    assert info.value.status == 503 and info.value.code == "database_unavailable"
+    clock[0] += 400  # beyond the staleness bound: no longer trusted
+    with pytest.raises(GatewayError) as info:
+        await auth.authenticate(f"Bearer {secret}")
+    assert info.value.status == 503
