@@ -1,0 +1,130 @@
+"""Slow and hostile clients over real sockets: a reader taking one byte a second is cut (its
+engine slot freed) once a send stays blocked; slowloris connections that never finish their
+headers are closed by the request read timeout while normal clients are served; and the
+connection cap answers 503 instead of running out of file descriptors."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from serving import Gateway, sim_model, start_gateway, wait_for
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    g = start_gateway(
+        tmp_path_factory.mktemp("slow"),
+        seed_with={
+            "models": {"sim": sim_model("sim", max_concurrency=4, decode_ms_base=0.2, decode_ms_per_seq=0.0)},
+            # No token bound that a slow reader would hit first: the send timeout must cut it.
+            "lanes": [{"name": "standard", "max_concurrency": 4, "max_unacked_tokens": 10_000_000}],
+            "tenants": {"acme": {}},
+        },
+        default_max_tokens=10_000_000,
+        stream_send_timeout_s=1.0,
+        http_request_read_timeout_s=1.0,
+        usage_flush_interval_s=0.05,
+    )
+    yield g
+    g.stop()
+
+
+def request_bytes(gw: Gateway, body: dict[str, Any]) -> bytes:
+    payload = json.dumps(body).encode()
+    return (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {gw.keys['acme']}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    ).encode() + payload
+
+
+def normal_request(gw: Gateway) -> int:
+    r = httpx.post(gw.api_url + "/completions", headers={"Authorization": f"Bearer {gw.keys['acme']}"},
+                   json={"model": "sim", "prompt": "hi", "max_tokens": 3}, timeout=10)  # fmt: skip
+    return r.status_code
+
+
+def test_a_one_byte_a_second_reader_is_cut_and_its_slot_freed(gw: Gateway) -> None:
+    engine = gw.engine("sim")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", gw.port))
+    sock.sendall(request_bytes(gw, {"model": "sim", "prompt": "go", "max_tokens": 10_000_000, "stream": True}))
+    try:
+        wait_for(lambda: engine.active_slots == 1, what="the stream to start")
+        stop = threading.Event()
+
+        def trickle() -> None:  # the slow reader: one byte a second
+            while not stop.is_set():
+                try:
+                    if not sock.recv(1):
+                        return
+                except OSError:
+                    return
+                stop.wait(1.0)
+
+        reader = threading.Thread(target=trickle, daemon=True)
+        reader.start()
+        waited = wait_for(lambda: engine.active_slots == 0, within=20, what="the slow reader cut")
+        stop.set()
+    finally:
+        sock.close()
+    assert waited < 15
+    row = next(r for r in reversed(gw.usage_rows("acme")) if r.stream)
+    assert (row.status, row.error_code) == (499, "slow_client")
+    assert normal_request(gw) == 200  # the slot went to someone who reads
+
+
+def test_slowloris_connections_are_closed_while_normal_clients_are_served(gw: Gateway) -> None:
+    loris = []
+    for _ in range(300):  # each sends part of a request line, then a byte now and then
+        s = socket.create_connection(("127.0.0.1", gw.port))
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-a: ")
+        loris.append(s)
+    statuses = []
+    started = time.monotonic()
+    while time.monotonic() - started < 2.5:
+        for s in loris[:50]:
+            try:
+                s.send(b"a")
+            except OSError:
+                pass
+        statuses.append(normal_request(gw))
+        time.sleep(0.05)
+    assert set(statuses) == {200}
+    closed = 0
+    for s in loris:
+        s.settimeout(5)
+        try:
+            data = s.recv(4096)
+            closed += data == b"" or data.startswith(b"HTTP/1.1 408")
+        except OSError:
+            closed += 1
+        s.close()
+    assert closed == len(loris)
+
+
+def test_beyond_the_connection_cap_clients_get_503_not_a_dead_server(tmp_path_factory: pytest.TempPathFactory) -> None:
+    g = start_gateway(
+        tmp_path_factory.mktemp("cap"),
+        seed_with={"models": {"sim": sim_model("sim")}, "tenants": {"acme": {}}},
+        http_max_connections=20,
+        http_request_read_timeout_s=30,
+    )
+    held = [socket.create_connection(("127.0.0.1", g.port)) for _ in range(25)]
+    try:
+        for s in held:
+            s.sendall(b"GET /health/live HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+        time.sleep(0.2)
+        assert normal_request(g) == 503
+    finally:
+        for s in held:
+            s.close()
+    wait_for(lambda: normal_request(g) == 200, what="service once the connections are gone")
+    g.stop()
