@@ -110,7 +110,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         )
         loop_lag = LoopLagMonitor()
         await loop_lag.start()
-        gateway.metrics.watch(lambda: runtime_readings(health, recorder, limiter, loop_lag))
+        gateway.metrics.watch(lambda: runtime_readings(gateway, health, recorder, loop_lag))
         app.state.sessions = sessions
         app.state.recorder = recorder
         app.state.authenticator = authenticator
@@ -188,10 +188,16 @@ async def _watch_engines(registry: EngineRegistry, sessions: async_sessionmaker[
 
 
 def runtime_readings(
-    health: DependencyHealth, recorder: UsageRecorder, limiter: RateLimiter, loop_lag: LoopLagMonitor
+    gateway: Gateway, health: DependencyHealth, recorder: UsageRecorder, loop_lag: LoopLagMonitor
 ) -> list[Reading]:
-    """Dependency faults, the usage backlog and the event loop's lag, read at scrape time."""
+    """Leases and engine slots held (a leak shows here), dependency faults, the usage backlog
+    and the event loop's lag, read at scrape time."""
+    limiter = gateway.limiter
     out: list[Reading] = [
+        ("laneway_leases_in_flight", "Requests holding a lease (queued or running).", "gauge", {},
+         gateway.in_flight),
+        ("laneway_leases_opened_total", "Leases opened; each leaves one usage row when released.", "counter", {},
+         gateway.leases_opened),
         ("laneway_event_loop_lag_seconds", "How late the event loop ran its last 50 ms timer.", "gauge", {},
          loop_lag.last_s),
         ("laneway_event_loop_lag_max_seconds", "The worst event-loop lag over the last minute.", "gauge", {},
@@ -208,6 +214,13 @@ def runtime_readings(
     for reason, n in (("overflow", recorder.dropped), ("rejected", recorder.rejected)):
         out.append(("laneway_usage_rows_lost_total", "Usage rows dropped (backlog overflow) or refused by the "
                     "database.", "counter", {"reason": reason}, n))  # fmt: skip
+    for d in gateway.registry.deployments():
+        out.append(("laneway_engine_active_slots", "Sequences holding a slot inside the engine adapter.", "gauge",
+                    {"deployment": d.spec.name}, d.engine.active_slots))  # fmt: skip
+    local = getattr(limiter, "fallback", limiter)
+    if isinstance(local, MemoryRateLimiter):
+        out.append(("laneway_ratelimit_local_holders", "Concurrency holders kept in this process's memory.", "gauge",
+                    {}, local.holders))  # fmt: skip
     pending_settles = getattr(limiter, "pending_settles", None)
     if pending_settles is not None:
         out.append(("laneway_ratelimit_settles_pending", "Rate-limit settles not yet sent to Redis.", "gauge", {},

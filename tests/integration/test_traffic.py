@@ -45,7 +45,13 @@ LANES: list[dict[str, Any]] = [
     {"name": "interactive", "priority": 0, "match_max_prompt_tokens": 511, "match_stream": True},
     {"name": "standard", "priority": 1},
 ]
-TENANTS = {"acme": {}, "limited": {"rpm": 2}, "flood": {}, "victim": {}, "extract": {}}
+TENANTS: dict[str, dict[str, Any]] = {
+    "acme": {"allowed_lanes": ["batch", "gone"]},  # may pick these lanes by name ("gone" does not exist)
+    "limited": {"rpm": 2},
+    "flood": {},
+    "victim": {},
+    "extract": {},
+}
 
 
 async def _seed(url: str) -> dict[str, str]:
@@ -139,8 +145,10 @@ async def test_short_streaming_prompts_take_the_interactive_lane(traffic: Traffi
     assert await lane_of(c, messages=MSG) == "standard"  # not streaming
     assert await lane_of(traffic.client(**{"X-Laneway-Task": "batch"}), messages=MSG, stream=True) == "batch"
     assert await lane_of(traffic.client(**{"X-Laneway-Lane": "batch"}), messages=MSG) == "batch"
-    with pytest.raises(openai.BadRequestError):
-        await lane_of(traffic.client(**{"X-Laneway-Lane": "nope"}), messages=MSG)
+    with pytest.raises(openai.BadRequestError):  # granted, but unknown
+        await lane_of(traffic.client(**{"X-Laneway-Lane": "gone"}), messages=MSG)
+    with pytest.raises(openai.PermissionDeniedError):  # not granted to this tenant
+        await lane_of(traffic.client(**{"X-Laneway-Lane": "interactive"}), messages=MSG)
 
 
 async def test_task_max_tokens_policy_applies(traffic: Traffic) -> None:

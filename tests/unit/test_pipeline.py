@@ -188,3 +188,18 @@ async def test_live_swap_keeps_the_old_engine_when_the_new_one_cannot_start() ->
             registry.resolve("m")
     finally:
         await registry.close()
+
+
+async def test_lanes_and_priorities_only_as_far_as_the_tenant_is_granted(gateway: Gateway) -> None:
+    """Any key could send X-Laneway-Lane: interactive with a 4K prompt, or priority -1000000."""
+    with pytest.raises(GatewayError) as info:
+        await gateway.prepare(TENANT, endpoint="chat", alias="sim", stream=False, prompt="x", lane="interactive")
+    assert (info.value.status, info.value.code, info.value.param) == (403, "lane_not_allowed", "X-Laneway-Lane")
+    call = await gateway.prepare(TENANT, endpoint="chat", alias="sim", stream=False, prompt="x", priority=-1_000_000)
+    assert call.generation.priority == 0  # clamped to the tenant's floor
+    trusted = TenantSnapshot(id=3, name="ops", api_key_id=3, allowed_lanes=frozenset({"gone"}), priority_floor=-10)
+    call = await gateway.prepare(trusted, endpoint="chat", alias="sim", stream=False, prompt="x", priority=-1_000_000)
+    assert call.generation.priority == -10
+    with pytest.raises(GatewayError) as info:  # granted, but no such lane: the router's 400
+        await gateway.prepare(trusted, endpoint="chat", alias="sim", stream=False, prompt="x", lane="gone")
+    assert info.value.status == 400

@@ -21,6 +21,7 @@ class DependencyHealth:
         self._clock = clock
         self._log_every = log_every_s
         self.errors: Counter[str] = Counter()  # faults per dependency, ever
+        self.error_kinds: Counter[tuple[str, str]] = Counter()  # (dependency, exception type)
         self.degraded: dict[str, bool] = {}
         self._last_log: dict[str, float] = {}
         self._unlogged: Counter[str] = Counter()
@@ -28,6 +29,7 @@ class DependencyHealth:
     def failed(self, dependency: str, exc: BaseException, consequence: str) -> None:
         """Record one fault of `dependency`; `consequence` says what the gateway did about it."""
         self.errors[dependency] += 1
+        self.error_kinds[dependency, type(exc).__name__] += 1
         self.degraded[dependency] = True
         self._unlogged[dependency] += 1
         now = self._clock()

@@ -118,6 +118,11 @@ class MemoryRateLimiter:
     def in_flight(self, tenant_id: int) -> int:
         return len(self._in_flight.get(tenant_id, ()))
 
+    @property
+    def holders(self) -> int:
+        """Concurrency holders of every tenant (0 when nothing runs: a leak shows here)."""
+        return sum(len(h) for h in self._in_flight.values())
+
     async def reserve(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
         return self.reserve_now(tenant, tokens, request_id)
 
