@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from litestar import Litestar
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
+from litestar.logging.config import LoggingConfig
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
@@ -164,6 +165,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
         template_config=TemplateConfig(directory=ADMIN_UI_DIR / "templates", engine=JinjaTemplateEngine),
         lifespan=[lifespan],
         state=State({"settings": settings}),
+        # Litestar configures the root logger: at the gateway's level, not always INFO.
+        logging_config=LoggingConfig(root={"level": settings.log_level.upper(), "handlers": ["queue_listener"]}),
         exception_handlers={
             GatewayError: gateway_error_handler,
             HTTPException: http_exception_handler,

@@ -42,6 +42,12 @@ def _release_unsent(lease: Lease) -> None:
         lease.release()
 
 
+def _on_body_collected(loop: asyncio.AbstractEventLoop, lease: Lease) -> None:
+    """The body was garbage-collected (from any thread): check the lease on its loop."""
+    if not lease.released and not loop.is_closed():
+        loop.call_soon_threadsafe(_release_unsent, lease)
+
+
 class LeasedStream(Stream):
     def __init__(
         self, lease: Lease, body: AsyncIterator[bytes], *, headers: dict[str, str], send_timeout_s: float
@@ -49,8 +55,8 @@ class LeasedStream(Stream):
         super().__init__(body, media_type="text/event-stream", headers=headers)
         self.lease = lease
         self.send_timeout_s = send_timeout_s
-        loop = asyncio.get_running_loop()
-        weakref.finalize(body, loop.call_soon_threadsafe, _release_unsent, lease)
+        safety_net = weakref.finalize(body, _on_body_collected, asyncio.get_running_loop(), lease)
+        safety_net.atexit = False  # at interpreter exit the loop is gone, and so is the lease
 
     def to_asgi_response(self, app: Any, request: Request[Any, Any, Any], **kwargs: Any) -> ASGIResponse:
         headers = {**kwargs.get("headers", {}), **self.headers}

@@ -354,10 +354,10 @@ class RedisRateLimiter:
                 continue
             batch = [self._settles[i] for i in range(min(256, len(self._settles)))]
             try:
-                pipe = self._redis.pipeline(transaction=False)
-                for keys, args in batch:
-                    await self._settle(keys=keys, args=args, client=pipe)
-                await pipe.execute()
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for keys, args in batch:
+                        await self._settle(keys=keys, args=args, client=pipe)
+                    await pipe.execute()
             except (RedisError, OSError) as exc:
                 self._trip(exc)
                 if self._closing:
