@@ -29,6 +29,7 @@ REJECTION_REASONS = {
     "request_too_large": "rate_limit",
     "concurrency_limit_exceeded": "concurrency",
     "queue_full": "queue_full",
+    "tenant_queue_share": "tenant_queue_share",
     "predicted_wait_exceeded": "predicted_wait",
     "queue_timeout": "queue_timeout",
     "backpressure": "backpressure",

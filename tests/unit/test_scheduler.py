@@ -143,17 +143,17 @@ async def test_admission_refuses_a_full_queue_and_a_hopeless_wait() -> None:
     lane = LanePolicy(name="interactive", max_queue_depth=2, queue_timeout_s=1.0, max_concurrency=1, retry_after_s=2)
     holder = Ticket("h", 1, 1.0, 1, lane)
     await s.acquire(holder)
-    admission.admit(s, lane)  # nothing measured yet: admitted
+    admission.admit(s, lane, 1)  # nothing measured yet: admitted
     waiters = [asyncio.create_task(s.acquire(Ticket(f"w{i}", 1, 1.0, 1, lane))) for i in range(2)]
     await asyncio.sleep(0)
     with pytest.raises(GatewayError) as info:
-        admission.admit(s, lane)
+        admission.admit(s, lane, 1)
     assert info.value.code == "queue_full" and info.value.headers["Retry-After"] == "2"
     # Teach it that a request holds the slot ~0.6 s: with 2 ahead, a newcomer would wait ~1.8 s > 1 s.
     s._service_s["interactive"] = 0.6
     lane_deep = LanePolicy(name="interactive", max_queue_depth=10, queue_timeout_s=1.0, max_concurrency=1)
     with pytest.raises(GatewayError) as info:
-        admission.admit(s, lane_deep)
+        admission.admit(s, lane_deep, 1)
     assert info.value.code == "predicted_wait_exceeded" and info.value.status == 503
     for w in waiters:
         w.cancel()
@@ -185,3 +185,54 @@ async def test_huge_requests_are_scheduled_without_spinning_and_stay_fair() -> N
         h.enqueue(tenant=2, cost=4000)
     order = [t.tenant_id for t in await h.drain(holder)]
     assert sorted(order[:2]) == [1, 2] and sorted(order[2:4]) == [1, 2]
+
+
+async def test_a_flood_gets_the_refusals_and_a_newcomer_is_admitted() -> None:
+    """Tenant 1 floods the lane to its depth limit; tenant 2 arrives with one request."""
+    s = DeploymentScheduler(1)
+    lane = LanePolicy(name="interactive", max_queue_depth=10, queue_timeout_s=1.0, max_concurrency=1)
+    await s.acquire(Ticket("h", 1, 1.0, 1, lane))
+    flood = []
+    for i in range(10):
+        admission.admit(s, lane, 1)  # alone, the flood may use the whole lane
+        flood.append(asyncio.create_task(s.acquire(Ticket(f"f{i}", 1, 1.0, 1, lane))))
+    await asyncio.sleep(0)
+    s._service_s["interactive"] = 0.3  # a request holds the slot 0.3 s: 10 ahead would be 3 s
+    with pytest.raises(GatewayError) as info:
+        admission.admit(s, lane, 1)
+    assert info.value.code == "queue_full"
+    # The newcomer: the fair order puts it right after one more of the flood's turns.
+    assert s.ahead_of(lane, 2) == 1 and s.predicted_wait(lane, 2) < 1.0 < s.predicted_wait(lane, 1)
+    admission.admit(s, lane, 2)  # the lane is full: the flood's newest request makes way
+    await asyncio.sleep(0)
+    evicted = [t for t in flood if t.done()]
+    assert len(evicted) == 1 and isinstance(evicted[0].exception(), GatewayError)
+    assert evicted[0].exception().code == "tenant_queue_share"  # type: ignore[union-attr]
+    newcomer = asyncio.create_task(s.acquire(Ticket("b", 2, 1.0, 1, lane)))
+    await asyncio.sleep(0)
+    with pytest.raises(GatewayError) as info:  # now contended: the flood is over its share of 5
+        admission.admit(s, lane, 1)
+    assert info.value.code == "tenant_queue_share" and info.value.status == 503
+    for t in [*flood, newcomer]:
+        t.cancel()
+    await asyncio.gather(*flood, newcomer, return_exceptions=True)
+
+
+async def test_shares_follow_weights() -> None:
+    s = DeploymentScheduler(1)
+    lane = LanePolicy(name="interactive", max_queue_depth=9, queue_timeout_s=30, max_concurrency=1)
+    await s.acquire(Ticket("h", 1, 1.0, 1, lane))
+    tasks = [asyncio.create_task(s.acquire(Ticket("b0", 2, 2.0, 1, lane)))]
+    admitted = 0
+    for i in range(9):
+        try:
+            admission.admit(s, lane, 1, 1.0)
+        except GatewayError:
+            break
+        tasks.append(asyncio.create_task(s.acquire(Ticket(f"f{i}", 1, 1.0, 1, lane))))
+        admitted += 1
+        await asyncio.sleep(0)
+    assert admitted == 3  # weight 1 against weight 2: a third of the 9 places
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,7 +1,16 @@
-"""Admission control: refuse at the door (503 + Retry-After) what the lane cannot serve in time.
+"""Admission control: refuse at the door (503 + Retry-After) what the lane cannot serve in
+time, and refuse it fairly: the same way the queue serves.
 
 Refusing early is kinder than a timeout later: the client learns at once, keeps its budget
 for a retry, and the requests already queued keep their place and their SLA.
+
+Fair, because a flood must not get everyone refused. A lane's depth limit is shared by the
+tenants queued in it, by weight: a tenant over its share while others are waiting is refused
+(`tenant_queue_share`); a tenant under its share is admitted while the lane has room, and
+when it has none, the newest request of the tenant furthest over its share makes way for it.
+The predicted wait is computed from the newcomer's place in the fair order (what weighted
+round robin would give it), not from the lane's total depth: a tenant with nothing queued is
+served within a round whatever the flood behind it.
 """
 
 from __future__ import annotations
@@ -11,17 +20,46 @@ from laneway.core.policy import LanePolicy
 from laneway.core.scheduler import DeploymentScheduler
 
 
-def admit(scheduler: DeploymentScheduler, lane: LanePolicy) -> None:
+def over_share(lane: LanePolicy, depth: int, share: float) -> GatewayError:
+    return GatewayError(
+        503,
+        f"Your requests already fill your share of the '{lane.name}' lane ({depth} waiting, share {share:.0f}) "
+        "while other tenants wait. Retry later.",
+        code="tenant_queue_share",
+        type="service_unavailable",
+        retry_after=lane.retry_after_s,
+    )
+
+
+def admit(scheduler: DeploymentScheduler, lane: LanePolicy, tenant_id: int = 0, weight: float = 1.0) -> None:
+    weights = scheduler.queued_weights(lane.name)
+    weights[tenant_id] = max(weight, 0.01)
+    total_weight = sum(weights.values())
+    share = max(1.0, lane.max_queue_depth * weights[tenant_id] / total_weight)
+    mine = scheduler.tenant_depth(lane.name, tenant_id)
     depth = scheduler.depth(lane.name)
+    contended = len(weights) > 1
+    if contended and mine >= share:
+        raise over_share(lane, mine, share)
     if depth >= lane.max_queue_depth:
-        raise GatewayError(
-            503,
-            f"The '{lane.name}' lane is full ({depth} requests waiting). Retry later.",
-            code="queue_full",
-            type="service_unavailable",
-            retry_after=lane.retry_after_s,
-        )
-    wait = scheduler.predicted_wait(lane)
+        if not contended:
+            raise GatewayError(
+                503,
+                f"The '{lane.name}' lane is full ({depth} requests waiting). Retry later.",
+                code="queue_full",
+                type="service_unavailable",
+                retry_after=lane.retry_after_s,
+            )
+
+        # Full, and this tenant is under its share: the tenant furthest over its share makes way.
+        def excess(tid: int) -> float:
+            return scheduler.tenant_depth(lane.name, tid) - lane.max_queue_depth * weights[tid] / total_weight
+
+        hog = max((tid for tid in weights if tid != tenant_id), key=excess)
+        hog_depth = scheduler.tenant_depth(lane.name, hog)
+        scheduler.evict_newest(lane.name, hog, lambda: over_share(lane, hog_depth, lane.max_queue_depth
+                                                                  * weights[hog] / total_weight))  # fmt: skip
+    wait = scheduler.predicted_wait(lane, tenant_id, weight)
     if wait > lane.queue_timeout_s:
         raise GatewayError(
             503,

@@ -315,7 +315,7 @@ class Gateway:
             if self.draining:
                 raise shutting_down()
             scheduler = self.scheduler(call.deployment)
-            admission.admit(scheduler, call.lane)
+            admission.admit(scheduler, call.lane, call.tenant.id, call.tenant.weight)
             lease.ticket = Ticket(
                 request_id=call.request_id,
                 tenant_id=call.tenant.id,

@@ -151,12 +151,58 @@ class DeploymentScheduler:
         names = set(self._queues) | set(self.running)
         return [(n, self.depth(n), self.running.get(n, 0)) for n in sorted(names)]
 
-    def predicted_wait(self, lane: LanePolicy) -> float:
-        """Seconds a request joining `lane` now can expect to wait for a slot."""
+    def tenant_depth(self, lane: str, tenant_id: int) -> int:
+        q = self._queues.get(lane)
+        t = q.tenants.get(tenant_id) if q else None
+        return len(t.tickets) if t else 0
+
+    def queued_weights(self, lane: str) -> dict[int, float]:
+        """tenant -> weight, for the tenants with requests queued in `lane`."""
+        q = self._queues.get(lane)
+        return {tid: max(t.weight, 0.01) for tid, t in q.tenants.items()} if q else {}
+
+    def ahead_of(self, lane: LanePolicy, tenant_id: int | None = None, weight: float = 1.0) -> int:
+        """How many queued requests would be served before a new one from `tenant_id` joining
+        `lane`: every request of a more urgent (or equally urgent) lane, and in its own lane
+        what the fair order gives it: its own queued requests, and of each other tenant no
+        more turns than their weights allow meanwhile (tenant None: the whole lane)."""
+        ahead = sum(
+            q.size
+            for name, q in self._queues.items()
+            if name != lane.name and self._lanes[name].priority <= lane.priority
+        )
+        own = self._queues.get(lane.name)
+        if own is None:
+            return ahead
+        if tenant_id is None:
+            return ahead + own.size
+        mine = self.tenant_depth(lane.name, tenant_id)
+        turns = (mine + 1) / max(weight, 0.01)  # rounds of the fair order until it is served
+        for tid, q in own.tenants.items():
+            if tid != tenant_id:
+                ahead += min(len(q.tickets), math.ceil(turns * max(q.weight, 0.01)))
+        return ahead + mine
+
+    def evict_newest(self, lane: str, tenant_id: int, error: Callable[[], BaseException]) -> bool:
+        """Refuse the newest queued request of `tenant_id` in `lane` with error() (it made way
+        for a tenant under its share); False when it has none queued."""
+        q = self._queues.get(lane)
+        t = q.tenants.get(tenant_id) if q else None
+        if q is None or t is None or not t.tickets:
+            return False
+        ticket = t.tickets[-1]
+        q.remove(ticket)
+        if ticket.future is not None and not ticket.future.done():
+            ticket.future.set_exception(error())
+        return True
+
+    def predicted_wait(self, lane: LanePolicy, tenant_id: int | None = None, weight: float = 1.0) -> float:
+        """Seconds a request joining `lane` now can expect to wait for a slot, from its place in
+        the fair order (see ahead_of)."""
         service = self._service_s.get(lane.name)
         if service is None:
             return 0.0  # nothing measured yet: no basis to refuse
-        ahead = sum(q.size for name, q in self._queues.items() if self._lanes[name].priority <= lane.priority)
+        ahead = self.ahead_of(lane, tenant_id, weight)
         slots = max(1, min(lane.max_concurrency, self.capacity))
         free = min(slots - self.running.get(lane.name, 0), self.capacity - self.running_total)
         if ahead < free:
