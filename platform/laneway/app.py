@@ -32,6 +32,7 @@ from laneway.core.loop_lag import LoopLagMonitor
 from laneway.core.pipeline import Gateway
 from laneway.core.policy import PolicyStore
 from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
+from laneway.core.shared_slots import SharedSlots
 from laneway.db import migrate
 from laneway.db.repositories import ModelRepository
 from laneway.db.session import make_engine, make_sessionmaker
@@ -99,6 +100,20 @@ def create_app(settings: Settings | None = None) -> Litestar:
             lookup_timeout_s=settings.auth_lookup_timeout_s,
             health=health,
         )
+        shared_slots = (
+            SharedSlots(
+                settings.redis_url,
+                settings.redis_prefix,
+                lease_ttl_s=settings.slot_lease_ttl_s,
+                timeout_s=settings.redis_timeout_s,
+                max_connections=settings.redis_max_connections,
+                health=health,
+            )
+            if settings.redis_url
+            else None
+        )
+        if shared_slots is not None:
+            await shared_slots.start()
         gateway = Gateway(
             registry,
             recorder,
@@ -108,6 +123,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             quantum=settings.scheduler_quantum,
             starvation_share=settings.lane_starvation_share,
             metrics=GatewayMetrics(tenant_label=settings.metrics_tenant_label),
+            shared_slots=shared_slots,
         )
         loop_lag = LoopLagMonitor()
         await loop_lag.start()
@@ -147,6 +163,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
             await policies.stop()
             await recorder.stop()
             await limiter.close()
+            if shared_slots is not None:
+                await shared_slots.close()
             await registry.close()
             await loop_lag.stop()
             await db.dispose()

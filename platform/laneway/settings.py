@@ -52,6 +52,9 @@ class Settings:
     redis_max_connections: int = 64
     redis_timeout_s: float = 0.25
     redis_failure_mode: str = "open"
+    # Remote engines (vLLM, Triton) fronted by several replicas share their slots through Redis:
+    # a replica's leases expire this long after it stops renewing them (it died).
+    slot_lease_ttl_s: float = 3.0
     # How often policy rows are re-read (admin edits from other replicas or the CLI).
     policy_poll_interval_s: float = 2.0
     # Weighted deficit round robin: tokens credited per visit to a tenant of weight 1.

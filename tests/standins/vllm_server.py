@@ -3,7 +3,8 @@
 Serves /v1/completions and /v1/chat/completions (SSE streaming, one word a token, a final
 usage chunk), /tokenize (one token per word), /metrics (vllm:num_requests_waiting and
 vllm:kv_cache_usage_perc, settable), /health. It records every request and every stream
-its client abandoned, so tests can prove an abort reaches the engine.
+its client abandoned, so tests can prove an abort reaches the engine, and the most requests
+it ever had in flight, so tests can prove gateway replicas together never exceed its capacity.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class VLLMStandIn:
         self.waiting = 0.0
         self.kv_usage = 0.1
         self.running = 0
+        self.max_running = 0  # the most requests it ever generated for at once
         self.app = self._build()
 
     def _build(self) -> Litestar:
@@ -88,6 +90,7 @@ class VLLMStandIn:
         stops = [stops] if isinstance(stops, str) else stops
         produced, finish, text_so_far = 0, "length", ""
         self.running += 1
+        self.max_running = max(self.max_running, self.running)
         try:
             while produced < body["max_tokens"]:
                 await asyncio.sleep(self.token_delay_s)

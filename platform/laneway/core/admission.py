@@ -15,9 +15,34 @@ served within a round whatever the flood behind it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from laneway.core.errors import GatewayError
 from laneway.core.policy import LanePolicy
-from laneway.core.scheduler import DeploymentScheduler
+
+if TYPE_CHECKING:
+    from laneway.core.scheduler import DeploymentScheduler
+
+
+def queue_full(lane: LanePolicy, depth: int) -> GatewayError:
+    return GatewayError(
+        503,
+        f"The '{lane.name}' lane is full ({depth} requests waiting). Retry later.",
+        code="queue_full",
+        type="service_unavailable",
+        retry_after=lane.retry_after_s,
+    )
+
+
+def wait_too_long(lane: LanePolicy, wait: float) -> GatewayError:
+    return GatewayError(
+        503,
+        f"The '{lane.name}' lane would keep this request waiting about {wait:.1f} s, beyond its "
+        f"{lane.queue_timeout_s:g} s limit. Retry later.",
+        code="predicted_wait_exceeded",
+        type="service_unavailable",
+        retry_after=max(lane.retry_after_s, wait - lane.queue_timeout_s),
+    )
 
 
 def over_share(lane: LanePolicy, depth: int, share: float) -> GatewayError:
@@ -43,13 +68,7 @@ def admit(scheduler: DeploymentScheduler, lane: LanePolicy, tenant_id: int = 0, 
         raise over_share(lane, mine, share)
     if depth >= lane.max_queue_depth:
         if not contended:
-            raise GatewayError(
-                503,
-                f"The '{lane.name}' lane is full ({depth} requests waiting). Retry later.",
-                code="queue_full",
-                type="service_unavailable",
-                retry_after=lane.retry_after_s,
-            )
+            raise queue_full(lane, depth)
 
         # Full, and this tenant is under its share: the tenant furthest over its share makes way.
         def excess(tid: int) -> float:
@@ -61,11 +80,4 @@ def admit(scheduler: DeploymentScheduler, lane: LanePolicy, tenant_id: int = 0, 
                                                                   * weights[hog] / total_weight))  # fmt: skip
     wait = scheduler.predicted_wait(lane, tenant_id, weight)
     if wait > lane.queue_timeout_s:
-        raise GatewayError(
-            503,
-            f"The '{lane.name}' lane would keep this request waiting about {wait:.1f} s, beyond its "
-            f"{lane.queue_timeout_s:g} s limit. Retry later.",
-            code="predicted_wait_exceeded",
-            type="service_unavailable",
-            retry_after=max(lane.retry_after_s, wait - lane.queue_timeout_s),
-        )
+        raise wait_too_long(lane, wait)

@@ -27,13 +27,13 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from laneway.core import admission
 from laneway.core.accounting import UsageRecorder
 from laneway.core.errors import GatewayError, shutting_down
 from laneway.core.policy import LanePolicy, PolicyStore
 from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, Reservation
 from laneway.core.routing import LaneRouter
 from laneway.core.scheduler import DeploymentScheduler, Ticket
+from laneway.core.shared_slots import SharedScheduler, SharedSlots
 from laneway.core.stops import StopMatcher
 from laneway.engines.base import EngineError
 from laneway.engines.registry import EngineRegistry, LiveDeployment, UnknownModel
@@ -43,6 +43,7 @@ from laneway.types import ChatTurn, Delta, FinishReason, GenerationRequest, Tena
 log = logging.getLogger("laneway.pipeline")
 
 CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
+Scheduler = DeploymentScheduler | SharedScheduler
 
 
 @dataclass(eq=False)
@@ -153,8 +154,10 @@ class Gateway:
         quantum: int = 64,
         starvation_share: float = 0.1,
         metrics: GatewayMetrics | None = None,
+        shared_slots: SharedSlots | None = None,
     ) -> None:
         self.registry = registry
+        self.shared_slots = shared_slots
         self.recorder = recorder
         self.policies = policies
         self.limiter: RateLimiter = limiter or MemoryRateLimiter()
@@ -164,7 +167,7 @@ class Gateway:
         self._starvation_share = starvation_share
         # Keyed by the live deployment itself: a swapped-in replacement gets its own scheduler,
         # and a retired one's goes with it.
-        self._schedulers: weakref.WeakKeyDictionary[LiveDeployment, DeploymentScheduler] = weakref.WeakKeyDictionary()
+        self._schedulers: weakref.WeakKeyDictionary[LiveDeployment, Scheduler] = weakref.WeakKeyDictionary()
         self._background: set[asyncio.Task[Any]] = set()
         self._leases: set[Lease] = set()  # opened and not yet released
         self._leases_opened = 0
@@ -177,12 +180,19 @@ class Gateway:
     def visible_models(self, tenant: TenantSnapshot) -> list[str]:
         return [a for a in self.registry.aliases() if tenant.may_use(a)]
 
-    def scheduler(self, deployment: LiveDeployment) -> DeploymentScheduler:
+    def scheduler(self, deployment: LiveDeployment) -> Scheduler:
+        """The deployment's scheduler: in this process for an engine only this replica uses (one
+        running in-process, or no Redis to share through), in Redis for a remote engine that
+        several replicas front (core/shared_slots.py)."""
         s = self._schedulers.get(deployment)
         if s is None:
-            s = self._schedulers[deployment] = DeploymentScheduler(
-                deployment.engine.info.max_concurrency, quantum=self._quantum, starvation_share=self._starvation_share
-            )
+            capacity = deployment.engine.info.max_concurrency
+            local: dict[str, Any] = {"quantum": self._quantum, "starvation_share": self._starvation_share}
+            if self.shared_slots is not None and deployment.shared:
+                s = self.shared_slots.scheduler(deployment.spec.name, capacity, **local)
+            else:
+                s = DeploymentScheduler(capacity, **local)
+            self._schedulers[deployment] = s
         return s
 
     def queue_stats(self) -> list[tuple[dict[str, str], int, int]]:
@@ -315,7 +325,7 @@ class Gateway:
             if self.draining:
                 raise shutting_down()
             scheduler = self.scheduler(call.deployment)
-            admission.admit(scheduler, call.lane, call.tenant.id, call.tenant.weight)
+            scheduler.admit(call.lane, call.tenant.id, call.tenant.weight)
             lease.ticket = Ticket(
                 request_id=call.request_id,
                 tenant_id=call.tenant.id,

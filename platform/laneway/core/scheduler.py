@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from laneway.core import admission
 from laneway.core.errors import GatewayError
 from laneway.core.policy import LanePolicy
 
@@ -134,6 +135,7 @@ class DeploymentScheduler:
         self._lanes: dict[str, LanePolicy] = {}  # latest policy seen per lane
         self.running: dict[str, int] = {}
         self.running_total = 0
+        self._granted: set[Ticket] = set()
         self._passed_over = 0
         self._service_s: dict[str, float] = {}  # EWMA of how long a request holds a slot, per lane
 
@@ -145,6 +147,9 @@ class DeploymentScheduler:
     @property
     def waiting_total(self) -> int:
         return sum(q.size for q in self._queues.values())
+
+    def running_tickets(self) -> list[Ticket]:
+        return list(self._granted)
 
     def lane_stats(self) -> list[tuple[str, int, int]]:
         """(lane, waiting, running) for every lane this deployment has seen."""
@@ -210,6 +215,15 @@ class DeploymentScheduler:
         return (ahead - max(free, 0) + 1) * service / slots
 
     # ---- the slot protocol ----
+    def admit(self, lane: LanePolicy, tenant_id: int, weight: float) -> None:
+        """Admission control against this scheduler's queues (raises 503 GatewayError)."""
+        admission.admit(self, lane, tenant_id, weight)
+
+    def set_capacity(self, capacity: int) -> None:
+        """Change how many requests may run at once (a shared engine's share of its slots)."""
+        self.capacity = max(0, capacity)
+        self._dispatch()
+
     async def acquire(self, ticket: Ticket) -> None:
         """Wait for a slot; raise 503 queue_timeout after the lane's queue timeout. Cancelling the
         waiter (the client left) removes the ticket: it never reaches the engine.
@@ -253,6 +267,7 @@ class DeploymentScheduler:
             return
         held = self._clock() - ticket.granted
         ticket.granted = None
+        self._granted.discard(ticket)
         name = ticket.lane.name
         self.running[name] -= 1
         self.running_total -= 1
@@ -267,6 +282,7 @@ class DeploymentScheduler:
                 return
             ticket = self._queues[lane].pop(self.quantum)
             ticket.granted = self._clock()
+            self._granted.add(ticket)
             self.running[lane] = self.running.get(lane, 0) + 1
             self.running_total += 1
             assert ticket.future is not None

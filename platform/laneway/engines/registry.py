@@ -27,6 +27,9 @@ ENGINE_KINDS: dict[str, EngineFactory] = {
 }
 
 
+REMOTE_ENGINE_KINDS = frozenset({"vllm", "trtllm"})
+
+
 class UnknownModel(LookupError):
     pass
 
@@ -42,6 +45,12 @@ class LiveDeployment:
     @property
     def overloaded(self) -> bool:
         return bool(getattr(self.engine, "overloaded", False))
+
+    @property
+    def shared(self) -> bool:
+        """An engine outside this process, which other gateway replicas may front too: its slots
+        are shared through Redis when there is one (config "shared_slots": false opts out)."""
+        return self.spec.engine_kind in REMOTE_ENGINE_KINDS and bool(self.spec.config.get("shared_slots", True))
 
 
 EJECT_AFTER_FAILURES = 3

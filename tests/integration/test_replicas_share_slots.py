@@ -1,0 +1,112 @@
+"""Two `laneway serve` processes sharing Redis and PostgreSQL in front of one remote engine
+(the vLLM protocol stand-in, which records the most requests it ever had in flight): together
+they never give it more than its max_concurrency, and when one is killed with SIGKILL the
+slots it held come back within the lease TTL."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from laneway.db.session import make_engine
+from services import PG_URL, require_service
+from serving import ServerThread, seed, serve
+from sqlalchemy import text
+from standins.vllm_server import VLLMStandIn
+
+REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+CAPACITY = 4
+
+
+async def _admin_sql(sql: str) -> None:
+    engine = make_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    async with engine.connect() as conn:
+        await conn.execute(text(sql))
+    await engine.dispose()
+
+
+@pytest.fixture
+def database() -> Iterator[str]:
+    require_service("PostgreSQL", "127.0.0.1", 5432)
+    require_service("Redis", "127.0.0.1", 6379)
+    name = f"lw_replicas_{uuid.uuid4().hex[:10]}"
+    asyncio.run(_admin_sql(f'CREATE DATABASE "{name}"'))
+    yield PG_URL.rsplit("/", 1)[0] + f"/{name}"
+    asyncio.run(_admin_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def engine() -> Iterator[VLLMStandIn]:
+    standin = VLLMStandIn(token_delay_s=0.01)
+    server = ServerThread(standin.app).start(wait_ready=False)
+    standin.base_url = server.base_url  # type: ignore[attr-defined]
+    yield standin
+    server.stop()
+
+
+def test_two_replicas_share_one_engines_slots_and_a_dead_ones_come_back(
+    database: str, engine: VLLMStandIn, tmp_path: Path
+) -> None:
+    config = {"base_url": engine.base_url, "model": "m", "max_concurrency": CAPACITY, "metrics_poll_s": 0,  # type: ignore[attr-defined]
+              "tokenize": False}  # fmt: skip
+    keys = asyncio.run(seed(
+        database,
+        models={"m": [{"name": "m-vllm", "engine_kind": "vllm", "max_model_len": 4096, "config": config}]},
+        lanes=[{"name": "standard", "max_concurrency": CAPACITY, "max_queue_depth": 500, "queue_timeout_s": 30,
+                "max_unacked_tokens": 100_000}],
+        tenants={"acme": {"max_concurrency": 1000}},
+    ))  # fmt: skip
+    env = {**os.environ, "LANEWAY_DATABASE_URL": database, "LANEWAY_BOOTSTRAP_DEMO": "false",
+           "LANEWAY_REDIS_URL": REDIS_URL, "LANEWAY_REDIS_PREFIX": f"lwtest:{uuid.uuid4().hex}:",
+           "LANEWAY_SLOT_LEASE_TTL_S": "1.0", "LANEWAY_DEFAULT_MAX_TOKENS": "100000"}  # fmt: skip
+    (a, port_a), (b, port_b) = (
+        serve({**env, "LANEWAY_DATA_DIR": str(tmp_path / "a")}),
+        serve({**env, "LANEWAY_DATA_DIR": str(tmp_path / "b")}),
+    )
+    headers = {"Authorization": f"Bearer {keys['acme']}"}
+
+    async def flood(ports: list[int], n: int, max_tokens: int) -> list[int]:
+        async with httpx.AsyncClient(headers=headers, timeout=60, limits=httpx.Limits(max_connections=200)) as c:
+            bodies = [{"model": "m", "prompt": "go", "max_tokens": max_tokens, "stream": i % 2 == 0} for i in range(n)]
+            responses = await asyncio.gather(*(
+                c.post(f"http://127.0.0.1:{ports[i % len(ports)]}/v1/completions", json=body)
+                for i, body in enumerate(bodies)
+            ))  # fmt: skip
+            return [r.status_code for r in responses]
+
+    try:
+        # 10x the engine's capacity, half through each replica.
+        assert asyncio.run(flood([port_a, port_b], 10 * CAPACITY, 20)) == [200] * (10 * CAPACITY)
+        assert engine.max_running == CAPACITY  # used fully, never more
+
+        # Replica A takes every slot with long streams, then dies without releasing them.
+        streams = [httpx.stream("POST", f"http://127.0.0.1:{port_a}/v1/completions", headers=headers, timeout=60,
+                                json={"model": "m", "prompt": "go", "max_tokens": 100_000, "stream": True})
+                   for _ in range(CAPACITY)]  # fmt: skip
+        for s in streams:
+            next(s.__enter__().iter_lines())
+        a.send_signal(signal.SIGKILL)
+        a.wait(10)
+        killed = time.monotonic()
+        r = httpx.post(f"http://127.0.0.1:{port_b}/v1/completions", headers=headers, timeout=30,
+                       json={"model": "m", "prompt": "after", "max_tokens": 3})  # fmt: skip
+        waited = time.monotonic() - killed
+        assert r.status_code == 200
+        assert waited < 1.0 + 2.0, waited  # the lease TTL, plus a heartbeat and the request itself
+        assert engine.max_running <= CAPACITY
+        for s in streams:
+            with contextlib.suppress(httpx.HTTPError):
+                s.__exit__(None, None, None)
+    finally:
+        for proc in (a, b):
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(30)
