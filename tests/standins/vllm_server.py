@@ -91,6 +91,7 @@ class VLLMStandIn:
         produced, finish, text_so_far = 0, "length", ""
         self.running += 1
         self.max_running = max(self.max_running, self.running)
+        generating = True
         try:
             while produced < body["max_tokens"]:
                 await asyncio.sleep(self.token_delay_s)
@@ -102,6 +103,9 @@ class VLLMStandIn:
                     break
                 choice = {"index": 0, "delta": {"content": word}} if chat else {"index": 0, "text": word}
                 yield b"data: " + json.dumps({"id": rid, "choices": [choice]}).encode() + b"\n\n"
+            # Generation is over (as vLLM counts it) before the last chunks go out.
+            self.running -= 1
+            generating = False
             end = (
                 {"index": 0, "delta": {}, "finish_reason": finish}
                 if chat
@@ -116,4 +120,5 @@ class VLLMStandIn:
             self.cancelled.append(rid)  # vLLM aborts the request here
             raise
         finally:
-            self.running -= 1
+            if generating:
+                self.running -= 1

@@ -32,3 +32,20 @@ def test_probes_use_the_health_endpoints() -> None:
     container = docs[0]["spec"]["template"]["spec"]["containers"][0]
     assert container["readinessProbe"]["httpGet"]["path"] == "/health/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/health/live"
+
+
+def test_the_k8s_topology_runs_several_replicas_on_redis_with_settings_that_exist() -> None:
+    docs = list(yaml.safe_load_all((DOCKER / "k8s" / "gateway.yaml").read_text()))
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs if d}
+    assert {("Deployment", "laneway"), ("Deployment", "redis"), ("Service", "redis")} <= kinds
+    gateway = docs[0]["spec"]
+    assert gateway["replicas"] >= 2
+    env = {e["name"] for e in gateway["template"]["spec"]["containers"][0]["env"]}
+    known = {f"LANEWAY_{name.upper()}" for name in Settings.__dataclass_fields__}
+    assert {"LANEWAY_REDIS_URL", "LANEWAY_SLOT_LEASE_TTL_S"} <= env and env <= known, env - known
+    drain = next(
+        e for e in gateway["template"]["spec"]["containers"][0]["env"] if e["name"] == "LANEWAY_DRAIN_TIMEOUT_S"
+    )
+    assert gateway["template"]["spec"]["terminationGracePeriodSeconds"] > float(drain["value"])
+    engines = list(yaml.safe_load_all((DOCKER / "k8s" / "engines.yaml").read_text()))
+    assert any(d["kind"] == "Service" and d["metadata"]["name"] == "vllm" for d in engines)
