@@ -124,6 +124,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             starvation_share=settings.lane_starvation_share,
             metrics=GatewayMetrics(tenant_label=settings.metrics_tenant_label),
             shared_slots=shared_slots,
+            headroom=settings.scheduler_headroom_slots,
         )
         loop_lag = LoopLagMonitor()
         await loop_lag.start()

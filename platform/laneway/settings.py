@@ -61,6 +61,9 @@ class Settings:
     scheduler_quantum: int = 64
     # Lower-priority lanes get at least this share of dispatches while they have work.
     lane_starvation_share: float = 0.1
+    # Slots of a deployment (with 4 or more) held back from tenants already running something
+    # while several tenants use it: a newcomer's first token need not wait for a flood to end.
+    scheduler_headroom_slots: int = 1
     # First start with no admin: create "admin" with this password (or use `laneway admin create`).
     admin_password: str | None = None
     # Mark the admin session cookie Secure (set when the gateway is served over HTTPS).

@@ -236,3 +236,28 @@ async def test_shares_follow_weights() -> None:
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_slot_is_kept_for_a_newcomer_while_several_tenants_are_active() -> None:
+    lane = LanePolicy(name="interactive", max_concurrency=8, max_queue_depth=100, queue_timeout_s=30)
+    s = DeploymentScheduler(4)
+    alone = [asyncio.create_task(s.acquire(Ticket(f"a{i}", 1, 1.0, 1, lane))) for i in range(6)]
+    await asyncio.sleep(0)
+    assert s.running_total == 4  # a lone tenant may use every slot
+    for t in alone:
+        t.cancel()
+    await asyncio.gather(*alone, return_exceptions=True)
+    for ticket in s.running_tickets():
+        s.release(ticket)
+    # Tenant 2 was seen a moment ago: tenant 1's flood leaves the last slot free ...
+    await s.acquire(b := Ticket("b0", 2, 1.0, 1, lane))
+    s.release(b)
+    flood = [asyncio.create_task(s.acquire(Ticket(f"f{i}", 1, 1.0, 1, lane))) for i in range(8)]
+    await asyncio.sleep(0)
+    assert s.running_total == 3 and s.depth("interactive") == 5
+    # ... so tenant 2's next request starts at once, without waiting for a flood stream to end.
+    await asyncio.wait_for(s.acquire(Ticket("b1", 2, 1.0, 1, lane)), timeout=0.1)
+    assert s.running_total == 4
+    for t in flood:
+        t.cancel()
+    await asyncio.gather(*flood, return_exceptions=True)

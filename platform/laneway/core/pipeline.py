@@ -153,6 +153,7 @@ class Gateway:
         default_max_tokens: int = 512,
         quantum: int = 64,
         starvation_share: float = 0.1,
+        headroom: int = 1,
         metrics: GatewayMetrics | None = None,
         shared_slots: SharedSlots | None = None,
     ) -> None:
@@ -165,6 +166,7 @@ class Gateway:
         self.default_max_tokens = default_max_tokens
         self._quantum = quantum
         self._starvation_share = starvation_share
+        self._headroom = headroom
         # Keyed by the live deployment itself: a swapped-in replacement gets its own scheduler,
         # and a retired one's goes with it.
         self._schedulers: weakref.WeakKeyDictionary[LiveDeployment, Scheduler] = weakref.WeakKeyDictionary()
@@ -187,7 +189,11 @@ class Gateway:
         s = self._schedulers.get(deployment)
         if s is None:
             capacity = deployment.engine.info.max_concurrency
-            local: dict[str, Any] = {"quantum": self._quantum, "starvation_share": self._starvation_share}
+            local: dict[str, Any] = {
+                "quantum": self._quantum,
+                "starvation_share": self._starvation_share,
+                "headroom": self._headroom,
+            }
             if self.shared_slots is not None and deployment.shared:
                 s = self.shared_slots.scheduler(deployment.spec.name, capacity, **local)
             else:

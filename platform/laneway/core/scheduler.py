@@ -82,10 +82,18 @@ class _LaneQueue:
     def head_enqueued(self) -> float:
         return min(self.tenants[tid].tickets[0].enqueued for tid in self.active)
 
-    def pop(self, quantum: float) -> Ticket:
+    def ready(self, eligible: Callable[[int], bool]) -> bool:
+        return any(eligible(tid) for tid in self.active)
+
+    def pop(self, quantum: float, eligible: Callable[[int], bool] = lambda _: True) -> Ticket:
+        """The next ticket in weighted deficit round robin among the eligible tenants (the
+        caller checked ready()); tenants that are not eligible keep their place and credit."""
         while True:
             for _ in range(len(self.active)):
                 tid = self.active[0]
+                if not eligible(tid):
+                    self.active.rotate(-1)
+                    continue
                 q = self.tenants[tid]
                 head = q.tickets[0]
                 if q.deficit >= head.cost:  # serve; it keeps the turn while its credit lasts
@@ -101,11 +109,12 @@ class _LaneQueue:
             # rounds until the first tenant can pay at once instead of looping through them.
             rounds = min(
                 math.ceil((q.tickets[0].cost - q.deficit) / (quantum * max(q.weight, 0.01)))
-                for q in (self.tenants[t] for t in self.active)
+                for q in (self.tenants[t] for t in self.active if eligible(t))
             )
             if rounds > 1:
                 for t in self.active:
-                    self.tenants[t].deficit += (rounds - 1) * quantum * max(self.tenants[t].weight, 0.01)
+                    if eligible(t):
+                        self.tenants[t].deficit += (rounds - 1) * quantum * max(self.tenants[t].weight, 0.01)
 
 
 def queue_timeout(lane: LanePolicy, waited_s: float) -> GatewayError:
@@ -125,9 +134,18 @@ class DeploymentScheduler:
         *,
         quantum: int = 64,
         starvation_share: float = 0.1,
+        headroom: int = 1,
+        headroom_window_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.capacity = max(1, capacity)
+        # Slots held back from tenants already running something while several tenants use
+        # this deployment, so a newcomer's first token does not wait for a flood's streams to
+        # end (only on engines with 4 slots or more: smaller ones have none to spare).
+        self.headroom = headroom if self.capacity >= 4 else 0
+        self.headroom_window_s = headroom_window_s
+        self._tenant_running: dict[int, int] = {}
+        self._tenant_seen: dict[int, float] = {}  # tenant -> when it last asked for a slot
         self.quantum = quantum
         self.starvation_every = max(1, round(1 / starvation_share)) if starvation_share > 0 else 0
         self._clock = clock
@@ -235,6 +253,7 @@ class DeploymentScheduler:
         lane = ticket.lane
         self._lanes[lane.name] = lane
         ticket.enqueued = self._clock()
+        self._tenant_seen[ticket.tenant_id] = ticket.enqueued
         ticket.future = asyncio.get_running_loop().create_future()
         self._queues.setdefault(lane.name, _LaneQueue()).push(ticket)
         self._dispatch()
@@ -268,6 +287,11 @@ class DeploymentScheduler:
         held = self._clock() - ticket.granted
         ticket.granted = None
         self._granted.discard(ticket)
+        left = self._tenant_running.get(ticket.tenant_id, 1) - 1
+        if left:
+            self._tenant_running[ticket.tenant_id] = left
+        else:
+            self._tenant_running.pop(ticket.tenant_id, None)
         name = ticket.lane.name
         self.running[name] -= 1
         self.running_total -= 1
@@ -275,25 +299,41 @@ class DeploymentScheduler:
         self._service_s[name] = held if prev is None else 0.8 * prev + 0.2 * held
         self._dispatch()
 
+    def _several_tenants(self) -> bool:
+        horizon = self._clock() - self.headroom_window_s
+        for tid, seen in list(self._tenant_seen.items()):
+            if seen < horizon and tid not in self._tenant_running:
+                del self._tenant_seen[tid]
+        return len(self._tenant_seen) > 1
+
+    def _eligible(self) -> Callable[[int], bool]:
+        """Who may take the next free slot: anyone, unless only the headroom is left and several
+        tenants are active; then only a tenant running nothing yet."""
+        if not self.headroom or self.capacity - self.running_total > self.headroom or not self._several_tenants():
+            return lambda _: True
+        return lambda tid: tid not in self._tenant_running
+
     def _dispatch(self) -> None:
         while self.running_total < self.capacity:
-            lane = self._choose_lane()
+            eligible = self._eligible()
+            lane = self._choose_lane(eligible)
             if lane is None:
                 return
-            ticket = self._queues[lane].pop(self.quantum)
+            ticket = self._queues[lane].pop(self.quantum, eligible)
             ticket.granted = self._clock()
             self._granted.add(ticket)
+            self._tenant_running[ticket.tenant_id] = self._tenant_running.get(ticket.tenant_id, 0) + 1
             self.running[lane] = self.running.get(lane, 0) + 1
             self.running_total += 1
             assert ticket.future is not None
             if not ticket.future.done():
                 ticket.future.set_result(None)
 
-    def _choose_lane(self) -> str | None:
+    def _choose_lane(self, eligible: Callable[[int], bool]) -> str | None:
         ready = [
             name
             for name, q in self._queues.items()
-            if q.size and self.running.get(name, 0) < self._lanes[name].max_concurrency
+            if q.size and self.running.get(name, 0) < self._lanes[name].max_concurrency and q.ready(eligible)
         ]
         if not ready:
             return None
