@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the suite's seeding helper and private services
 
 from services import PrivatePostgres, PrivateRedis  # noqa: E402
-from serving import seed, serve, sim_model  # noqa: E402
+from serving import closed_by_server, seed, serve, sim_model  # noqa: E402
 
 ADMIN_PASSWORD = "bench-admin-password"
 LANES = [
@@ -476,16 +476,7 @@ def slowloris(env: Env, row: Row) -> None:
             except OSError:
                 pass
         time.sleep(1)
-    closed = 0
-    for s in socks:
-        s.settimeout(2)
-        try:
-            data = s.recv(4096)
-            closed += data == b"" or data.startswith(b"HTTP/1.1 408")
-        except OSError:
-            closed += 1
-        s.close()
-    row.note = f"{closed}/1000 closed by the server"
+    row.note = f"{closed_by_server(socks, timeout=2)}/1000 closed by the server"
 
 
 def slow_readers(env: Env, row: Row) -> None:

@@ -5,6 +5,7 @@ Under CI=true a missing PostgreSQL or Redis is a failure, not a skip.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
 import uuid
@@ -70,3 +71,24 @@ def private_redis() -> Iterator[PrivateRedis]:
         yield redis
     finally:
         redis.stop()
+
+
+@pytest.fixture
+def pg_database() -> Iterator[str]:
+    """A throwaway database on the shared PostgreSQL (for several processes to share)."""
+    require_service("PostgreSQL", "127.0.0.1", 5432)
+    name = f"lw_test_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_admin_sql(f'CREATE DATABASE "{name}"'))
+    try:
+        yield PG_URL.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        asyncio.run(_admin_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+async def _admin_sql(sql: str) -> None:
+    engine = make_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    try:
+        async with engine.connect() as conn:
+            await conn.execute(text(sql))
+    finally:
+        await engine.dispose()

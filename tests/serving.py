@@ -175,3 +175,17 @@ def wait_for(predicate: Any, within: float = 10.0, step: float = 0.002, what: st
         assert time.perf_counter() - start < within, f"{what} not reached within {within} s"
         time.sleep(step)
     return time.perf_counter() - start
+
+
+def closed_by_server(socks: list[socket.socket], timeout: float = 5.0) -> int:
+    """Close each socket; return how many the server had closed first (EOF, a reset, or a 408)."""
+    closed = 0
+    for s in socks:
+        s.settimeout(timeout)
+        try:
+            data = s.recv(4096)
+            closed += data == b"" or data.startswith(b"HTTP/1.1 408")
+        except OSError:
+            closed += 1
+        s.close()
+    return closed

@@ -3,41 +3,20 @@ LISTEN/NOTIFY, long before its next poll."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 from laneway.app import create_app
-from laneway.db.session import make_engine
 from laneway.settings import Settings
-from services import PG_URL, require_service
 from serving import ServerThread
-from sqlalchemy import text
 
 PASSWORD = "correct horse battery"
 
 
-async def _admin_sql(sql: str) -> None:
-    engine = make_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    async with engine.connect() as conn:
-        await conn.execute(text(sql))
-    await engine.dispose()
+def test_an_admin_change_reaches_the_other_replica_by_notify(pg_database: str, tmp_path: Path) -> None:
+    database = pg_database
 
-
-@pytest.fixture
-def database() -> Iterator[str]:
-    require_service("PostgreSQL", "127.0.0.1", 5432)
-    name = f"lw_notify_{uuid.uuid4().hex[:10]}"
-    asyncio.run(_admin_sql(f'CREATE DATABASE "{name}"'))
-    yield PG_URL.rsplit("/", 1)[0] + f"/{name}"
-    asyncio.run(_admin_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-
-def test_an_admin_change_reaches_the_other_replica_by_notify(database: str, tmp_path: Path) -> None:
     def replica(name: str) -> ServerThread:
         settings = Settings(data_dir=tmp_path / name, database_url=database, bootstrap_demo=False,
                             admin_password=PASSWORD, policy_poll_interval_s=3600)  # fmt: skip

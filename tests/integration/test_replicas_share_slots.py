@@ -16,31 +16,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from laneway.db.session import make_engine
-from services import PG_URL, require_service
+from services import require_service
 from serving import ServerThread, seed, serve
-from sqlalchemy import text
 from standins.vllm_server import VLLMStandIn
 
 REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 CAPACITY = 4
-
-
-async def _admin_sql(sql: str) -> None:
-    engine = make_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    async with engine.connect() as conn:
-        await conn.execute(text(sql))
-    await engine.dispose()
-
-
-@pytest.fixture
-def database() -> Iterator[str]:
-    require_service("PostgreSQL", "127.0.0.1", 5432)
-    require_service("Redis", "127.0.0.1", 6379)
-    name = f"lw_replicas_{uuid.uuid4().hex[:10]}"
-    asyncio.run(_admin_sql(f'CREATE DATABASE "{name}"'))
-    yield PG_URL.rsplit("/", 1)[0] + f"/{name}"
-    asyncio.run(_admin_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 @pytest.fixture
@@ -53,8 +34,10 @@ def engine() -> Iterator[VLLMStandIn]:
 
 
 def test_two_replicas_share_one_engines_slots_and_a_dead_ones_come_back(
-    database: str, engine: VLLMStandIn, tmp_path: Path
+    pg_database: str, engine: VLLMStandIn, tmp_path: Path
 ) -> None:
+    require_service("Redis", "127.0.0.1", 6379)
+    database = pg_database
     config = {"base_url": engine.base_url, "model": "m", "max_concurrency": CAPACITY, "metrics_poll_s": 0,  # type: ignore[attr-defined]
               "tokenize": False}  # fmt: skip
     keys = asyncio.run(seed(
