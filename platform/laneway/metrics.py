@@ -10,6 +10,7 @@ LANEWAY_METRICS_TENANT_LABEL is on: tenants can be many, and cardinality costs m
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -46,6 +47,18 @@ REJECTION_REASONS = {
 Reading = tuple[str, str, str, dict[str, str], float]
 
 
+@dataclass(frozen=True, slots=True)
+class _Bound:
+    e2e: Any
+    queue_wait: Any
+    ttft: Any
+    prefill: Any
+    decode: Any
+    tpot: Any
+    prompt_tokens: Any
+    completion_tokens: Any
+
+
 class GatewayMetrics:
     def __init__(self, *, tenant_label: bool = False) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -68,30 +81,52 @@ class GatewayMetrics:
         self.completion_tokens = counter("laneway_completion_tokens_total", "Tokens generated.")
         self.requests = counter("laneway_requests_total", "Requests by HTTP status.", ("status",))
         self.rejections = counter("laneway_rejections_total", "Refused or cut-short requests.", ("reason",))
+        self._children: dict[tuple[str, ...], _Bound] = {}
+        self._statuses: dict[tuple[tuple[str, ...], int], Any] = {}
+
+    def _bound(self, lv: tuple[str, ...]) -> _Bound:
+        """The metric children of one label set, looked up once (labels() per observation
+        costs more than the observation)."""
+        bound = self._children.get(lv)
+        if bound is None:
+            bound = self._children[lv] = _Bound(
+                e2e=self.e2e.labels(*lv),
+                queue_wait=self.queue_wait.labels(*lv),
+                ttft=self.ttft.labels(*lv),
+                prefill=self.prefill.labels(*lv),
+                decode=self.decode.labels(*lv),
+                tpot=self.tpot.labels(*lv),
+                prompt_tokens=self.prompt_tokens.labels(*lv),
+                completion_tokens=self.completion_tokens.labels(*lv),
+            )
+        return bound
 
     def observe(self, call: Call, now: float) -> None:
         info = call.deployment.engine.info
-        values = [call.lane.name, call.alias, info.quantization, info.gpu_type, info.engine]
+        lv: tuple[str, ...] = (call.lane.name, call.alias, info.quantization, info.gpu_type, info.engine)
         if self.tenant_label:
-            values.append(call.tenant.name)
-        lv = tuple(values)
-        self.requests.labels(*lv, str(call.status)).inc()
+            lv = (*lv, call.tenant.name)
+        m = self._bound(lv)
+        status = self._statuses.get((lv, call.status))
+        if status is None:
+            status = self._statuses[lv, call.status] = self.requests.labels(*lv, str(call.status))
+        status.inc()
         reason = REJECTION_REASONS.get(call.error_code or "")
         if reason:
             self.rejections.labels(*lv, reason).inc()
-        self.e2e.labels(*lv).observe(now - call.started)
+        m.e2e.observe(now - call.started)
         if call.dispatched_at is None:
             return  # never reached the engine
-        self.queue_wait.labels(*lv).observe(call.dispatched_at - call.started)
-        self.prompt_tokens.labels(*lv).inc(call.prompt_tokens)
-        self.completion_tokens.labels(*lv).inc(call.completion_tokens)
+        m.queue_wait.observe(call.dispatched_at - call.started)
+        m.prompt_tokens.inc(call.prompt_tokens)
+        m.completion_tokens.inc(call.completion_tokens)
         if call.first_token_at is not None:
-            self.ttft.labels(*lv).observe(call.first_token_at - call.started)
-            self.prefill.labels(*lv).observe(call.first_token_at - call.dispatched_at)
+            m.ttft.observe(call.first_token_at - call.started)
+            m.prefill.observe(call.first_token_at - call.dispatched_at)
             decode = now - call.first_token_at
-            self.decode.labels(*lv).observe(decode)
+            m.decode.observe(decode)
             if call.completion_tokens > 1:
-                self.tpot.labels(*lv).observe(decode / (call.completion_tokens - 1))
+                m.tpot.observe(decode / (call.completion_tokens - 1))
 
     def watch_queues(self, source: Callable[[], Iterable[tuple[dict[str, str], int, int]]]) -> None:
         """Expose waiting/running per lane and deployment, read from `source` at scrape time."""

@@ -28,6 +28,7 @@ class GenerationRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     priority: int = 0
+    stream: bool = True  # whether the client streams (an HTTP engine then streams too)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,9 @@ class Delta:
     text: str
     tokens: int = 1
     finish_reason: FinishReason | None = None
+    # On the last delta, when the engine reports it: the prompt's exact token count (the
+    # gateway may have estimated it); accounting uses it.
+    prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

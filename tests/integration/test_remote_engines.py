@@ -64,7 +64,7 @@ async def wait_for(predicate: Any, within: float = 5.0) -> None:
 
 
 async def test_vllm_maps_the_request_and_counts_with_tokenize(vllm: VLLMStandIn) -> None:
-    engine = VLLMEngine("chat", vllm_config(vllm), max_model_len=4096)
+    engine = VLLMEngine("chat", vllm_config(vllm, tokenize="always"), max_model_len=4096)
     await engine.start()
     try:
         m = await engine.measure(messages=[ChatTurn("user", "one two three")])
@@ -92,6 +92,28 @@ async def test_vllm_maps_the_request_and_counts_with_tokenize(vllm: VLLMStandIn)
         assert vllm.requests[-1]["_path"] == "/v1/completions" and vllm.requests[-1]["prompt"] == "hello"
         assert done[1] == 4
     finally:
+        await engine.close()
+
+
+async def test_vllm_measures_without_a_round_trip_unless_the_prompt_nears_the_context(vllm: VLLMStandIn) -> None:
+    """The hot path estimates; /tokenize only where the exact count decides (near the context
+    limit); what is billed is the count vLLM reports."""
+    engine = VLLMEngine("chat", vllm_config(vllm), max_model_len=4096)
+    await engine.start()
+    try:
+        calls = engine.tokenize_calls
+        short = await engine.measure(prompt="a short question")
+        assert short.tokens == 4 and engine.tokenize_calls == calls  # an estimate, no round trip
+        long = await engine.measure(prompt="word " * 2500)  # ~3100 estimated: within a quarter of 4096
+        assert long.tokens == 2500 and engine.tokenize_calls == calls + 1  # the server's exact count
+        vllm.prompt_tokens = 37
+        for stream in (True, False):
+            req = GenerationRequest(f"count-{stream}", "a short question", short.tokens, 3, seed=1, stream=stream)
+            deltas = [d async for d in engine.generate(req)]
+            assert deltas[-1].prompt_tokens == 37 and sum(d.tokens for d in deltas) == 3
+            assert vllm.requests[-1]["stream"] is stream  # a non-streaming client: one JSON answer
+    finally:
+        vllm.prompt_tokens = 1
         await engine.close()
 
 

@@ -34,6 +34,7 @@ class VLLMStandIn:
         self.kv_usage = 0.1
         self.running = 0
         self.max_running = 0  # the most requests it ever generated for at once
+        self.prompt_tokens = 1  # what its usage reports for every prompt
         self.app = self._build()
 
     def _build(self) -> Litestar:
@@ -72,6 +73,23 @@ class VLLMStandIn:
             standin.requests.append({**body, "_request_id": rid, "_path": request.url.path})
             if standin.fail_generation:
                 return Response(json.dumps({"error": {"message": "engine crashed"}}), status_code=500)
+            if not body.get("stream"):  # one JSON answer, as vLLM gives a non-streaming client
+                text, finish, produced = "", "length", 0
+                async for event in standin._events(body, rid, chat):
+                    data = event[6:].strip()
+                    if data == b"[DONE]":
+                        continue
+                    parsed = json.loads(data)
+                    for choice in parsed["choices"]:
+                        text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+                        finish = choice.get("finish_reason") or finish
+                    produced = parsed.get("usage", {}).get("completion_tokens", produced)
+                choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+                          if chat else {"index": 0, "text": text, "finish_reason": finish})  # fmt: skip
+                usage = {"prompt_tokens": standin.prompt_tokens, "completion_tokens": produced,
+                         "total_tokens": produced + standin.prompt_tokens}  # fmt: skip
+                return Response(json.dumps({"id": rid, "choices": [choice], "usage": usage}),
+                                media_type=MediaType.JSON)  # fmt: skip
             return Stream(standin._events(body, rid, chat), media_type="text/event-stream")
 
         @post("/v1/completions", status_code=200)
@@ -112,7 +130,8 @@ class VLLMStandIn:
                 else {"index": 0, "text": "", "finish_reason": finish}
             )
             yield b"data: " + json.dumps({"id": rid, "choices": [end]}).encode() + b"\n\n"
-            usage = {"prompt_tokens": 1, "completion_tokens": produced, "total_tokens": produced + 1}
+            usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": produced,
+                     "total_tokens": produced + self.prompt_tokens}  # fmt: skip
             yield b"data: " + json.dumps({"id": rid, "choices": [], "usage": usage}).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
             self.finished.append(rid)

@@ -18,34 +18,38 @@ class ClientDisconnected(Exception):
 
 
 async def until_disconnect(request: Request[Any, Any, Any], work: Awaitable[T], call: Call) -> T:
-    """Await `work`; if the client disconnects first, record 499 on the call, cancel the work,
-    wait for it to stop, and raise ClientDisconnected. What the work took is held by the
-    call's lease, which its owner releases.
+    """Await `work` in this task while a watcher task listens for the client hanging up; if it
+    does, the call is marked 499, this task is cancelled (the work stops at its current
+    await, releasing what it holds into the call's lease) and ClientDisconnected is raised.
 
     Only for handlers that have read the whole body: the next ASGI message is then either
     nothing or `http.disconnect`.
     """
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
+    current = asyncio.current_task()
+    assert current is not None
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        await _disconnected(request)
+        gone = True
+        call.fail(CLIENT_CLOSED, "client_disconnected")
+        current.cancel()
+
+    watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:  # this handler is being cancelled (server shutdown)
-        watcher.cancel()
-        await _stop(task)
+        result = await work
+    except asyncio.CancelledError:
+        if gone and current.cancelling():
+            current.uncancel()
+            raise ClientDisconnected from None
         raise
-    watcher.cancel()
-    if task.done():
-        return task.result()
-    call.fail(CLIENT_CLOSED, "client_disconnected")
-    await _stop(task)
-    raise ClientDisconnected
-
-
-async def _stop(task: asyncio.Future[Any]) -> None:
-    task.cancel()
-    await asyncio.wait({task})
-    if not task.cancelled():
-        task.exception()  # retrieved and dropped: nobody is left to tell
+    finally:
+        watcher.cancel()
+    if gone and current.cancelling():  # it finished as the client left: the cancel is ours
+        current.uncancel()
+        raise ClientDisconnected
+    return result
 
 
 async def _disconnected(request: Request[Any, Any, Any]) -> None:

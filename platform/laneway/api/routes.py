@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
@@ -192,8 +193,28 @@ class OpenAIController(Controller):
         )
 
 
-async def _collect(gateway: Gateway, lease: Lease) -> str:
-    return "".join([d.text async for d in pumped(gateway, lease, limit=None)])
+async def _admit_and_collect(gateway: Gateway, lease: Lease) -> str:
+    """A non-streaming answer: wait for a slot, then the whole generation, in this task (an
+    interruption - a shutdown - cancels it and surfaces as the interrupting error)."""
+    current = asyncio.current_task()
+    assert current is not None
+    interrupted: list[GatewayError] = []
+
+    def interrupt(error: GatewayError) -> None:
+        interrupted.append(error)
+        current.cancel()
+
+    lease.interrupter = interrupt
+    try:
+        await gateway.acquire(lease)
+        return "".join([d.text async for d in gateway.run(lease)])
+    except asyncio.CancelledError:
+        if interrupted and current.cancelling():
+            current.uncancel()
+            raise interrupted[0] from None
+        raise
+    finally:
+        lease.interrupter = None
 
 
 async def _respond(
@@ -211,15 +232,16 @@ async def _respond(
     lease = gateway.lease(call)
     owned = True
     try:
+        if not call.stream:
+            text = await until_disconnect(request, _admit_and_collect(gateway, lease), call)
+            return Response(p.encode(body(text)), media_type=MediaType.JSON, headers=headers)
         await until_disconnect(request, gateway.acquire(lease), call)
-        if call.stream:
-            settings = request.app.state.settings
-            response = LeasedStream(
-                lease, events(lease), headers={**SSE_HEADERS, **headers}, send_timeout_s=settings.stream_send_timeout_s
-            )
-            owned = False  # the response releases it when the stream ends
-            return response
-        text = await until_disconnect(request, _collect(gateway, lease), call)
+        settings = request.app.state.settings
+        response = LeasedStream(
+            lease, events(lease), headers={**SSE_HEADERS, **headers}, send_timeout_s=settings.stream_send_timeout_s
+        )
+        owned = False  # the response releases it when the stream ends
+        return response
     except ClientDisconnected:
         return Response(b"", status_code=CLIENT_CLOSED)
     except BaseException as exc:
@@ -228,7 +250,6 @@ async def _respond(
     finally:
         if owned:
             lease.release()
-    return Response(p.encode(body(text)), media_type=MediaType.JSON, headers=headers)
 
 
 def _usage(call: Call) -> p.Usage:

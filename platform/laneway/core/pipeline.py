@@ -65,6 +65,7 @@ class Call:
     finish_reason: FinishReason | None = None
     status: int = 200
     error_code: str | None = None
+    reported_prompt_tokens: int | None = None  # the engine's exact count, when it reports one
 
     def fail(self, status: int, code: str | None) -> None:
         """Record why the request did not end well; the first cause stands (a backpressure
@@ -74,7 +75,9 @@ class Call:
 
     @property
     def prompt_tokens(self) -> int:
-        return self.generation.prompt_tokens
+        """The engine's count when it reported one, else the gateway's measurement (which may
+        be an estimate: it only routed and reserved)."""
+        return self.reported_prompt_tokens or self.generation.prompt_tokens
 
     @property
     def queue_ms(self) -> float | None:
@@ -293,6 +296,7 @@ class Gateway:
             seed=seed,
             stop=stops,
             priority=priority,
+            stream=stream,
         )
         return Call(
             request_id=request_id,
@@ -402,6 +406,8 @@ class Gateway:
             try:
                 async for delta in engine_stream:
                     call.completion_tokens += delta.tokens
+                    if delta.prompt_tokens:
+                        call.reported_prompt_tokens = delta.prompt_tokens
                     text = matcher.feed(delta.text)
                     if matcher.stopped:
                         call.finish_reason = "stop"

@@ -172,7 +172,8 @@ class UsageRepository:
 
     async def add_many(self, rows: Sequence[dict[str, Any]]) -> None:
         if rows:
-            await self.session.execute(insert(UsageRecord), list(rows))
+            # Core, not ORM, insert: an executemany without building an object per row.
+            await self.session.execute(insert(UsageRecord.__table__), list(rows))  # type: ignore[arg-type]
 
     async def for_tenant(self, tenant_id: int) -> list[UsageRecord]:
         stmt = select(UsageRecord).where(UsageRecord.tenant_id == tenant_id).order_by(UsageRecord.id)

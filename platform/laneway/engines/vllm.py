@@ -1,20 +1,25 @@
-"""vLLM through its OpenAI-compatible HTTP server (httpx, pooled connections, streaming).
+"""vLLM through its OpenAI-compatible HTTP server (aiohttp: pooled keep-alive connections).
 
 - Chat requests go to /v1/chat/completions with the messages, so vLLM applies the model's
   own chat template; completions go to /v1/completions. laneway's stop sequences, seed,
   sampling and priority (vLLM's `--scheduling-policy priority`) are passed through; the
   request id travels as X-Request-Id.
+- A streaming client's request streams from vLLM too; a non-streaming one is one plain
+  request and one JSON answer (no per-token parsing for an answer nobody watches arrive).
 - Closing the stream closes the HTTP response: vLLM aborts the request when its client
   goes away, so the engine slot is freed.
-- Tokens are counted with vLLM's /tokenize when `tokenize` is on (the model's tokenizer),
-  otherwise estimated at 4 characters a token.
+- Prompt tokens, without a round trip on the hot path (config "tokenize"): "auto" (the
+  default) estimates 4 characters a token and asks vLLM's /tokenize only for a prompt whose
+  estimate comes within a quarter of the context, where the exact count decides; "always"
+  asks every time; "never" only estimates. Accounting uses the count vLLM reports in the
+  answer's usage, so an estimate never reaches a bill or a rate limit's refund.
 - A background poller reads /metrics (vllm:num_requests_waiting, KV-cache usage): a replica
   over `max_waiting` or `max_kv_cache_usage` reports itself overloaded, and the registry
   sends new requests to its siblings while it is.
 
 Config: base_url (required), model (the served model name; default: the alias), api_key,
-tokenize (bool), max_concurrency, max_waiting, max_kv_cache_usage, metrics_poll_s,
-timeout_s, extra_body (dict merged into every request).
+tokenize ("auto" | "always" | "never", or a bool), max_concurrency, max_waiting,
+max_kv_cache_usage, metrics_poll_s, timeout_s, extra_body (dict merged into every request).
 """
 
 from __future__ import annotations
@@ -22,12 +27,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
-import httpx
+import aiohttp
+import msgspec
 
 from laneway.engines.base import EngineError, run_warmup
 from laneway.types import ChatTurn, Delta, EngineInfo, FinishReason, GenerationRequest, PromptMeasure
@@ -35,6 +40,33 @@ from laneway.types import ChatTurn, Delta, EngineInfo, FinishReason, GenerationR
 log = logging.getLogger("laneway.engines.vllm")
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "cancelled"}
+
+
+# The parts of vLLM's answers the adapter reads (msgspec ignores the rest).
+class _Usage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class _Message(msgspec.Struct):
+    content: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    text: str | None = None
+    delta: _Message | None = None
+    message: _Message | None = None
+    finish_reason: str | None = None
+
+
+class _Chunk(msgspec.Struct):
+    choices: list[_Choice] = []
+    usage: _Usage | None = None
+    error: Any = None
+
+
+_decode_chunk = msgspec.json.Decoder(_Chunk).decode
+_encode = msgspec.json.Encoder().encode
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -52,6 +84,17 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return out
 
 
+def _tokenize_mode(value: Any) -> str:
+    if value is True:
+        return "always"
+    if value is False:
+        return "never"
+    mode = str(value)
+    if mode not in ("auto", "always", "never"):
+        raise EngineError(f"vLLM config: tokenize must be auto, always or never, not {value!r}")
+    return mode
+
+
 class VLLMEngine:
     def __init__(
         self,
@@ -65,7 +108,7 @@ class VLLMEngine:
         self.alias = alias
         self.base_url = str(config["base_url"]).rstrip("/")
         self.model = str(config.get("model", alias))
-        self.use_tokenize = bool(config.get("tokenize", True))
+        self.tokenize = _tokenize_mode(config.get("tokenize", "auto"))
         self.max_waiting = float(config.get("max_waiting", 32))
         self.max_kv_usage = float(config.get("max_kv_cache_usage", 0.98))
         self.metrics_poll_s = float(config.get("metrics_poll_s", 1.0))
@@ -80,22 +123,24 @@ class VLLMEngine:
             max_model_len=int(max_model_len or config.get("max_model_len", 4096)),
             max_concurrency=int(config.get("max_concurrency", 64)),
         )
-        self._client: httpx.AsyncClient | None = None
+        self._session: aiohttp.ClientSession | None = None
         self._poller: asyncio.Task[None] | None = None
         self._active = 0
+        self.tokenize_calls = 0  # /tokenize round trips (tests, and a hot-path check)
         self.waiting = 0.0  # vllm:num_requests_waiting at the last poll
         self.kv_cache_usage = 0.0
 
     async def start(self) -> None:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        self._client = httpx.AsyncClient(
-            base_url=self.base_url,
+        self._session = aiohttp.ClientSession(
+            base_url=self.base_url + "/",
             headers=headers,
-            timeout=httpx.Timeout(self.timeout_s, connect=5.0),
-            limits=httpx.Limits(max_connections=self.info.max_concurrency + 8, max_keepalive_connections=64),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=self.timeout_s),
+            connector=aiohttp.TCPConnector(limit=self.info.max_concurrency + 8, keepalive_timeout=30),
+            skip_auto_headers=("User-Agent",),
         )
         if not await self.health():
-            await self._client.aclose()
+            await self._session.close()
             raise EngineError(f"vLLM at {self.base_url} is not healthy")
         served = await self._served_max_model_len()
         if served is not None and served < self.info.max_model_len:
@@ -107,8 +152,9 @@ class VLLMEngine:
     async def _served_max_model_len(self) -> int | None:
         """max_model_len of the served model, as vLLM lists it in /v1/models (None if absent)."""
         try:
-            cards = (await self._http().get("/v1/models", timeout=5.0)).json().get("data", [])
-        except (httpx.HTTPError, ValueError):
+            async with self._http().get("v1/models", timeout=aiohttp.ClientTimeout(total=5.0)) as r:
+                cards = (await r.json(content_type=None)).get("data", [])
+        except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
         for card in cards:
             if card.get("id") == self.model and isinstance(card.get("max_model_len"), int):
@@ -120,8 +166,8 @@ class VLLMEngine:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
-        if self._client is not None:
-            await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
     @property
     def active_slots(self) -> int:
@@ -131,27 +177,28 @@ class VLLMEngine:
     def overloaded(self) -> bool:
         return self.waiting > self.max_waiting or self.kv_cache_usage > self.max_kv_usage
 
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
             raise EngineError(f"deployment for {self.alias} is not started")
-        return self._client
+        return self._session
 
     async def health(self) -> bool:
         try:
-            return (await self._http().get("/health", timeout=5.0)).status_code == 200
-        except httpx.HTTPError:
+            async with self._http().get("health", timeout=aiohttp.ClientTimeout(total=5.0)) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, TimeoutError):
             return False
 
     async def _poll_metrics(self) -> None:
         while True:
             try:
-                r = await self._http().get("/metrics", timeout=5.0)
-                values = parse_prometheus(r.text)
+                async with self._http().get("metrics", timeout=aiohttp.ClientTimeout(total=5.0)) as r:
+                    values = parse_prometheus(await r.text())
                 self.waiting = values.get("vllm:num_requests_waiting", 0.0)
                 self.kv_cache_usage = values.get(
                     "vllm:kv_cache_usage_perc", values.get("vllm:gpu_cache_usage_perc", 0.0)
                 )
-            except httpx.HTTPError as exc:
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 log.warning("reading %s/metrics failed: %s", self.base_url, exc)
             await asyncio.sleep(self.metrics_poll_s)
 
@@ -159,19 +206,25 @@ class VLLMEngine:
         text = prompt or ""
         if messages is not None:  # vLLM renders the chat itself; the text is only for estimates
             text = "\n".join(f"{m.role}: {m.content}" for m in messages)
-        if not self.use_tokenize:
-            return PromptMeasure(text=text, tokens=max(1, (len(text) + 3) // 4))
+        estimate = max(1, (len(text) + 3) // 4)
+        near_limit = estimate * 4 >= self.info.max_model_len * 3  # within a quarter of the context
+        if self.tokenize == "never" or (self.tokenize == "auto" and not near_limit):
+            return PromptMeasure(text=text, tokens=estimate)
         body: dict[str, Any] = {"model": self.model}
         if messages is not None:
             body.update(messages=[{"role": m.role, "content": m.content} for m in messages], add_generation_prompt=True)
         else:
             body["prompt"] = text
+        self.tokenize_calls += 1
         try:
-            r = await self._http().post("/tokenize", json=body, timeout=10.0)
-            r.raise_for_status()
-            return PromptMeasure(text=text, tokens=int(r.json()["count"]))
-        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            async with self._http().post("tokenize", data=_encode(body), timeout=aiohttp.ClientTimeout(total=10.0),
+                                         headers={"Content-Type": "application/json"}) as r:  # fmt: skip
+                if r.status != 200:
+                    raise EngineError(f"vLLM /tokenize answered {r.status}")
+                count = int((await r.json(content_type=None))["count"])
+        except (aiohttp.ClientError, TimeoutError, KeyError, ValueError) as exc:
             raise EngineError(f"vLLM /tokenize failed: {exc}") from exc
+        return PromptMeasure(text=text, tokens=count)
 
     async def warmup(self, prompts: Sequence[str]) -> None:
         await run_warmup(self, prompts)
@@ -182,10 +235,11 @@ class VLLMEngine:
             "max_tokens": req.max_tokens,
             "temperature": req.temperature,
             "top_p": req.top_p,
-            "stream": True,
-            "stream_options": {"include_usage": True},
+            "stream": req.stream,
             **self.extra_body,
         }
+        if req.stream:
+            body["stream_options"] = {"include_usage": True}
         if req.seed is not None:
             body["seed"] = req.seed
         if req.stop:
@@ -194,43 +248,61 @@ class VLLMEngine:
             body["priority"] = req.priority
         if req.messages is not None:
             body["messages"] = [{"role": m.role, "content": m.content} for m in req.messages]
-            return "/v1/chat/completions", body
+            return "v1/chat/completions", body
         body["prompt"] = req.prompt
-        return "/v1/completions", body
+        return "v1/completions", body
 
     async def generate(self, req: GenerationRequest) -> AsyncGenerator[Delta, None]:
         path, body = self._body(req)
         self._active += 1
-        counted = 0
-        finish: FinishReason | None = None
-        usage_tokens: int | None = None
+        headers = {"X-Request-Id": req.request_id, "Content-Type": "application/json"}
         try:
-            async with self._http().stream("POST", path, json=body, headers={"X-Request-Id": req.request_id}) as r:
-                if not r.is_success:
-                    detail = (await r.aread()).decode("utf-8", "replace")[:500]
-                    raise EngineError(f"vLLM answered {r.status_code}: {detail}")
-                async for line in r.aiter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    data = line[6:]
-                    if data == "[DONE]":
-                        break
-                    chunk = json.loads(data)
-                    if "error" in chunk:
-                        raise EngineError(f"vLLM error: {chunk['error']}")
-                    if chunk.get("usage"):
-                        usage_tokens = int(chunk["usage"].get("completion_tokens", counted))
-                    for choice in chunk.get("choices", []):
-                        text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
-                        if text:
-                            counted += 1
-                            yield Delta(text=text, tokens=1)
-                        if choice.get("finish_reason"):
-                            finish = _FINISH.get(choice["finish_reason"], "stop")
-            # The usage chunk is authoritative: chunks and tokens need not be one to one.
-            extra = max(0, (usage_tokens or counted) - counted)
-            yield Delta(text="", tokens=extra, finish_reason=finish or "length")
-        except httpx.HTTPError as exc:
+            async with self._http().post(path, data=_encode(body), headers=headers) as r:
+                if r.status != 200:
+                    detail = (await r.read()).decode("utf-8", "replace")[:500]
+                    raise EngineError(f"vLLM answered {r.status}: {detail}")
+                if req.stream:
+                    async for delta in self._deltas(r):
+                        yield delta
+                    return
+                answer = _decode_chunk(await r.read())
+            if answer.error is not None:
+                raise EngineError(f"vLLM error: {answer.error}")
+            choice = answer.choices[0] if answer.choices else _Choice()
+            text = choice.text if choice.text is not None else (choice.message.content if choice.message else "")
+            usage = answer.usage or _Usage()
+            yield Delta(text=text or "", tokens=usage.completion_tokens,
+                        finish_reason=_FINISH.get(choice.finish_reason or "", "length"),
+                        prompt_tokens=usage.prompt_tokens or None)  # fmt: skip
+        except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError) as exc:
             raise EngineError(f"vLLM request failed: {exc}") from exc
         finally:
             self._active -= 1
+
+    async def _deltas(self, r: aiohttp.ClientResponse) -> AsyncGenerator[Delta, None]:
+        """The SSE stream: a delta per content chunk, then one with the finish reason and the
+        usage chunk's counts (authoritative: chunks and tokens need not be one to one)."""
+        counted = 0
+        finish: FinishReason | None = None
+        usage: _Usage | None = None
+        async for line in r.content:
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:].strip()
+            if data == b"[DONE]":
+                break
+            chunk = _decode_chunk(data)
+            if chunk.error is not None:
+                raise EngineError(f"vLLM error: {chunk.error}")
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                text = choice.text if choice.text is not None else (choice.delta.content if choice.delta else None)
+                if text:
+                    counted += 1
+                    yield Delta(text=text, tokens=1)
+                if choice.finish_reason:
+                    finish = _FINISH.get(choice.finish_reason, "stop")
+        total = usage.completion_tokens if usage is not None and usage.completion_tokens else counted
+        prompt = usage.prompt_tokens if usage is not None and usage.prompt_tokens else None
+        yield Delta(text="", tokens=max(0, total - counted), finish_reason=finish or "length", prompt_tokens=prompt)
