@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -28,9 +28,11 @@ from laneway.db.models import (
 
 @dataclass(frozen=True)
 class DeploymentSpec:
-    """A deployment row detached from the session: what the engine registry builds from."""
+    """A deployment row detached from the session: what the engine registry builds from.
+    Two specs are equal when they would build the same engine: `id` is left out, so a spec
+    started before its row was committed (id 0) equals the row read back."""
 
-    id: int
+    id: int = field(compare=False)
     name: str
     alias: str
     engine_kind: str

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,15 @@ REMOTE_ENGINE_KINDS = frozenset({"vllm", "trtllm"})
 
 class UnknownModel(LookupError):
     pass
+
+
+class EngineStartError(EngineError):
+    """A deployment that could not start (or warm up): its name and the engine's reason."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"deployment {name}: {reason}")
+        self.name = name
+        self.reason = reason
 
 
 @dataclass(eq=False)
@@ -71,31 +80,94 @@ def build_engine(spec: DeploymentSpec) -> Engine:
 
 
 class EngineRegistry:
+    """Live changes (load, sync, swap, install) are serialised by one lock: two overlapping
+    syncs (a NOTIFY, the poller, an admin edit) never start two sets of engines for an alias;
+    the second sees what the first installed."""
+
     def __init__(self) -> None:
         self._by_alias: dict[str, list[LiveDeployment]] = {}
         self.failed: dict[str, str] = {}  # deployment name -> why it could not start
         self.rejected: dict[str, str] = {}  # live edits that could not start (old engines kept)
         self.warm: set[str] = set()  # deployments whose warm-up has finished
         self._retiring: set[asyncio.Task[None]] = set()
+        self._changing = asyncio.Lock()
 
     async def load(self, specs: Sequence[DeploymentSpec]) -> None:
-        for d in await self._start_all(specs):
-            self._by_alias.setdefault(d.spec.alias, []).append(d)
+        async with self._changing:
+            for d in await self._start_all(specs):
+                self._by_alias.setdefault(d.spec.alias, []).append(d)
+
+    async def _start_one(self, spec: DeploymentSpec) -> LiveDeployment:
+        try:
+            engine = build_engine(spec)
+        except KeyError as exc:
+            raise EngineError(f"{spec.engine_kind} needs config key {exc.args[0]!r}") from exc
+        await engine.start()
+        return LiveDeployment(spec=spec, engine=engine)
 
     async def _start_all(self, specs: Sequence[DeploymentSpec]) -> list[LiveDeployment]:
         started = []
         for spec in specs:
             try:
-                engine = build_engine(spec)
-                await engine.start()
+                d = await self._start_one(spec)
             except Exception as exc:
                 log.error("deployment %s (%s) failed to start: %s", spec.name, spec.engine_kind, exc)
                 self.failed[spec.name] = str(exc)
                 continue
             self.failed.pop(spec.name, None)
-            started.append(LiveDeployment(spec=spec, engine=engine))
+            started.append(d)
             log.info("deployment %s serves %s via %s", spec.name, spec.alias, spec.engine_kind)
         return started
+
+    async def start(self, specs: Sequence[DeploymentSpec]) -> list[LiveDeployment]:
+        """Start and warm up `specs` without serving them (see install). All or nothing: the
+        first that fails raises EngineStartError after the started ones are closed. Nothing
+        is recorded in `failed`: a refused edit does not make this replica unready."""
+        started: list[LiveDeployment] = []
+        for spec in specs:
+            try:
+                d = await self._start_one(spec)
+            except Exception as exc:
+                await self.discard(started)
+                raise EngineStartError(spec.name, str(exc) or type(exc).__name__) from exc
+            started.append(d)
+            try:
+                await d.engine.warmup(await warmup_prompts(d))
+            except Exception as exc:
+                await self.discard(started)
+                raise EngineStartError(spec.name, f"warm-up failed: {exc}") from exc
+        return started
+
+    async def discard(self, started: Sequence[LiveDeployment]) -> None:
+        """Close engines from start() that will not be installed."""
+        for d in started:
+            try:
+                await d.engine.close()
+            except Exception:
+                log.exception("closing deployment %s failed", d.spec.name)
+
+    async def install(
+        self, alias: str, started: Sequence[LiveDeployment], commit: Callable[[], Awaitable[bool]]
+    ) -> None:
+        """Serve `alias` by `started` (from start(), already warm) instead of its current
+        deployments, which finish what they serve and close. `commit` (the database write)
+        runs under the registry's lock first, so no sync can read the new rows and start
+        them a second time meanwhile; it returns False when the alias must not be served (a
+        disabled model). If it raises, nothing changes and the started engines are closed."""
+        async with self._changing:
+            try:
+                serve = await commit()
+            except BaseException:
+                await self.discard(started)
+                raise
+            if not serve:
+                await self.discard(started)
+                return
+            for d in started:
+                self.failed.pop(d.spec.name, None)
+                self.rejected.pop(d.spec.name, None)
+                self.warm.add(d.spec.name)
+            self._switch(alias, list(started))
 
     async def sync(self, specs: Sequence[DeploymentSpec]) -> list[str]:
         """Make the live deployments match `specs` (the database's), alias by alias; returns
@@ -105,14 +177,19 @@ class EngineRegistry:
         for spec in specs:
             wanted.setdefault(spec.alias, []).append(spec)
         changed = []
-        for alias in sorted(set(wanted) | set(self._by_alias)):
-            current = [d.spec for d in self._by_alias.get(alias, [])]
-            if current != wanted.get(alias, []):
-                await self.swap(alias, wanted.get(alias, []))
-                changed.append(alias)
+        async with self._changing:
+            for alias in sorted(set(wanted) | set(self._by_alias)):
+                current = [d.spec for d in self._by_alias.get(alias, [])]
+                if current != wanted.get(alias, []):
+                    await self._swap(alias, wanted.get(alias, []))
+                    changed.append(alias)
         return changed
 
     async def swap(self, alias: str, specs: Sequence[DeploymentSpec]) -> None:
+        async with self._changing:
+            await self._swap(alias, specs)
+
+    async def _swap(self, alias: str, specs: Sequence[DeploymentSpec]) -> None:
         fresh = await self._start_all(specs)
         if specs and not fresh:
             # None of the new engines could start: keep serving with the old ones (the next
@@ -126,6 +203,9 @@ class EngineRegistry:
         for d in fresh:
             await d.engine.warmup(await warmup_prompts(d))
             self.warm.add(d.spec.name)
+        self._switch(alias, fresh)
+
+    def _switch(self, alias: str, fresh: list[LiveDeployment]) -> None:
         old = self._by_alias.pop(alias, [])
         if fresh:
             self._by_alias[alias] = fresh  # one assignment: new requests see only the new engines
