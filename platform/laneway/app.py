@@ -18,9 +18,10 @@ from litestar.template.config import TemplateConfig
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from laneway.admin.api import AdminAPI
+from laneway.admin.headers import admin_security_headers
 from laneway.admin.ui import ADMIN_UI_DIR, AdminPages, AdminUI
 from laneway.api.errors import gateway_error_handler, http_exception_handler, internal_error_handler
-from laneway.api.health import live, metrics, ready
+from laneway.api.health import live, metrics, openapi_config, ready
 from laneway.api.routes import OpenAIController
 from laneway.bootstrap import bootstrap_admin, bootstrap_demo
 from laneway.core.accounting import UsageRecorder
@@ -184,6 +185,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
         template_config=TemplateConfig(directory=ADMIN_UI_DIR / "templates", engine=JinjaTemplateEngine),
         lifespan=[lifespan],
         state=State({"settings": settings}),
+        # Security headers on every /admin response; /metrics and /schema behind metrics_token.
+        before_send=[admin_security_headers],
+        openapi_config=openapi_config(),
         # Litestar configures the root logger: at the gateway's level, not always INFO.
         logging_config=LoggingConfig(root={"level": settings.log_level.upper(), "handlers": ["queue_listener"]}),
         exception_handlers={

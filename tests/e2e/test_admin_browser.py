@@ -23,6 +23,7 @@ from serving import ServerThread
 PASSWORD = "correct horse battery"
 SHOTS = Path(__file__).parent / "screenshots"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CONSOLE: list[str] = []  # what the browser logged, across the module's tests
 
 
 def _browser_or_skip() -> None:
@@ -66,7 +67,15 @@ def page(server: ServerThread) -> Iterator[object]:
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"],
         )  # fmt: skip
         context = browser.new_context(base_url=server.base_url)
-        yield context.new_page()
+        # Report every Content-Security-Policy violation (Chromium also logs "Refused to ...").
+        context.add_init_script(
+            "document.addEventListener('securitypolicyviolation', e => console.error("
+            "'CSP violation: ' + e.violatedDirective + ' ' + e.blockedURI));"
+        )
+        page = context.new_page()
+        page.on("console", lambda msg: CONSOLE.append(f"{msg.type}: {msg.text}"))
+        page.on("pageerror", lambda exc: CONSOLE.append(f"pageerror: {exc}"))
+        yield page
         browser.close()
 
 
@@ -74,8 +83,11 @@ def test_admin_lowers_a_tenants_rpm_and_its_next_request_gets_429(server: Server
     from playwright.sync_api import Page, expect
 
     assert isinstance(page, Page)
-    page.goto("/admin/")
+    response = page.goto("/admin/")
+    assert response is not None and "script-src 'self'" in response.headers["content-security-policy"]
     expect(page).to_have_url(f"{server.base_url}/admin/login")
+    # The stylesheet (from /admin/static, not inline) applies under the CSP.
+    assert page.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(246, 247, 249)"
     page.screenshot(path=SHOTS / "login.png", full_page=True)
     page.fill("input[name=username]", "admin")
     page.fill("input[name=password]", "wrong password")
@@ -179,3 +191,22 @@ def test_every_page_renders_and_policy_edits_validate_inline(server: ServerThrea
     page.goto("/admin/audit")
     expect(page.locator("#audit")).to_contain_text("update lane interactive")
     page.screenshot(path=SHOTS / "audit.png", full_page=True)
+
+
+def test_the_browser_reported_no_csp_violations(server: ServerThread, page: object) -> None:
+    """Run last: every page above loaded (and htmx swapped) under the CSP without a violation."""
+    from playwright.sync_api import Page
+
+    assert isinstance(page, Page)
+    page.goto("/admin/dashboard")
+    if "/login" in page.url:  # run in isolation: log in first
+        page.fill("input[name=username]", "admin")
+        page.fill("input[name=password]", PASSWORD)
+        page.click("button[type=submit]")
+        page.goto("/admin/dashboard")
+    page.wait_for_selector("#panel")
+    with page.expect_response(lambda r: "/admin/dashboard/panel" in r.url, timeout=10_000):
+        pass  # one htmx poll of the panel
+    violations = [m for m in CONSOLE if "CSP violation" in m or "Content Security Policy" in m or "Refused to" in m]
+    assert not violations, violations
+    assert not [m for m in CONSOLE if m.startswith("pageerror")], CONSOLE

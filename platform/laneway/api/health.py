@@ -1,8 +1,40 @@
-"""Liveness (the process answers), readiness (every enabled deployment is warm), metrics."""
+"""Liveness (the process answers), readiness (every enabled deployment is warm), metrics.
+
+/metrics and the OpenAPI pages (/schema) need "Authorization: Bearer <metrics_token>" when
+the setting metrics_token (LANEWAY_METRICS_TOKEN) is set; unset, they are open."""
 
 from __future__ import annotations
 
-from litestar import MediaType, Request, Response, get
+import secrets
+
+from litestar import MediaType, Request, Response, Router, get
+from litestar.connection import ASGIConnection
+from litestar.handlers.base import BaseRouteHandler
+from litestar.openapi import OpenAPIConfig
+
+from laneway import __version__
+from laneway.core.errors import GatewayError
+
+
+def require_metrics_token(connection: ASGIConnection, _: BaseRouteHandler) -> None:  # type: ignore[type-arg]
+    """A guard: 401 (OpenAI's shape) without the bearer token, when one is configured."""
+    expected: str | None = connection.app.state.settings.metrics_token
+    if not expected:
+        return
+    scheme, _sep, given = connection.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), expected.encode()):
+        raise GatewayError(
+            401, "This endpoint needs 'Authorization: Bearer <metrics token>'.", code="invalid_metrics_token"
+        )
+
+
+def openapi_config() -> OpenAPIConfig:
+    """The OpenAPI pages under /schema, behind the same token as /metrics."""
+    return OpenAPIConfig(
+        title="laneway",
+        version=__version__,
+        openapi_router=Router(path="/schema", route_handlers=[], guards=[require_metrics_token]),
+    )
 
 
 @get("/health/live", media_type=MediaType.JSON, sync_to_thread=False)
@@ -30,6 +62,6 @@ async def ready(request: Request) -> Response[dict[str, object]]:  # type: ignor
     )
 
 
-@get("/metrics", media_type="text/plain; version=0.0.4; charset=utf-8")
+@get("/metrics", media_type="text/plain; version=0.0.4; charset=utf-8", guards=[require_metrics_token])
 async def metrics(request: Request) -> Response[bytes]:  # type: ignore[type-arg]
     return Response(request.app.state.gateway.metrics.exposition(), media_type="text/plain; version=0.0.4")
