@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from laneway.admin.api import AdminAPI
 from laneway.admin.headers import admin_security_headers
+from laneway.admin.throttle import LoginGuard
 from laneway.admin.ui import ADMIN_UI_DIR, AdminPages, AdminUI
 from laneway.api.errors import gateway_error_handler, http_exception_handler, internal_error_handler
 from laneway.api.health import live, metrics, openapi_config, ready
@@ -184,7 +185,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
         ],
         template_config=TemplateConfig(directory=ADMIN_UI_DIR / "templates", engine=JinjaTemplateEngine),
         lifespan=[lifespan],
-        state=State({"settings": settings}),
+        # Admin logins: a throttle and a bounded argon2 pool (closed at shutdown).
+        state=State({"settings": settings, "login_guard": (login_guard := LoginGuard())}),
+        on_shutdown=[login_guard.close],
         # Security headers on every /admin response; /metrics and /schema behind metrics_token.
         before_send=[admin_security_headers],
         openapi_config=openapi_config(),

@@ -8,7 +8,6 @@ import json
 import logging
 import sys
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -77,26 +76,50 @@ async def _import_policies(sessions: Any, args: argparse.Namespace) -> None:
     print(f"imported {n} lanes and task policies")
 
 
+def _valid(raw: dict[str, Any], kind: Any) -> Any:
+    """`raw` as the admin API's input struct (the same rules as the API and the UI), or exit
+    with the rule, one line on stderr."""
+    from laneway.admin.validation import convert
+    from laneway.core.errors import GatewayError
+
+    try:
+        return convert({k: v for k, v in raw.items() if v is not None}, kind)
+    except GatewayError as exc:
+        raise SystemExit(f"laneway: {exc.message}") from None
+
+
+def _comma_list(text: str | None) -> list[str] | None:
+    items = [x.strip() for x in (text or "").split(",") if x.strip()]
+    return items or None
+
+
 async def _tenant_create(sessions: Any, args: argparse.Namespace) -> None:
+    import msgspec
+
+    from laneway.admin.service import TenantIn
     from laneway.db.repositories import TenantRepository
 
+    raw = {"name": args.name, "weight": args.weight, "rpm": args.rpm, "tpm": args.tpm,
+           "max_concurrency": args.max_concurrency, "allowed_models": _comma_list(args.models),
+           "allowed_lanes": _comma_list(args.lanes), "priority_floor": args.priority_floor}  # fmt: skip
+    data = _valid(raw, TenantIn)
+    fields = {k: v for k, v in msgspec.structs.asdict(data).items() if v is not None and k != "name"}
     async with sessions() as session, session.begin():
-        tenant = await TenantRepository(session).create(
-            args.name,
-            weight=args.weight,
-            rpm=args.rpm,
-            tpm=args.tpm,
-            max_concurrency=args.max_concurrency,
-            allowed_models=args.models.split(",") if args.models else None,
-        )
+        if await TenantRepository(session).get_by_name(data.name) is not None:
+            raise SystemExit(f"laneway: a tenant named '{data.name}' exists")
+        tenant = await TenantRepository(session).create(data.name, **fields)
         print(f"created tenant {tenant.name} (id {tenant.id})")
 
 
 async def _key_issue(sessions: Any, args: argparse.Namespace) -> None:
+    from laneway.admin.service import KeyIn, expires_at
     from laneway.bootstrap import issue_key
 
-    expires = datetime.now(UTC) + timedelta(days=args.expires_days) if args.expires_days else None
-    key_id, secret = await issue_key(sessions, args.tenant, name=args.name, expires_at=expires)
+    data = _valid({"name": args.name, "expires_days": args.expires_days}, KeyIn)
+    try:
+        key_id, secret = await issue_key(sessions, args.tenant, name=data.name, expires_at=expires_at(data))
+    except LookupError:
+        raise SystemExit(f"laneway: no tenant named '{args.tenant}'") from None
     print(f"key id {key_id} for tenant {args.tenant}; the secret is shown only once:", file=sys.stderr)
     print(secret)
 
@@ -171,13 +194,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tpm", type=int)
     s.add_argument("--max-concurrency", type=int)
     s.add_argument("--models", help="comma-separated aliases this tenant may use (default: all)")
+    s.add_argument("--lanes", help="comma-separated lanes it may pick with X-Laneway-Lane (default: none)")
+    s.add_argument("--priority-floor", type=int, help="the most urgent X-Laneway-Priority it may ask for (default 0)")
     s.set_defaults(fn=_with_db(_tenant_create))
 
     key = sub.add_parser("key", help="manage API keys").add_subparsers(dest="action", required=True)
     s = key.add_parser("issue")
     s.add_argument("tenant")
     s.add_argument("--name", default="default")
-    s.add_argument("--expires-days", type=float)
+    s.add_argument("--expires-days", type=float, help="days until the key expires (> 0; default: never)")
     s.set_defaults(fn=_with_db(_key_issue))
     s = key.add_parser("revoke")
     s.add_argument("key_id", type=int)

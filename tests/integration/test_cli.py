@@ -91,3 +91,27 @@ def test_first_start_on_an_empty_data_dir_is_ready_to_use(cli, tmp_path: Path) -
         proc.terminate()
         proc.wait(10)
     assert (tmp_path / "models" / "tiny-llama.gguf").is_file() and (tmp_path / "laneway.db").is_file()
+
+
+def test_tenant_grants_and_key_expiry_are_validated_like_the_admin_api(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import sqlite3
+
+    out = cli("tenant", "create", "ops", "--lanes", "batch, interactive", "--priority-floor", "-5")
+    assert "created tenant ops" in out.stdout
+    with sqlite3.connect(tmp_path / "laneway.db") as db:
+        lanes, floor = db.execute("SELECT allowed_lanes, priority_floor FROM tenants WHERE name = 'ops'").fetchone()
+    assert (json.loads(lanes), floor) == (["batch", "interactive"], -5)
+    for args, field in ((["--priority-floor", "-5000"], "priority_floor"), (["--lanes", "bad\tlane"], "allowed_lanes"),
+                        (["--rpm", "0"], "rpm")):  # fmt: skip
+        failed = cli("tenant", "create", "other", *args, check=False)
+        assert failed.returncode == 1 and failed.stderr.startswith(f"laneway: {field}"), failed.stderr
+        assert len(failed.stderr.strip().splitlines()) == 1
+    for days in ("-1", "0", "nan", "inf", "1e400"):
+        failed = cli("key", "issue", "ops", "--expires-days", days, check=False)
+        assert failed.returncode == 1 and failed.stdout == "", days
+        assert failed.stderr.strip() == "laneway: expires_days must be a number of days greater than 0 (at most 36500)."
+    missing = cli("key", "issue", "nobody", check=False)
+    assert missing.returncode == 1 and missing.stderr.strip() == "laneway: no tenant named 'nobody'"
+    assert cli("key", "issue", "ops", "--expires-days", "30").stdout.startswith("lw-")
+    with sqlite3.connect(tmp_path / "laneway.db") as db:
+        assert db.execute("SELECT count(*) FROM api_keys WHERE expires_at IS NOT NULL").fetchone() == (1,)

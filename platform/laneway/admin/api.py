@@ -9,19 +9,19 @@ CSRF token; every change must echo it in X-CSRF-Token.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
 
-import msgspec
 from litestar import Controller, Request, Response, delete, get, patch, post, put
 from litestar.datastructures import Cookie
-from litestar.params import FromPath, FromQuery
-from msgspec import Struct
+from litestar.params import FromPath
+from msgspec import Meta, Struct
 from sqlalchemy import func, select
 
 from laneway.admin import service
-from laneway.admin.security import new_session_token, token_digest, verify_password
+from laneway.admin.security import new_session_token, token_digest
 from laneway.admin.service import (
     AUDIT_FIELDS,
     KEY_FIELDS,
@@ -34,7 +34,8 @@ from laneway.admin.service import (
     TenantIn,
     row,
 )
-from laneway.api.errors import validation_error
+from laneway.admin.throttle import LoginGuard
+from laneway.admin.validation import Username, check_text, decode, decode_object, int_query
 from laneway.core.auth import as_utc
 from laneway.core.errors import GatewayError
 from laneway.db.models import ApiKey, Tenant
@@ -44,16 +45,36 @@ SESSION_COOKIE = "laneway_admin"
 SESSION_TTL = timedelta(hours=12)
 
 
+MAX_PAGE = 1_000_000
+MAX_PER_PAGE = 200
+
+
 class Login(Struct):
-    username: str
-    password: str
+    username: Username
+    password: Annotated[str, Meta(max_length=1024)]
 
 
 def _decode(body: bytes, kind: type[Any]) -> Any:
-    try:
-        return msgspec.json.decode(body or b"{}", type=kind)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise validation_error(exc) from None
+    return decode(body, kind)
+
+
+def _sent(body: bytes) -> set[str]:
+    """The fields a PATCH/PUT names (an explicit null clears a field); the body must be an object."""
+    return set(decode_object(body))
+
+
+async def tenant_page(
+    request: Request,  # type: ignore[type-arg]
+    q: str,
+    page: int,
+    per_page: int,
+) -> tuple[list[dict[str, Any]], int]:
+    """One page of tenants whose name contains q, by name, and how many match in all."""
+    async with request.app.state.sessions() as session:
+        stmt = select(Tenant).where(Tenant.name.contains(q, autoescape=True)) if q else select(Tenant)
+        total = (await session.execute(select(func.count()).select_from(stmt.subquery()))).scalar_one()
+        rows = await session.execute(stmt.order_by(Tenant.name).offset((page - 1) * per_page).limit(per_page))
+        return [row(t, TENANT_FIELDS) for t in rows.scalars()], int(total)
 
 
 class AdminAPI(Controller):
@@ -76,20 +97,15 @@ class AdminAPI(Controller):
 
     # ---- tenants and keys ----
     @get("/tenants")
-    async def tenants(
-        self,
-        request: Request,  # type: ignore[type-arg]
-        q: FromQuery[str] = "",
-        page: FromQuery[int] = 1,
-        per_page: FromQuery[int] = 50,
-    ) -> dict[str, Any]:
+    async def tenants(self, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
+        """?q= (name contains), ?page= (1..1000000), ?per_page= (1..200, default 50); out of range: 400."""
         await _admin(request)
-        per_page = max(1, min(per_page, 200))
-        async with request.app.state.sessions() as session:
-            stmt = select(Tenant).where(Tenant.name.contains(q)) if q else select(Tenant)
-            total = (await session.execute(select(func.count()).select_from(stmt.subquery()))).scalar_one()
-            rows = await session.execute(stmt.order_by(Tenant.name).offset((page - 1) * per_page).limit(per_page))
-            return {"data": [row(t, TENANT_FIELDS) for t in rows.scalars()], "total": total, "page": page}
+        params = request.query_params
+        q = check_text("q", params.get("q", ""), max_length=120, allow_empty=True)
+        page = int_query("page", params.get("page"), default=1, lo=1, hi=MAX_PAGE)
+        per_page = int_query("per_page", params.get("per_page"), default=50, lo=1, hi=MAX_PER_PAGE)
+        data, total = await tenant_page(request, q, page, per_page)
+        return {"data": data, "total": total, "page": page, "per_page": per_page}
 
     @post("/tenants", status_code=201)
     async def create_tenant(self, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
@@ -100,7 +116,7 @@ class AdminAPI(Controller):
     async def edit_tenant(self, request: Request, tenant_id: FromPath[int]) -> dict[str, Any]:  # type: ignore[type-arg]
         actor = await _admin(request, change=True)
         body = await request.body()
-        sent = set(msgspec.json.decode(body or b"{}"))  # explicit nulls clear a limit
+        sent = _sent(body)  # explicit nulls clear a limit
         return await service.edit_tenant(request.app.state, actor, tenant_id, _decode(body, TenantIn), sent)
 
     @get("/tenants/{tenant_id:int}/keys")
@@ -130,12 +146,16 @@ class AdminAPI(Controller):
     @put("/lanes/{name:str}")
     async def put_lane(self, request: Request, name: FromPath[str]) -> dict[str, Any]:  # type: ignore[type-arg]
         actor = await _admin(request, change=True)
-        return await service.put_lane(request.app.state, actor, name, _decode(await request.body(), LaneIn))
+        body = await request.body()
+        sent = _sent(body)
+        return await service.put_lane(request.app.state, actor, name, _decode(body, LaneIn), sent)
 
     @put("/tasks/{task:str}")
     async def put_task(self, request: Request, task: FromPath[str]) -> dict[str, Any]:  # type: ignore[type-arg]
         actor = await _admin(request, change=True)
-        return await service.put_task(request.app.state, actor, task, _decode(await request.body(), TaskIn))
+        body = await request.body()
+        sent = _sent(body)
+        return await service.put_task(request.app.state, actor, task, _decode(body, TaskIn), sent)
 
     # ---- models ----
     @put("/models/{alias:str}")
@@ -144,10 +164,11 @@ class AdminAPI(Controller):
         return await service.put_model(request.app.state, actor, alias, _decode(await request.body(), ModelIn))
 
     @get("/audit")
-    async def audit(self, request: Request, limit: FromQuery[int] = 100) -> list[dict[str, Any]]:  # type: ignore[type-arg]
+    async def audit(self, request: Request) -> list[dict[str, Any]]:  # type: ignore[type-arg]
         await _admin(request)
+        limit = int_query("limit", request.query_params.get("limit"), default=100, lo=1, hi=1000)
         async with request.app.state.sessions() as session:
-            rows = await AuditRepository(session).recent(max(1, min(limit, 1000)))
+            rows = await AuditRepository(session).recent(limit)
             return [row(e, AUDIT_FIELDS) for e in rows]
 
 
@@ -177,15 +198,44 @@ def check_csrf(given: str, expected: str) -> None:
         raise GatewayError(403, "Missing or wrong CSRF token.", code="csrf_failed")
 
 
+def client_address(request: Request) -> str:  # type: ignore[type-arg]
+    client = request.scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
 async def open_session(request: Request, username: str, password: str) -> tuple[Cookie, str]:  # type: ignore[type-arg]
-    """Check the password and open a session: (the session cookie, its CSRF token); 401 if wrong."""
+    """Check the password and open a session: (the session cookie, its CSRF token).
+
+    401 if wrong; 429 + Retry-After without any check when this address or username has
+    failed too often (admin/throttle.py) or when too many checks are already pending. The
+    argon2 check runs in the verifier's threads, never on the event loop; its outcome is
+    counted even if the client hangs up before the answer."""
+    check_text("username", username, max_length=120)
+    guard: LoginGuard = request.app.state.login_guard
+    attempt = guard.throttle.begin(username, client_address(request))
+    try:
+        async with request.app.state.sessions() as session:
+            admin = await AdminRepository(session).get_by_username(username)
+            admin_id = admin.id if admin else None
+        check = guard.verifier.submit(admin.password_hash if admin else None, password)
+    except BaseException:
+        attempt.finish(None)
+        raise
+
+    def settle(done: asyncio.Future[bool]) -> None:
+        ok = None if done.cancelled() or done.exception() else done.result() and admin_id is not None
+        attempt.finish(ok)
+
+    check.add_done_callback(settle)
+    if not await asyncio.shield(check) or admin_id is None:
+        raise GatewayError(401, "Wrong username or password.", code="invalid_credentials")
     token, digest, csrf = new_session_token()
     async with request.app.state.sessions() as session, session.begin():
         repo = AdminRepository(session)
-        admin = await repo.get_by_username(username)
-        if not verify_password(admin.password_hash if admin else None, password) or admin is None:
+        found = await repo.get_by_username(username)
+        if found is None:  # deleted meanwhile
             raise GatewayError(401, "Wrong username or password.", code="invalid_credentials")
-        await repo.open_session(admin, digest, csrf, datetime.now(UTC) + SESSION_TTL)
+        await repo.open_session(found, digest, csrf, datetime.now(UTC) + SESSION_TTL)
     cookie = Cookie(
         key=SESSION_COOKIE,
         value=token,

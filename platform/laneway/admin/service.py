@@ -12,64 +12,84 @@ from msgspec import Meta, Struct
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from laneway.admin.validation import (
+    DeploymentName,
+    Description,
+    EngineKind,
+    ExpiresDays,
+    GpuType,
+    Int32,
+    KeyName,
+    LaneName,
+    ModelAlias,
+    Positive,
+    Quantization,
+    TenantName,
+    check_text,
+)
 from laneway.bootstrap import issue_key
 from laneway.core.errors import GatewayError
-from laneway.db.models import ApiKey, Lane, TaskPolicy, Tenant
-from laneway.db.repositories import AuditRepository, ModelRepository, PolicyRepository
+from laneway.db.models import ApiKey, Deployment, Lane, Model, TaskPolicy, Tenant
+from laneway.db.repositories import AuditRepository, DeploymentSpec, ModelRepository, PolicyRepository
+from laneway.engines.registry import ENGINE_KINDS, EngineStartError
 
-Positive = Annotated[int, Meta(ge=1)]
-
-TENANT_FIELDS = ("id", "name", "weight", "rpm", "tpm", "max_concurrency", "allowed_models", "disabled")
+TENANT_FIELDS = ("id", "name", "weight", "rpm", "tpm", "max_concurrency", "allowed_models", "allowed_lanes",
+                 "priority_floor", "disabled")  # fmt: skip
 KEY_FIELDS = ("id", "tenant_id", "name", "prefix", "created_at", "expires_at", "revoked_at", "last_used_at")
+PRIORITY_FLOOR_RANGE = (-1000, 1000)
 
 
-class TenantIn(Struct, omit_defaults=True):
-    name: Annotated[str, Meta(min_length=1, max_length=120)] | None = None
+class TenantIn(Struct, omit_defaults=True, forbid_unknown_fields=True):
+    name: TenantName | None = None
     weight: Annotated[float, Meta(gt=0, le=100)] | None = None
     rpm: Positive | None = None
     tpm: Positive | None = None
     max_concurrency: Positive | None = None
-    allowed_models: list[str] | None = None
+    allowed_models: Annotated[list[ModelAlias], Meta(max_length=1000)] | None = None
+    # Lanes the tenant may pick with X-Laneway-Lane (null or empty: none; the lane rules decide).
+    allowed_lanes: Annotated[list[LaneName], Meta(max_length=100)] | None = None
+    # The most urgent X-Laneway-Priority it may ask for (lower runs first; more urgent is clamped).
+    priority_floor: Annotated[int, Meta(ge=PRIORITY_FLOOR_RANGE[0], le=PRIORITY_FLOOR_RANGE[1])] | None = None
     disabled: bool | None = None
 
 
-class KeyIn(Struct):
-    name: Annotated[str, Meta(min_length=1, max_length=120)] = "default"
-    expires_days: Annotated[float, Meta(gt=0)] | None = None
+class KeyIn(Struct, forbid_unknown_fields=True):
+    name: KeyName = "default"
+    expires_days: ExpiresDays | None = None
 
 
-class LaneIn(Struct, omit_defaults=True):
-    position: int | None = None
-    priority: int | None = None
+class LaneIn(Struct, omit_defaults=True, forbid_unknown_fields=True):
+    position: Int32 | None = None
+    priority: Int32 | None = None
     match_max_prompt_tokens: Positive | None = None
     match_stream: bool | None = None
-    match_tasks: list[str] | None = None
+    match_tasks: Annotated[list[LaneName], Meta(max_length=100)] | None = None
     max_queue_depth: Positive | None = None
-    queue_timeout_s: Annotated[float, Meta(gt=0)] | None = None
+    queue_timeout_s: Annotated[float, Meta(gt=0, le=86_400)] | None = None
     max_concurrency: Positive | None = None
     max_unacked_tokens: Positive | None = None
-    retry_after_s: Positive | None = None
+    retry_after_s: Annotated[int, Meta(ge=1, le=86_400)] | None = None
 
 
-class TaskIn(Struct, omit_defaults=True):
+class TaskIn(Struct, omit_defaults=True, forbid_unknown_fields=True):
     max_tokens: Positive | None = None
     long_prompt_tokens: Positive | None = None
     long_prompt_max_tokens: Positive | None = None
-    stop: Annotated[list[str], Meta(max_length=16)] | None = None
+    stop: Annotated[list[Annotated[str, Meta(min_length=1, max_length=200)]], Meta(max_length=16)] | None = None
 
 
-class DeploymentIn(Struct):
-    name: str
-    engine_kind: str
+class DeploymentIn(Struct, forbid_unknown_fields=True):
+    name: DeploymentName
+    engine_kind: EngineKind
     config: dict[str, Any] = {}
-    quantization: str = "unknown"
-    gpu_type: str = "none"
+    quantization: Quantization = "unknown"
+    gpu_type: GpuType = "none"
     max_model_len: Positive = 2048
 
 
-class ModelIn(Struct):
-    deployments: list[DeploymentIn]
-    description: str = ""
+class ModelIn(Struct, forbid_unknown_fields=True):
+    deployments: Annotated[list[DeploymentIn], Meta(max_length=64)]
+    description: Description = ""
 
 
 LANE_FIELDS = (
@@ -96,15 +116,23 @@ async def get_or_404(session: AsyncSession, model: type[Any], ident: int) -> Any
     return found
 
 
+def _cannot_clear(field: str) -> GatewayError:
+    return GatewayError(400, f"{field} cannot be cleared; give it a value.", code="invalid_request", param=field)
+
+
+async def _check_name_free(session: AsyncSession, name: str, tenant_id: int | None = None) -> None:
+    found = (await session.execute(select(Tenant).where(Tenant.name == name))).scalar_one_or_none()
+    if found is not None and found.id != tenant_id:
+        raise GatewayError(409, f"A tenant named '{name}' exists.", code="conflict", param="name")
+
+
 async def create_tenant(state: State, actor: str, data: TenantIn) -> dict[str, Any]:
     if not data.name:
         raise GatewayError(400, "A tenant needs a name.", code="invalid_request", param="name")
     async with state.sessions() as session, session.begin():
-        if (await session.execute(select(Tenant).where(Tenant.name == data.name))).scalar_one_or_none():
-            raise GatewayError(409, f"A tenant named '{data.name}' exists.", code="conflict", param="name")
-        tenant = Tenant(**msgspec.structs.asdict(data))
-        tenant.weight = tenant.weight or 1.0
-        tenant.disabled = bool(tenant.disabled)
+        await _check_name_free(session, data.name)
+        # Fields left out (None) take the column's default: weight 1, priority_floor 0, enabled.
+        tenant = Tenant(**{k: v for k, v in msgspec.structs.asdict(data).items() if v is not None})
         session.add(tenant)
         await session.flush()
         after = row(tenant, TENANT_FIELDS)
@@ -114,22 +142,35 @@ async def create_tenant(state: State, actor: str, data: TenantIn) -> dict[str, A
 
 
 async def edit_tenant(state: State, actor: str, tenant_id: int, data: TenantIn, fields: set[str]) -> dict[str, Any]:
-    """Set `fields` (those the admin sent; a None clears a limit) from `data`."""
+    """Set exactly `fields` (those the admin sent) from `data`; None clears a nullable field
+    (a limit, the allow-lists) and is refused for the others."""
+    columns = Tenant.__table__.c
+    changes = {f: getattr(data, f) for f in fields & set(TENANT_FIELDS) - {"id"}}
+    for field, value in changes.items():
+        if value is None and not columns[field].nullable:
+            raise _cannot_clear(field)
     async with state.sessions() as session, session.begin():
         tenant = await get_or_404(session, Tenant, tenant_id)
+        if changes.get("name") is not None:
+            await _check_name_free(session, changes["name"], tenant_id)
         before = row(tenant, TENANT_FIELDS)
-        for field in fields & set(TENANT_FIELDS) - {"id"}:
-            setattr(tenant, field, getattr(data, field))
+        for field, value in changes.items():
+            setattr(tenant, field, value)
         await session.flush()
         after = row(tenant, TENANT_FIELDS)
         await AuditRepository(session).add(actor, "update", "tenant", str(tenant_id), before, after)
-    state.authenticator.invalidate()  # limits apply to the next request
+    state.authenticator.invalidate()  # limits and grants apply to the next request
     await state.config_changes.notify()  # and on every other replica
     return after
 
 
+def expires_at(data: KeyIn) -> datetime | None:
+    """When a key issued with `data` expires (validated: 0 < expires_days <= 36500)."""
+    return datetime.now(UTC) + timedelta(days=data.expires_days) if data.expires_days is not None else None
+
+
 async def issue_api_key(state: State, actor: str, tenant_id: int, data: KeyIn) -> dict[str, Any]:
-    expires = datetime.now(UTC) + timedelta(days=data.expires_days) if data.expires_days else None
+    expires = expires_at(data)
     async with state.sessions() as session:
         name = (await get_or_404(session, Tenant, tenant_id)).name
     key_id, secret = await issue_key(state.sessions, name, name=data.name, expires_at=expires)
@@ -152,31 +193,54 @@ async def revoke_api_key(state: State, actor: str, key_id: int) -> dict[str, Any
     return after
 
 
-def _put_fields(model: type[Any], data: Struct) -> dict[str, Any]:
-    """PUT semantics for a policy row: every field is replaced, and a field left out clears
-    it where the column allows no value (a lane rule then matches anything); a required
-    column left out keeps its current value (or its default)."""
+# A policy field that is a list clears to [] where its column holds no null.
+_CLEARED_TO: dict[str, Any] = {"stop": []}
+
+
+def _put_fields(model: type[Any], data: Struct, sent: set[str]) -> dict[str, Any]:
+    """PUT sets exactly the fields sent: the others keep their value (a new row: the column
+    default). An explicit null clears a nullable field (a lane rule then matches anything)
+    and is refused for a field that must have a value."""
     columns = model.__table__.c
-    return {k: v for k, v in msgspec.structs.asdict(data).items() if v is not None or columns[k].nullable}
+    out: dict[str, Any] = {}
+    for field in sorted(sent & set(data.__struct_fields__)):
+        value = getattr(data, field)
+        if value is None:
+            if field in _CLEARED_TO:
+                value = list(_CLEARED_TO[field])
+            elif not columns[field].nullable:
+                raise _cannot_clear(field)
+        out[field] = value
+    return out
 
 
-async def put_lane(state: State, actor: str, name: str, data: LaneIn) -> dict[str, Any]:
-    return await _put_policy(state, actor, "lane", Lane, LANE_FIELDS, name, data)
+async def put_lane(state: State, actor: str, name: str, data: LaneIn, sent: set[str]) -> dict[str, Any]:
+    check_text("name", name, max_length=60)
+    return await _put_policy(state, actor, "lane", Lane, LANE_FIELDS, name, data, sent)
 
 
-async def put_task(state: State, actor: str, task: str, data: TaskIn) -> dict[str, Any]:
-    return await _put_policy(state, actor, "task", TaskPolicy, TASK_FIELDS, task, data)
+async def put_task(state: State, actor: str, task: str, data: TaskIn, sent: set[str]) -> dict[str, Any]:
+    check_text("task", task, max_length=60)
+    return await _put_policy(state, actor, "task", TaskPolicy, TASK_FIELDS, task, data, sent)
 
 
 async def _put_policy(
-    state: State, actor: str, entity: str, model: type[Any], fields: tuple[str, ...], key: str, data: Struct
+    state: State,
+    actor: str,
+    entity: str,
+    model: type[Any],
+    fields: tuple[str, ...],
+    key: str,
+    data: Struct,
+    sent: set[str],
 ) -> dict[str, Any]:
-    """Create or replace a lane or task policy, audit it, and apply it to the next request."""
+    """Create or update a lane or task policy, audit it, and apply it to the next request."""
+    values = _put_fields(model, data, sent)
     async with state.sessions() as session, session.begin():
         repo = PolicyRepository(session)
         existing = await repo.find(model, key)
         before = row(existing, fields) if existing else None
-        after = row(await repo.upsert(model, key, **_put_fields(model, data)), fields)
+        after = row(await repo.upsert(model, key, **values), fields)
         await AuditRepository(session).add(actor, "update" if before else "create", entity, key, before, after)
     await state.policies.reload()  # the next request routes by it
     await state.config_changes.notify()
@@ -184,17 +248,48 @@ async def _put_policy(
 
 
 async def put_model(state: State, actor: str, alias: str, data: ModelIn) -> dict[str, Any]:
-    deployments = [msgspec.structs.asdict(d) for d in data.deployments]
-    async with state.sessions() as session, session.begin():
-        repo = ModelRepository(session)
-        old = await repo.get(alias)
-        before = {"deployments": [row(d, DEPLOYMENT_FIELDS) for d in old.deployments]} if old else None
-        await repo.upsert(alias, description=data.description, deployments=deployments)
-        after = {"deployments": deployments}
-        await AuditRepository(session).add(actor, "update" if old else "create", "model", alias, before, after)
+    """Point `alias` at `data.deployments`, all or nothing: the new engines start and warm up
+    first; if one cannot, the answer is 400 with its reason and nothing changed (rows, the
+    engines serving the alias). Otherwise the rows are committed and the started engines
+    take over (the old ones finish what they serve), without starting anything twice."""
+    check_text("alias", alias, max_length=200)
+    names = [d.name for d in data.deployments]
+    for i, d in enumerate(data.deployments):
+        if d.engine_kind not in ENGINE_KINDS:
+            known = ", ".join(sorted(ENGINE_KINDS))
+            raise GatewayError(400, f"Unknown engine kind '{d.engine_kind}' (known: {known}).",
+                               code="invalid_request", param=f"deployments[{i}].engine_kind")  # fmt: skip
+        if d.name in names[:i]:
+            raise GatewayError(400, f"Two deployments are named '{d.name}'; names must be unique.",
+                               code="invalid_request", param=f"deployments[{i}].name")  # fmt: skip
     async with state.sessions() as session:
-        specs = await ModelRepository(session).enabled_deployments()
-    await state.gateway.registry.sync(specs)  # new engines warm up, then take traffic
+        taken = await session.execute(
+            select(Deployment.name, Model.alias).join(Model).where(Deployment.name.in_(names), Model.alias != alias)
+        )
+        for name, other in taken.all():
+            raise GatewayError(409, f"The deployment name '{name}' is used by the model '{other}'.",
+                               code="conflict", param=f"deployments[{names.index(name)}].name")  # fmt: skip
+    deployments = [msgspec.structs.asdict(d) for d in data.deployments]
+    specs = [DeploymentSpec(0, alias=alias, **d) for d in deployments]
+    registry = state.gateway.registry
+    try:
+        started = await registry.start(specs)
+    except EngineStartError as exc:
+        param = f"deployments[{names.index(exc.name)}]"
+        raise GatewayError(400, f"The deployment '{exc.name}' cannot start, so nothing was changed: {exc.reason}",
+                           code="engine_start_failed", param=param) from None  # fmt: skip
+
+    async def commit() -> bool:
+        async with state.sessions() as session, session.begin():
+            repo = ModelRepository(session)
+            old = await repo.get(alias)
+            before = {"deployments": [row(d, DEPLOYMENT_FIELDS) for d in old.deployments]} if old else None
+            model = await repo.upsert(alias, description=data.description, deployments=deployments)
+            after = {"deployments": deployments}
+            await AuditRepository(session).add(actor, "update" if old else "create", "model", alias, before, after)
+            return bool(model.enabled)
+
+    await registry.install(alias, started, commit)
     await state.config_changes.notify()
-    live = [d.spec.name for d in state.gateway.registry.deployments() if d.spec.alias == alias]
+    live = [d.spec.name for d in registry.deployments() if d.spec.alias == alias]
     return {"alias": alias, "deployments": live}

@@ -13,12 +13,20 @@ from typing import Any
 import msgspec
 from litestar import Controller, Request, get, post
 from litestar.datastructures import Cookie
-from litestar.params import FromPath, FromQuery
+from litestar.params import FromPath
 from litestar.response import Redirect, Template
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from laneway.admin import service
-from laneway.admin.api import SESSION_COOKIE, admin_session, check_csrf, open_session
+from laneway.admin.api import (
+    MAX_PAGE,
+    MAX_PER_PAGE,
+    SESSION_COOKIE,
+    admin_session,
+    check_csrf,
+    open_session,
+    tenant_page,
+)
 from laneway.admin.service import (
     AUDIT_FIELDS,
     KEY_FIELDS,
@@ -32,7 +40,7 @@ from laneway.admin.service import (
     TenantIn,
     row,
 )
-from laneway.api.errors import validation_error
+from laneway.admin.validation import check_text, convert, int_query
 from laneway.core.errors import GatewayError
 from laneway.db.models import ApiKey, Tenant, UsageRecord
 from laneway.db.repositories import AuditRepository, ModelRepository, PolicyRepository
@@ -71,20 +79,29 @@ async def _posted_form(request: Request) -> tuple[tuple[str, str], dict[str, str
 
 
 def _tenant_input(form: dict[str, str]) -> tuple[TenantIn, set[str]]:
-    """Form strings -> a validated TenantIn (empty number fields clear the limit)."""
+    """Form strings -> a validated TenantIn: empty number fields clear the limit, comma lists
+    (allowed models, allowed lanes) clear when empty, an empty priority floor is 0."""
     raw: dict[str, Any] = {}
-    for field in ("weight", "rpm", "tpm", "max_concurrency"):
+    for field in ("weight", "rpm", "tpm", "max_concurrency", "priority_floor"):
         if field in form:
             text = form[field].strip()
-            raw[field] = None if text == "" else (float(text) if field == "weight" else int(text))
+            raw[field] = (0 if field == "priority_floor" else None) if text == "" else text
     if "name" in form:
         raw["name"] = form["name"].strip()
-    if "allowed_models" in form:
-        models = [m.strip() for m in form["allowed_models"].split(",") if m.strip()]
-        raw["allowed_models"] = models or None
+    for field in ("allowed_models", "allowed_lanes"):
+        if field in form:
+            raw[field] = [m.strip() for m in form[field].split(",") if m.strip()] or None
     if "csrf_token" in form and "name" not in form:  # the edit form: an unticked box is "not disabled"
         raw["disabled"] = form.get("disabled") == "true"
-    return msgspec.convert(raw, TenantIn), set(raw)
+    return convert(raw, TenantIn, strict=False), set(raw)
+
+
+def _page_number(raw: str | None) -> int:
+    """The HTML list clamps a page it cannot show (a stale or hand-edited link) to the first."""
+    try:
+        return max(1, int(raw or "1"))
+    except ValueError:
+        return 1
 
 
 class AdminUI(Controller):
@@ -108,10 +125,9 @@ class AdminUI(Controller):
         try:
             check_csrf(form.get("csrf_token", ""), expected)
             cookie, _ = await open_session(request, form.get("username", ""), form.get("password", ""))
-        except GatewayError as exc:
-            return Template(
-                "login.html", context={"login_csrf": expected, "error": exc.message}, status_code=exc.status
-            )
+        except GatewayError as exc:  # 401 wrong, 429 throttled (with Retry-After), 400 bad username
+            return Template("login.html", context={"login_csrf": expected, "error": exc.message},
+                            status_code=exc.status, headers=exc.headers)  # fmt: skip
         return Redirect("/admin/tenants", status_code=303, cookies=[cookie])
 
     @post("/logout")
@@ -129,11 +145,19 @@ class AdminUI(Controller):
         )
 
     @get("/tenants")
-    async def tenants(self, request: Request, q: FromQuery[str] = "", page: FromQuery[int] = 1) -> Page:  # type: ignore[type-arg]
+    async def tenants(self, request: Request) -> Page:  # type: ignore[type-arg]
+        """?q= and ?page= (clamped: below 1 is 1, past the end is the last page); ?per_page=
+        (1..200) and a q with control characters re-render the list with the error and 400."""
         current = await _session(request)
         if current is None:
             return _to_login()
-        return await self._tenants_page(request, current, q=q, page=max(1, page))
+        params = request.query_params
+        try:
+            q = check_text("q", params.get("q", ""), max_length=120, allow_empty=True)
+            per_page = int_query("per_page", params.get("per_page"), default=PER_PAGE, lo=1, hi=MAX_PER_PAGE)
+        except GatewayError as exc:
+            return await self._tenants_page(request, current, list_error=exc.message, status=400)
+        return await self._tenants_page(request, current, q=q, page=_page_number(params.get("page")), per_page=per_page)
 
     async def _tenants_page(
         self,
@@ -142,16 +166,19 @@ class AdminUI(Controller):
         *,
         q: str = "",
         page: int = 1,
+        per_page: int = PER_PAGE,
         error: str = "",
+        list_error: str = "",
         status: int = 200,
     ) -> Template:
-        async with request.app.state.sessions() as session:
-            stmt = select(Tenant).where(Tenant.name.contains(q)) if q else select(Tenant)
-            total = (await session.execute(select(func.count()).select_from(stmt.subquery()))).scalar_one()
-            rows = await session.execute(stmt.order_by(Tenant.name).offset((page - 1) * PER_PAGE).limit(PER_PAGE))
-            tenants = [row(t, TENANT_FIELDS) for t in rows.scalars()]
+        page = min(page, MAX_PAGE)
+        tenants, total = await tenant_page(request, q, page, per_page)
+        last = max(1, -(-total // per_page))
+        if page > last:
+            page = last
+            tenants, total = await tenant_page(request, q, page, per_page)
         context = {"admin": current[0], "csrf": current[1], "tenants": tenants, "total": total, "q": q,
-                   "page": page, "per_page": PER_PAGE, "error": error}  # fmt: skip
+                   "page": page, "per_page": per_page, "error": error, "list_error": list_error}  # fmt: skip
         return Template("tenants.html", context=context, status_code=status)
 
     @post("/tenants")
@@ -163,18 +190,25 @@ class AdminUI(Controller):
         try:
             data, _ = _tenant_input(form)
             created = await service.create_tenant(request.app.state, current[0], data)
-        except (GatewayError, msgspec.ValidationError, ValueError) as exc:
-            message = exc.message if isinstance(exc, GatewayError) else f"Invalid value: {exc}"
-            return await self._tenants_page(request, current, error=message, status=400)
+        except GatewayError as exc:
+            return await self._tenants_page(request, current, error=exc.message, status=exc.status)
         return Redirect(f"/admin/tenants/{created['id']}", status_code=303)
 
-    async def _tenant_page(self, request: Request, current: tuple[str, str], tenant_id: int, **extra: Any) -> Template:  # type: ignore[type-arg]
+    async def _tenant_page(
+        self,
+        request: Request,  # type: ignore[type-arg]
+        current: tuple[str, str],
+        tenant_id: int,
+        status: int | None = None,
+        **extra: Any,
+    ) -> Template:
         async with request.app.state.sessions() as session:
             tenant = await service.get_or_404(session, Tenant, tenant_id)
             keys = await session.execute(select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.id))
             context = {"admin": current[0], "csrf": current[1], "tenant": row(tenant, TENANT_FIELDS),
                        "keys": [row(k, KEY_FIELDS) for k in keys.scalars()], **extra}  # fmt: skip
-        return Template("tenant.html", context=context, status_code=400 if extra.get("error") else 200)
+        failed = extra.get("error") or extra.get("key_error")
+        return Template("tenant.html", context=context, status_code=status or (400 if failed else 200))
 
     @get("/tenants/{tenant_id:int}")
     async def tenant(self, request: Request, tenant_id: FromPath[int]) -> Page:  # type: ignore[type-arg]
@@ -190,8 +224,10 @@ class AdminUI(Controller):
         try:
             data, fields = _tenant_input(form)
             await service.edit_tenant(request.app.state, current[0], tenant_id, data, fields)
-        except (msgspec.ValidationError, ValueError) as exc:
-            return await self._tenant_page(request, current, tenant_id, error=f"Invalid value: {exc}")
+        except GatewayError as exc:
+            if exc.status == 404:
+                raise
+            return await self._tenant_page(request, current, tenant_id, error=exc.message, status=exc.status)
         return await self._tenant_page(request, current, tenant_id, notice="Saved. The gateway applies it now.")
 
     @post("/tenants/{tenant_id:int}/keys")
@@ -200,8 +236,12 @@ class AdminUI(Controller):
         if posted is None:
             return _to_login()
         current, form = posted
-        days = form.get("expires_days", "").strip()
-        data = KeyIn(name=form.get("name", "default").strip() or "default", expires_days=float(days) if days else None)
+        raw = {"name": form.get("name", "default").strip() or "default",
+               "expires_days": form.get("expires_days", "").strip() or None}  # fmt: skip
+        try:
+            data = convert(raw, KeyIn, strict=False)
+        except GatewayError as exc:
+            return await self._tenant_page(request, current, tenant_id, key_error=exc.message, status=exc.status)
         issued = await service.issue_api_key(request.app.state, current[0], tenant_id, data)
         return await self._tenant_page(request, current, tenant_id, secret=issued["secret"])
 
@@ -214,26 +254,22 @@ class AdminUI(Controller):
         return Redirect(f"/admin/tenants/{revoked['tenant_id']}", status_code=303)
 
 
-def _policy_input(form: dict[str, str], kind: type[Any]) -> Any:
-    """Form strings -> a validated LaneIn/TaskIn: numbers, true/false, comma lists; empty = unset."""
+def _policy_input(form: dict[str, str], kind: type[Any]) -> tuple[Any, set[str]]:
+    """Form strings -> a validated LaneIn/TaskIn and the fields the form sent (the policy form
+    sends every field): numbers, true/false, comma lists; an empty input clears the field
+    (refused for one that must have a value)."""
     raw: dict[str, Any] = {}
     for field in kind.__struct_fields__:
-        text = form.get(field, "").strip()
-        if text == "":
+        if field not in form:
             continue
-        if field in ("match_tasks", "stop"):
+        text = form[field].strip()
+        if text == "":
+            raw[field] = None
+        elif field in ("match_tasks", "stop"):
             raw[field] = [x for x in text.split(",") if x]
-        elif text in ("true", "false"):
-            raw[field] = text == "true"
         else:
-            try:
-                raw[field] = int(text)
-            except ValueError:
-                try:
-                    raw[field] = float(text)
-                except ValueError:
-                    raw[field] = text
-    return msgspec.convert(raw, kind)
+            raw[field] = text
+    return convert(raw, kind, strict=False), set(raw)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -254,7 +290,8 @@ class AdminPages(Controller):
             tasks = [row(t, TASK_FIELDS) for t in await repo.task_policies()]
         context = {"admin": current[0], "csrf": current[1], "lanes": lanes, "tasks": tasks,
                    "lane_fields": [f for f in LANE_FIELDS if f != "name"], "errors": {}, **extra}  # fmt: skip
-        return Template("policies.html", context=context, status_code=400 if extra.get("errors") else 200)
+        status = 400 if extra.get("errors") or extra.get("error") else 200
+        return Template("policies.html", context=context, status_code=status)
 
     @get("/policies")
     async def policies(self, request: Request) -> Page:  # type: ignore[type-arg]
@@ -275,13 +312,21 @@ class AdminPages(Controller):
             return _to_login()
         current, form = posted
         try:
-            data = _policy_input(form, kind)
-        except msgspec.ValidationError as exc:  # shown inline, next to the form that sent it
-            return await self._policies_page(request, current, errors={key: validation_error(exc).message})
-        await apply(request.app.state, current[0], name, data)
+            data, sent = _policy_input(form, kind)
+            await apply(request.app.state, current[0], name, data, sent)
+        except GatewayError as exc:  # shown inline, next to the form that sent it
+            if exc.param in ("name", "task"):  # a bad name in the path: there is no form to show it by
+                return await self._policies_page(request, current, error=exc.message)
+            return await self._policies_page(request, current, errors={key: exc.message})
         return await self._policies_page(request, current, notice=f"Saved {name}. The gateway applies it now.")
 
-    async def _models_page(self, request: Request, current: tuple[str, str], **extra: Any) -> Template:  # type: ignore[type-arg]
+    async def _models_page(
+        self,
+        request: Request,  # type: ignore[type-arg]
+        current: tuple[str, str],
+        status: int | None = None,
+        **extra: Any,
+    ) -> Template:
         registry = request.app.state.gateway.registry
         async with request.app.state.sessions() as session:
             specs = await ModelRepository(session).enabled_deployments()
@@ -293,7 +338,7 @@ class AdminPages(Controller):
         ]  # fmt: skip
         context = {"admin": current[0], "csrf": current[1], "deployments": deployments,
                    "engine_kinds": sorted(ENGINE_KINDS), **extra}  # fmt: skip
-        return Template("models.html", context=context, status_code=400 if extra.get("error") else 200)
+        return Template("models.html", context=context, status_code=status or (400 if extra.get("error") else 200))
 
     @get("/models")
     async def models(self, request: Request) -> Page:  # type: ignore[type-arg]
@@ -307,14 +352,17 @@ class AdminPages(Controller):
             return _to_login()
         current, form = posted
         try:
-            deployment = {"name": form.get("name", "").strip(), "engine_kind": form.get("engine_kind", ""),
-                          "config": msgspec.json.decode(form.get("config") or "{}"),
-                          "max_model_len": int(form.get("max_model_len") or 2048)}  # fmt: skip
-            data = msgspec.convert({"deployments": [deployment]}, ModelIn)
-        except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
-            return await self._models_page(request, current, error=f"Invalid value: {exc}")
+            config = msgspec.json.decode(form.get("config") or "{}")
+        except msgspec.DecodeError:
+            return await self._models_page(request, current, error="config must be a JSON object, e.g. {}.")
+        deployment = {"name": form.get("name", "").strip(), "engine_kind": form.get("engine_kind", ""),
+                      "config": config, "max_model_len": form.get("max_model_len", "").strip() or 2048}  # fmt: skip
         alias = form.get("alias", "").strip()
-        result = await service.put_model(request.app.state, current[0], alias, data)
+        try:
+            data = convert({"deployments": [deployment]}, ModelIn, strict=False)
+            result = await service.put_model(request.app.state, current[0], alias, data)
+        except GatewayError as exc:  # shown on the page; nothing was changed
+            return await self._models_page(request, current, error=exc.message, status=exc.status)
         served = ", ".join(result["deployments"]) or "nothing (see failures)"
         return await self._models_page(request, current, notice=f"{alias} is served by {served}.")
 
