@@ -7,8 +7,11 @@ sees as distinct scope["client"] addresses."""
 
 from __future__ import annotations
 
+import gc
+import json
 import statistics
-import threading
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -21,6 +24,7 @@ from serving import Gateway, sim_model, start_gateway, wait_for
 
 PASSWORD = "correct horse battery"
 ATTACKERS = 16
+ATTACKER_SCRIPT = Path(__file__).parents[1] / "standins" / "login_attackers.py"
 
 
 def client(gw: Gateway, address: str = "127.0.0.1") -> httpx.Client:
@@ -45,51 +49,47 @@ def gw(tmp_path: Path) -> Iterator[Gateway]:
 
 def test_sixteen_attackers_neither_stall_the_loop_nor_fail_a_normal_client(gw: Gateway) -> None:
     state = gw.server.app.state
-    stop = threading.Event()
-    statuses: Counter[int] = Counter()
-    lock = threading.Lock()
-
-    def attack(i: int) -> None:
-        with client(gw, f"127.0.0.{10 + i}") as c:
-            while not stop.is_set():
-                # Spray usernames too: only the address throttle and the pool bound stop this.
-                r = login(c, "admin" if i % 2 else f"user-{uuid.uuid4().hex[:6]}", "wrong password!")
-                with lock:
-                    statuses[r.status_code] += 1
-                if r.status_code == 429:
-                    assert r.headers["retry-after"].isdigit()
-                    assert r.json()["error"]["type"] == "rate_limit_error"
-
     normal = client(gw)
     headers = {"Authorization": f"Bearer {gw.keys['acme']}"}
     chat = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     assert normal.post("/v1/chat/completions", headers=headers, json=chat).status_code == 200  # warm
 
-    threads = [threading.Thread(target=attack, args=(i,), daemon=True) for i in range(ATTACKERS)]
-    for t in threads:
-        t.start()
-    wait_for(lambda: state.login_guard.throttle.throttled > 0, within=10, what="the first throttled login")
-    gw.server.call(_reset_max(state.loop_lag))
-    latencies: dict[str, list[float]] = {"live": [], "chat": []}
-    deadline = time.monotonic() + 4
-    while time.monotonic() < deadline:
-        start = time.perf_counter()
-        r = normal.get("/health/live")
-        latencies["live"].append(time.perf_counter() - start)
-        assert r.status_code == 200
-        start = time.perf_counter()
-        r = normal.post("/v1/chat/completions", headers=headers, json=chat)
-        latencies["chat"].append(time.perf_counter() - start)
-        assert r.status_code == 200, r.text
-    worst_lag = state.loop_lag.max_s
-    stop.set()
-    for t in threads:
-        t.join(30)
-    normal.close()
-
+    attackers = subprocess.Popen([sys.executable, str(ATTACKER_SCRIPT), gw.base_url, str(ATTACKERS)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert attackers.stdout is not None and attackers.stdout.readline().strip() == "started"
+        wait_for(lambda: state.login_guard.throttle.throttled > 0, within=10, what="the first throttled login")
+        # A full collection now rather than inside the window: a gen-2 GC pause (50-100 ms on
+        # this test process's heap, attack or not) stops every thread and is not measured here.
+        gc.collect()
+        ticks = len(state.loop_lag.samples)
+        wait_for(lambda: len(state.loop_lag.samples) >= min(ticks + 3, state.loop_lag.samples.maxlen or 0),
+                 within=5, what="the loop-lag monitor to sample past the collection")  # fmt: skip
+        shedder = state.get("shedder")  # a load shedder, if any, has seen that pause: let it pass
+        if shedder is not None:
+            wait_for(lambda: not shedder.overloaded(), within=5, what="the shedder's hold to end")
+        gw.server.call(_reset_max(state.loop_lag))
+        latencies: dict[str, list[float]] = {"live": [], "chat": []}
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            start = time.perf_counter()
+            r = normal.get("/health/live")
+            latencies["live"].append(time.perf_counter() - start)
+            assert r.status_code == 200
+            start = time.perf_counter()
+            r = normal.post("/v1/chat/completions", headers=headers, json=chat)
+            latencies["chat"].append(time.perf_counter() - start)
+            assert r.status_code == 200, r.text
+        worst_lag = state.loop_lag.max_s
+    finally:
+        out, _ = attackers.communicate(timeout=60)  # closing stdin stops them
+        normal.close()
+    result = json.loads(out.strip().splitlines()[-1])
+    statuses = Counter({int(k): v for k, v in result["statuses"].items()})
     report = {k: (round(statistics.median(v) * 1000, 1), round(max(v) * 1000, 1)) for k, v in latencies.items()}
     print(f"\nworst loop lag {worst_lag * 1000:.1f} ms; p50/max ms {report}; attacker statuses {dict(statuses)}; "
           f"verifier refused {state.login_guard.verifier.refused}")  # fmt: skip
+    assert not result["bad"], result["bad"]  # every 429 had a Retry-After and the OpenAI shape
     assert statuses[429] > statuses[401] > 0  # most are refused without any hashing
     assert set(statuses) <= {401, 429}
     assert worst_lag < 0.05, f"event loop lagged {worst_lag * 1000:.1f} ms under {ATTACKERS} login attackers"
