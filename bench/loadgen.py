@@ -58,7 +58,7 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, float | Non
 
 
 async def run(url: str, body: dict[str, Any], rate: float, seconds: float, key: str | None = None,
-              timeout: float = 10.0, max_connections: int = 4000) -> dict[str, Any]:  # fmt: skip
+              deadline_s: float = 10.0, max_connections: int = 4000) -> dict[str, Any]:  # fmt: skip
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     payload = json.dumps(body).encode()
@@ -68,6 +68,7 @@ async def run(url: str, body: dict[str, Any], rate: float, seconds: float, key: 
     idle: deque[Conn] = deque()
     opened = 0
     latencies: dict[str, list[float]] = {}
+    timeline: list[tuple[float, int, float]] = []  # (scheduled offset s, status, latency ms)
     ttfb: list[float] = []
     timeouts = 0
     errors = 0
@@ -76,7 +77,7 @@ async def run(url: str, body: dict[str, Any], rate: float, seconds: float, key: 
         nonlocal opened, timeouts, errors
         conn = idle.pop() if idle else None
         try:
-            async with asyncio.timeout(max(0.001, scheduled + timeout - time.perf_counter())):
+            async with asyncio.timeout(max(0.001, scheduled + deadline_s - time.perf_counter())):
                 if conn is None:
                     if opened >= max_connections:
                         raise ConnectionError("connection cap")
@@ -97,6 +98,7 @@ async def run(url: str, body: dict[str, Any], rate: float, seconds: float, key: 
             return
         done = time.perf_counter()
         latencies.setdefault(str(status), []).append((done - scheduled) * 1000)
+        timeline.append((scheduled - start, status, (done - scheduled) * 1000))
         if first is not None and body.get("stream"):
             ttfb.append((first - scheduled) * 1000)
         if keep:
@@ -118,7 +120,7 @@ async def run(url: str, body: dict[str, Any], rate: float, seconds: float, key: 
     for _, w in idle:
         w.close()
     return {"sent": n, "elapsed": elapsed, "latencies": latencies, "ttfb": ttfb, "timeouts": timeouts,
-            "errors": errors, "connections": opened}  # fmt: skip
+            "errors": errors, "connections": opened, "timeline": timeline}  # fmt: skip
 
 
 def main() -> None:

@@ -54,11 +54,11 @@ class Answers:
 
         def events(chat: bool) -> bytes:
             out = []
+            token: dict[str, Any] = {"index": 0, "delta": {"content": WORD}} if chat else {"index": 0, "text": WORD}
             for _ in range(chunks):
-                choice: dict[str, Any] = {"index": 0, "delta": {"content": WORD}} if chat else {"index": 0, "text": WORD}
-                out.append(b"data: " + json.dumps({"id": "up", "choices": [choice]}).encode() + b"\n\n")
-            end = {"index": 0, "delta": {}, "finish_reason": "length"} if chat else {"index": 0, "text": "",
-                                                                                     "finish_reason": "length"}  # fmt: skip
+                out.append(b"data: " + json.dumps({"id": "up", "choices": [token]}).encode() + b"\n\n")
+            end: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+            end.update({"delta": {}} if chat else {"text": ""})
             out.append(b"data: " + json.dumps({"id": "up", "choices": [end]}).encode() + b"\n\n")
             out.append(b"data: " + json.dumps({"id": "up", "choices": [], "usage": usage}).encode() + b"\n\n")
             out.append(b"data: [DONE]\n\n")
