@@ -173,9 +173,14 @@ class UsageRepository:
         self.session = session
 
     async def add_many(self, rows: Sequence[dict[str, Any]]) -> None:
-        if rows:
-            # Core, not ORM, insert: an executemany without building an object per row.
-            await self.session.execute(insert(UsageRecord.__table__), list(rows))  # type: ignore[arg-type]
+        # Core, not ORM, insert: an executemany without building an object per row. Core compiles
+        # the statement from the first row's keys, so rows are grouped by the keys they carry
+        # (the gateway's rows all carry the same: one group).
+        groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        for r in rows:
+            groups.setdefault(tuple(r), []).append(r)
+        for group in groups.values():
+            await self.session.execute(insert(UsageRecord.__table__), group)  # type: ignore[arg-type]
 
     async def for_tenant(self, tenant_id: int) -> list[UsageRecord]:
         stmt = select(UsageRecord).where(UsageRecord.tenant_id == tenant_id).order_by(UsageRecord.id)
