@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -30,13 +31,14 @@ from laneway.core.auth import KeyAuthenticator
 from laneway.core.config_watch import ConfigChanges
 from laneway.core.dependencies import DependencyHealth
 from laneway.core.errors import GatewayError
+from laneway.core.load_shedding import LoadShedder
 from laneway.core.loop_lag import LoopLagMonitor
 from laneway.core.pipeline import Gateway
 from laneway.core.policy import PolicyStore
 from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from laneway.core.shared_slots import SharedSlots
 from laneway.db import migrate
-from laneway.db.repositories import ModelRepository
+from laneway.db.repositories import DeploymentSpec, ModelRepository
 from laneway.db.session import make_engine, make_sessionmaker
 from laneway.engines.registry import EngineRegistry
 from laneway.metrics import GatewayMetrics, Reading
@@ -47,6 +49,7 @@ log = logging.getLogger("laneway")
 
 def create_app(settings: Settings | None = None) -> Litestar:
     settings = settings or Settings.from_env()
+    shedder = LoadShedder(max_delay_s=settings.shed_loop_delay_s)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -124,13 +127,13 @@ def create_app(settings: Settings | None = None) -> Litestar:
             default_max_tokens=settings.default_max_tokens,
             quantum=settings.scheduler_quantum,
             starvation_share=settings.lane_starvation_share,
+            headroom=settings.scheduler_headroom_slots,
             metrics=GatewayMetrics(tenant_label=settings.metrics_tenant_label),
             shared_slots=shared_slots,
-            headroom=settings.scheduler_headroom_slots,
         )
-        loop_lag = LoopLagMonitor()
+        loop_lag = LoopLagMonitor(on_sample=shedder.observe)
         await loop_lag.start()
-        gateway.metrics.watch(lambda: runtime_readings(gateway, health, recorder, loop_lag))
+        gateway.metrics.watch(lambda: runtime_readings(gateway, health, recorder, loop_lag, shedder))
         app.state.sessions = sessions
         app.state.recorder = recorder
         app.state.authenticator = authenticator
@@ -148,11 +151,15 @@ def create_app(settings: Settings | None = None) -> Litestar:
         async def apply_config() -> None:
             authenticator.invalidate()
             await policies.reload()
-            async with sessions() as session:
-                await registry.sync(await ModelRepository(session).enabled_deployments())
+            await registry.sync(lambda: enabled_deployments(sessions))
 
         app.state.config_changes = ConfigChanges(db, apply_config)
         await app.state.config_changes.start()
+        # What start-up allocated lives as long as the process: keep it out of the collector's
+        # scans, so a full collection under load pauses the loop for less (load shedding reads
+        # those pauses as saturation).
+        gc.collect()
+        gc.freeze()
         watcher = asyncio.create_task(
             _watch_engines(registry, sessions, settings.policy_poll_interval_s), name="engine-watch"
         )
@@ -186,7 +193,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         template_config=TemplateConfig(directory=ADMIN_UI_DIR / "templates", engine=JinjaTemplateEngine),
         lifespan=[lifespan],
         # Admin logins: a throttle and a bounded argon2 pool (closed at shutdown).
-        state=State({"settings": settings, "login_guard": (login_guard := LoginGuard())}),
+        state=State({"settings": settings, "shedder": shedder, "login_guard": (login_guard := LoginGuard())}),
         on_shutdown=[login_guard.close],
         # Security headers on every /admin response; /metrics and /schema behind metrics_token.
         before_send=[admin_security_headers],
@@ -202,22 +209,29 @@ def create_app(settings: Settings | None = None) -> Litestar:
     )
 
 
+async def enabled_deployments(sessions: async_sessionmaker[AsyncSession]) -> list[DeploymentSpec]:
+    async with sessions() as session:
+        return await ModelRepository(session).enabled_deployments()
+
+
 async def _watch_engines(registry: EngineRegistry, sessions: async_sessionmaker[AsyncSession], every_s: float) -> None:
     """Live engine changes and health: apply deployment edits from the database (a model
     alias swapped to another engine, with no restart) and re-check ejected deployments."""
     while True:
         await asyncio.sleep(every_s)
         try:
-            async with sessions() as session:
-                specs = await ModelRepository(session).enabled_deployments()
-            await registry.sync(specs)
+            await registry.sync(lambda: enabled_deployments(sessions))
             await registry.check_health()
         except Exception:
             log.exception("engine watch failed; will retry")
 
 
 def runtime_readings(
-    gateway: Gateway, health: DependencyHealth, recorder: UsageRecorder, loop_lag: LoopLagMonitor
+    gateway: Gateway,
+    health: DependencyHealth,
+    recorder: UsageRecorder,
+    loop_lag: LoopLagMonitor,
+    shedder: LoadShedder,
 ) -> list[Reading]:
     """Leases and engine slots held (a leak shows here), dependency faults, the usage backlog
     and the event loop's lag, read at scrape time."""
@@ -231,6 +245,8 @@ def runtime_readings(
          loop_lag.last_s),
         ("laneway_event_loop_lag_max_seconds", "The worst event-loop lag over the last minute.", "gauge", {},
          max(loop_lag.samples, default=0.0)),
+        ("laneway_shed_total", "Requests refused with 503 overloaded before any work (the loop ran behind).",
+         "counter", {}, shedder.shed),
     ]  # fmt: skip
     for dep in sorted(set(health.errors) | set(health.degraded)):
         labels = {"dependency": dep}

@@ -94,3 +94,26 @@ async def test_a_failed_commit_installs_nothing() -> None:
         assert registry.resolve("m") is serving
     finally:
         await registry.close()
+
+
+async def test_a_poll_that_read_the_rows_before_an_edit_does_not_undo_it() -> None:
+    """The poller reads the database under the registry's lock: rows read before an admin's
+    install cannot be applied after it and switch the alias back."""
+    registry = EngineRegistry()
+    rows = [spec("m-a")]
+    try:
+        await registry.sync(lambda: asyncio.sleep(0, result=list(rows)))
+        started = await registry.start([spec("m-b", ident=0)])
+
+        async def commit() -> bool:
+            rows[:] = [spec("m-b", ident=5)]  # the edit's rows, committed under the lock
+            return True
+
+        async def poll() -> list[str]:
+            await asyncio.sleep(0)  # arrives while the install holds the lock
+            return await registry.sync(lambda: asyncio.sleep(0, result=list(rows)))
+
+        await asyncio.gather(registry.install("m", started, commit), poll())
+        assert registry.resolve("m").spec.name == "m-b"
+    finally:
+        await registry.close()

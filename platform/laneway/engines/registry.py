@@ -169,15 +169,21 @@ class EngineRegistry:
                 self.warm.add(d.spec.name)
             self._switch(alias, list(started))
 
-    async def sync(self, specs: Sequence[DeploymentSpec]) -> list[str]:
+    async def sync(
+        self, specs: Sequence[DeploymentSpec] | Callable[[], Awaitable[Sequence[DeploymentSpec]]]
+    ) -> list[str]:
         """Make the live deployments match `specs` (the database's), alias by alias; returns
         the aliases that changed. An alias's new deployments start and warm up before they
-        take traffic; the old ones finish what they are serving, then close."""
-        wanted: dict[str, list[DeploymentSpec]] = {}
-        for spec in specs:
-            wanted.setdefault(spec.alias, []).append(spec)
+        take traffic; the old ones finish what they are serving, then close.
+
+        Pass a loader rather than a list when the specs come from the database: it is read
+        under the registry's lock, so a poll that read the rows just before an admin's edit
+        cannot apply them after that edit was installed and switch the alias back."""
         changed = []
         async with self._changing:
+            wanted: dict[str, list[DeploymentSpec]] = {}
+            for spec in await specs() if callable(specs) else specs:
+                wanted.setdefault(spec.alias, []).append(spec)
             for alias in sorted(set(wanted) | set(self._by_alias)):
                 current = [d.spec for d in self._by_alias.get(alias, [])]
                 if current != wanted.get(alias, []):
