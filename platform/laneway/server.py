@@ -13,6 +13,9 @@ missing for hostile clients are small to add here:
   socket's send buffer is capped, so a client that stops reading blocks the stream after
   tens of kilobytes, not megabytes.
 
+- load shedding: while the event loop runs behind (core/load_shedding.py), a new /v1 request
+  is answered with a prepared 503 `overloaded` right after its headers, before the app.
+
 uvicorn's own `limit_concurrency` caps connections (503 beyond), `timeout_keep_alive`
 closes idle ones. `GatewayServer` turns the first SIGTERM/SIGINT into a drain (stop
 admitting, finish or cut what runs, flush usage) before uvicorn stops; a second signal
@@ -26,6 +29,7 @@ import logging
 import resource
 import signal
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import Any
@@ -34,11 +38,21 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from laneway.api.responses import ABORT_EXTENSION
+from laneway.core.load_shedding import LoadShedder
 from laneway.settings import Settings
 
 log = logging.getLogger("laneway.server")
 
 _TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+_OVERLOADED_BODY = (
+    b'{"error": {"message": "The gateway is overloaded; retry shortly.", "type": "service_unavailable", '
+    b'"param": null, "code": "overloaded"}}'
+)
+_OVERLOADED_RESPONSE = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+    b"content-length: " + str(len(_OVERLOADED_BODY)).encode() + b"\r\n\r\n" + _OVERLOADED_BODY
+)
+RECEIVED_AT = "laneway.received_at"  # scope key: when the request's headers were parsed
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
@@ -46,15 +60,21 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     read_timeout_s: float = 10.0
     send_buffer_bytes: int = 64 * 1024
+    shedder: LoadShedder | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._read_timer: asyncio.TimerHandle | None = None
+        self._shedding = False
         super().connection_made(transport)
         sock = transport.get_extra_info("socket")
-        if sock is not None and self.send_buffer_bytes:
+        if sock is not None:
             try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer_bytes)
-            except OSError:  # not a TCP socket (a test transport): nothing to cap
+                # asyncio sets TCP_NODELAY only on sockets it made with proto IPPROTO_TCP; one
+                # handed over pre-bound (tests, systemd) would wait ~40 ms on delayed ACKs.
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if self.send_buffer_bytes:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer_bytes)
+            except OSError:  # not a TCP socket (a test transport): nothing to set
                 pass
         self._arm()  # a connection that never sends a request is closed too
 
@@ -64,8 +84,35 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.scope["extensions"] = extensions
         self._arm()
 
+    def on_headers_complete(self) -> None:
+        shedder = self.shedder
+        api = self.url.startswith(b"/v1/")
+        if shedder is not None and api:
+            shedder.arrived()
+        if (
+            shedder is not None
+            and api
+            and shedder.overloaded()
+            and (self.cycle is None or self.cycle.response_complete)  # nothing to answer before it
+        ):
+            shedder.shed += 1
+            self._shedding = True  # its body, if any, is read and dropped
+            self.transport.write(_OVERLOADED_RESPONSE)
+            return
+        scope: Any = self.scope
+        scope[RECEIVED_AT] = time.perf_counter()
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._shedding:
+            super().on_body(body)
+
     def on_message_complete(self) -> None:
         self._disarm()
+        if self._shedding:
+            self._shedding = False
+            self.on_response_complete()  # keep-alive as after any answer
+            return
         super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -90,20 +137,36 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.transport.close()  # a handler waiting for the body sees a disconnect
 
 
-def protocol_for(settings: Settings) -> type[GuardedHttpProtocol]:
+def protocol_for(settings: Settings, shedder: LoadShedder | None = None) -> type[GuardedHttpProtocol]:
     """The protocol class with this gateway's limits (uvicorn takes a class, not an instance)."""
     return type(
         "LanewayHttpProtocol",
         (GuardedHttpProtocol,),
-        {"read_timeout_s": settings.http_request_read_timeout_s},
+        {"read_timeout_s": settings.http_request_read_timeout_s, "shedder": shedder},
     )
 
 
+class StartDelay:
+    """ASGI wrapper: how long each request waited between its headers and its first step in
+    the app, i.e. how far behind the event loop runs (fed to the load shedder)."""
+
+    def __init__(self, app: Any, shedder: LoadShedder) -> None:
+        self.app = app
+        self.shedder = shedder
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        received = scope.get(RECEIVED_AT)
+        if received is not None:
+            self.shedder.observe(time.perf_counter() - received)
+        await self.app(scope, receive, send)
+
+
 def server_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Config:
+    shedder = app.state.get("shedder") if hasattr(app, "state") else None
     options: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
-        "http": protocol_for(settings),
+        "http": protocol_for(settings, shedder),
         "limit_concurrency": settings.http_max_connections,
         "timeout_keep_alive": settings.http_keep_alive_s,
         # The drain (GatewayServer) has already finished or cut every request by then.
@@ -112,7 +175,7 @@ def server_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Con
         "access_log": False,  # one line per request costs more than the request (see bench/)
         **overrides,
     }
-    return uvicorn.Config(app, **options)
+    return uvicorn.Config(StartDelay(app, shedder) if shedder is not None else app, **options)
 
 
 class GatewayServer(uvicorn.Server):

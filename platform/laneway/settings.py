@@ -79,6 +79,10 @@ class Settings:
     # connections beyond the cap get 503; idle keep-alive connections close after keep_alive.
     http_request_read_timeout_s: float = 10.0
     http_max_connections: int = 4096
+    # Load shedding: while the event loop runs this far behind under load (API requests arriving
+    # at 200/s or more), new /v1 requests get 503 `overloaded` before any work is spent on them
+    # (0 turns it off).
+    shed_loop_delay_s: float = 0.02
     http_keep_alive_s: int = 5
     # When set, /metrics and /schema need "Authorization: Bearer <token>" (default: open).
     metrics_token: str | None = None

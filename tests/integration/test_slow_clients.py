@@ -119,3 +119,31 @@ def test_beyond_the_connection_cap_clients_get_503_not_a_dead_server(tmp_path_fa
             s.close()
     wait_for(lambda: normal_request(g) == 200, what="service once the connections are gone")
     g.stop()
+
+
+def test_an_overloaded_gateway_refuses_api_requests_before_any_work(gw: Gateway) -> None:
+    """While the load shedder says the loop runs behind, /v1 requests get a prepared 503 from
+    the protocol itself (no auth, no JSON), the connection stays usable, health still answers."""
+    shedder = gw.server.app.state.shedder
+    sock = socket.create_connection(("127.0.0.1", gw.port))
+    try:
+        body = json.dumps({"model": "sim", "prompt": "hi", "max_tokens": 2}).encode()
+        request = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body  # fmt: skip
+        shedder.hold_s = 60.0
+        for _ in range(shedder.min_arrivals):
+            shedder.arrived()
+        shedder.observe(1.0)  # as if the loop ran a second behind under load
+        shed_before = shedder.shed
+        sock.sendall(request)
+        answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in answer.lower()
+        assert b'"code": "overloaded"' in answer and shedder.shed == shed_before + 1  # not a 401: no auth ran
+        assert httpx.get(gw.base_url + "/health/live").status_code == 200  # only the API is shed
+        shedder._until = 0.0  # the loop caught up
+        sock.sendall(request)  # the same connection, kept alive
+        assert sock.recv(65536).startswith(b"HTTP/1.1 401")  # now the app answers (a wrong key)
+    finally:
+        shedder.hold_s = 0.05
+        shedder._until = 0.0
+        sock.close()

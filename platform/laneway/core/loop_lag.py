@@ -7,11 +7,15 @@ import asyncio
 import contextlib
 import time
 from collections import deque
+from collections.abc import Callable
 
 
 class LoopLagMonitor:
-    def __init__(self, interval_s: float = 0.05, keep: int = 1200) -> None:
+    def __init__(
+        self, interval_s: float = 0.05, keep: int = 1200, on_sample: Callable[[float], None] | None = None
+    ) -> None:
         self.interval_s = interval_s
+        self._on_sample = on_sample
         self.samples: deque[float] = deque(maxlen=keep)  # lag of each tick, seconds (last minute)
         self.max_s = 0.0  # the worst since the last reset_max()
         self._task: asyncio.Task[None] | None = None
@@ -40,3 +44,5 @@ class LoopLagMonitor:
             lag = max(0.0, time.perf_counter() - expected)
             self.samples.append(lag)
             self.max_s = max(self.max_s, lag)
+            if self._on_sample is not None:
+                self._on_sample(lag)
