@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 
 from laneway.core.dependencies import DependencyHealth
 from laneway.core.errors import GatewayError, dependency_unavailable
+from laneway.core.redis_batch import ScriptBatcher, run_scripts
 from laneway.types import TenantSnapshot
 
 # A concurrency slot whose holder vanished (a replica crashed) is reclaimed after this long.
@@ -261,6 +262,7 @@ class RedisRateLimiter:
         self._prefix = prefix
         self._reserve = self._redis.register_script(_RESERVE)
         self._settle = self._redis.register_script(_SETTLE)
+        self._batch = ScriptBatcher(self._redis)  # a loop turn's reserves share one round trip
         self.failure_mode = failure_mode
         self._retry_after = retry_after_s
         self._health = health or DependencyHealth()
@@ -303,7 +305,7 @@ class RedisRateLimiter:
         ]
         keys = self._keys(tenant.id)
         try:
-            verdict, wait_ms = await self._reserve(keys=keys, args=args)
+            verdict, wait_ms = await self._batch.call(self._reserve, keys, args)
         except (RedisError, OSError) as exc:  # redis' TimeoutError is a RedisError; OSError: refused
             self._trip(exc)
             # The script may have run before the answer was lost: forget its holder later.
@@ -354,10 +356,10 @@ class RedisRateLimiter:
                 continue
             batch = [self._settles[i] for i in range(min(256, len(self._settles)))]
             try:
-                async with self._redis.pipeline(transaction=False) as pipe:
-                    for keys, args in batch:
-                        await self._settle(keys=keys, args=args, client=pipe)
-                    await pipe.execute()
+                replies = await run_scripts(self._redis, [(self._settle, keys, args) for keys, args in batch])
+                failed = next((r for r in replies if isinstance(r, Exception)), None)
+                if failed is not None:
+                    raise failed
             except (RedisError, OSError) as exc:
                 self._trip(exc)
                 if self._closing:

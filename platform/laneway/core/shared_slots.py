@@ -50,6 +50,7 @@ from laneway.core import admission
 from laneway.core.dependencies import DependencyHealth
 from laneway.core.errors import GatewayError
 from laneway.core.policy import LanePolicy
+from laneway.core.redis_batch import ScriptBatcher
 from laneway.core.scheduler import DeploymentScheduler, Ticket, queue_timeout
 
 log = logging.getLogger("laneway.shared_slots")
@@ -282,6 +283,7 @@ class SharedSlots:
         self._enqueue = self._redis.register_script(_ENQUEUE)
         self._leave = self._redis.register_script(_LEAVE)
         self._heartbeat = self._redis.register_script(_HEARTBEAT)
+        self._batch = ScriptBatcher(self._redis)  # a loop turn's enqueues and leaves: one round trip
         self._health = health or DependencyHealth()
         self.healthy = True
         self.replicas = 1  # live replicas at the last heartbeat (1: assume alone until told)
@@ -332,6 +334,11 @@ class SharedSlots:
         if healthy:
             self._health.recovered("redis")
 
+    def left(self, reply: asyncio.Future[Any]) -> None:
+        """A leave's reply: a fault switches to the fallback like any call's."""
+        if not reply.cancelled() and isinstance(reply.exception(), RedisError | OSError):
+            self.fault(reply.exception())  # type: ignore[arg-type]
+
     def fault(self, exc: BaseException) -> _Unavailable:
         self._health.failed("redis", exc, "engine slots shared by replicas: using this replica's share")
         self._switch(False)
@@ -341,7 +348,7 @@ class SharedSlots:
         if not self.healthy:
             raise _Unavailable("redis is unavailable")
         try:
-            return await script(keys=self.keys(deployment), args=[self.prefix, deployment, *args])
+            return await self._batch.call(script, self.keys(deployment), [self.prefix, deployment, *args])
         except (RedisError, OSError) as exc:
             raise self.fault(exc) from None
 
@@ -425,7 +432,8 @@ class SharedScheduler:
         # The fallback: this replica's share, scheduled locally (0 while Redis is usable).
         self.local = DeploymentScheduler(self.capacity, **local)
         self.local.set_capacity(0 if slots.healthy else self._share())
-        self._waiting: dict[str, Ticket] = {}  # member -> ticket queued in Redis
+        self._waiting: dict[str, Ticket] = {}  # member -> ticket queued in Redis (or being queued)
+        self._queued: set[str] = set()  # members whose enqueue Redis confirmed: the heartbeat's
         self._held: dict[str, Ticket] = {}  # member -> ticket running under a global lease
         self._service_s: dict[str, float] = {}
 
@@ -474,7 +482,7 @@ class SharedScheduler:
         including those dispatched locally during a fallback, holds a lease in Redis."""
         running = [f"{m}|{t.lane.name}" for m, t in self._held.items()]
         running += [f"{self._slots.replica_id}:{t.request_id}|{t.lane.name}" for t in self.local.running_tickets()]
-        return running, list(self._waiting)
+        return running, [m for m in self._waiting if m in self._queued]
 
     # ---- the slot protocol ----
     def admit(self, lane: LanePolicy, tenant_id: int, weight: float) -> None:
@@ -523,8 +531,10 @@ class SharedScheduler:
                 raise admission.queue_full(lane, int(value))
             raise admission.wait_too_long(lane, float(value))
         if verdict == "granted":
-            self._grant(member)
+            if member in self._waiting:  # (a grant published meanwhile may have come first)
+                self._grant(member)
             return True
+        self._queued.add(member)
         try:
             async with asyncio.timeout(max(0.0, deadline - self._clock())):
                 await ticket.future
@@ -579,6 +589,7 @@ class SharedScheduler:
 
     def _grant(self, member: str) -> None:
         ticket = self._waiting.pop(member)
+        self._queued.discard(member)
         self._slots.owners.pop(member, None)
         ticket.granted = self._clock()
         self._held[member] = ticket
@@ -616,6 +627,7 @@ class SharedScheduler:
             self._leave_later(member)
 
     def _leave_later(self, member: str) -> None:
+        self._queued.discard(member)
         self._slots.owners.pop(member, None)
         leave_later(self._slots, self.name, member, self.capacity)
 
@@ -628,17 +640,12 @@ class SharedScheduler:
         return rejected
 
 
-_background: set[asyncio.Task[None]] = set()
-
-
 def leave_later(slots: SharedSlots, deployment: str, member: str, capacity: int) -> None:
-    """Tell Redis the member is gone (released, or no longer waiting), off the caller's path;
-    if Redis is unreachable, its lease or queue entry expires by itself."""
-
-    async def leave() -> None:
-        with contextlib.suppress(_Unavailable):
-            await slots.call(slots._leave, deployment, [member, capacity, slots.lease_ttl_s])
-
-    task = asyncio.ensure_future(leave())
-    _background.add(task)
-    task.add_done_callback(_background.discard)
+    """Tell Redis the member is gone (released, or no longer waiting), off the caller's path
+    (batched with the loop turn's other calls); if Redis is unreachable, its lease or queue
+    entry expires by itself."""
+    if not slots.healthy:
+        return
+    reply = slots._batch.call(slots._leave, slots.keys(deployment), [slots.prefix, deployment, member, capacity,
+                                                                      slots.lease_ttl_s])  # fmt: skip
+    reply.add_done_callback(slots.left)
