@@ -137,7 +137,10 @@ async def _all_tenant_ids(session: Any) -> list[int]:
 def start_gateway(data_dir: Path, *, database_url: str | None = None, wait_ready: bool = True,
                   seed_with: dict[str, Any] | None = None, **settings: Any) -> Gateway:  # fmt: skip
     """Seed a database (SQLite in data_dir unless database_url is given) and serve it in-process
-    on a loopback port. `settings` override Settings fields."""
+    on a loopback port. `settings` override Settings fields. Load shedding is off unless a
+    test asks for it: the tests' clients share this process (and its GIL) with the gateway, so
+    the loop delays they cause are the harness's, not the gateway's saturation."""
+    settings.setdefault("shed_loop_delay_s", 0)
     url = database_url or f"sqlite+aiosqlite:///{data_dir / 'laneway.db'}"
     keys = asyncio.run(seed(url, **(seed_with or {})))
     config = Settings(data_dir=data_dir, database_url=url, bootstrap_demo=False, **settings)

@@ -27,9 +27,6 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
             "tenants": {"flood": {}, "b": {}},
         },
         default_max_tokens=100_000,
-        # The flood's 100 clients share this process's GIL with the gateway: the loop delay they
-        # cause is the harness's, and load shedding (tested on its own) would act on it.
-        shed_loop_delay_s=0,
     )
     yield g
     g.stop()
