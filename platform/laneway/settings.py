@@ -76,14 +76,17 @@ class Settings:
     # A streamed response whose client has not accepted a send for this long is cut (499).
     stream_send_timeout_s: float = 10.0
     # HTTP server guards: a request's headers and body must arrive within this (slowloris);
-    # connections beyond the cap get 503; idle keep-alive connections close after keep_alive.
+    # connections beyond the cap get 503.
     http_request_read_timeout_s: float = 10.0
     http_max_connections: int = 4096
+    # Idle keep-alive connections close after this. Longer than clients' own idle expiry
+    # (httpx and so the OpenAI SDKs: 5 s): the client must be the one to drop an idle
+    # connection, or a request it sends just as the server closes it fails with a read error.
+    http_keep_alive_s: int = 75
     # Load shedding: while the event loop runs this far behind under load (API requests arriving
     # at 200/s or more), new /v1 requests get 503 `overloaded` before any work is spent on them
     # (0 turns it off).
     shed_loop_delay_s: float = 0.02
-    http_keep_alive_s: int = 5
     # When set, /metrics and /schema need "Authorization: Bearer <token>" (default: open).
     metrics_token: str | None = None
 

@@ -31,6 +31,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         stream_send_timeout_s=1.0,
         http_request_read_timeout_s=1.0,
         usage_flush_interval_s=0.05,
+        shed_loop_delay_s=0.02,  # the shedding test drives the shedder by hand
     )
     yield g
     g.stop()
@@ -147,3 +148,19 @@ def test_an_overloaded_gateway_refuses_api_requests_before_any_work(gw: Gateway)
         shedder.hold_s = 0.05
         shedder._until = 0.0
         sock.close()
+
+
+def test_an_idle_connection_outlives_the_sdks_own_keep_alive_expiry(gw: Gateway) -> None:
+    """httpx (and so the OpenAI SDKs) drops an idle pooled connection after 5 s. Were the
+    server to drop it at the same moment, a request sent on it just then would fail with a read
+    error (seen under a flood); the server must keep it longer, so the client closes first."""
+    with httpx.Client(base_url=gw.api_url, headers={"Authorization": f"Bearer {gw.keys['acme']}"},
+                      limits=httpx.Limits(keepalive_expiry=60), timeout=10) as c:  # fmt: skip
+        peers = []
+        for pause in (0.0, 5.5):
+            time.sleep(pause)
+            r = c.post("/completions", json={"model": "sim", "prompt": "hi", "max_tokens": 3},
+                       extensions={"trace": lambda name, info: peers.append(info.get("return_value"))
+                                   if name == "connection.connect_tcp.complete" else None})  # fmt: skip
+            assert r.status_code == 200
+        assert len(peers) == 1  # one TCP connection served both: the server kept it open
