@@ -80,7 +80,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        extensions: Any = {ABORT_EXTENSION: self.transport.abort}
+        extensions: Any = {ABORT_EXTENSION: self._abort_stream}
         self.scope["extensions"] = extensions
         self._arm()
 
@@ -114,6 +114,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.on_response_complete()  # keep-alive as after any answer
             return
         super().on_message_complete()
+
+    def _abort_stream(self) -> None:
+        """Cut a stalled stream's connection. Marked disconnected first: the app then returns
+        mid-response on purpose, which uvicorn would otherwise log as an application error."""
+        if self.cycle is not None:
+            self.cycle.disconnected = True
+        self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
