@@ -29,7 +29,7 @@ from laneway.bootstrap import bootstrap_admin, bootstrap_demo
 from laneway.core.accounting import UsageRecorder
 from laneway.core.auth import KeyAuthenticator
 from laneway.core.config_watch import ConfigChanges
-from laneway.core.dependencies import DependencyHealth
+from laneway.core.dependencies import DependencyHealth, database_unreachable
 from laneway.core.errors import GatewayError
 from laneway.core.load_shedding import LoadShedder
 from laneway.core.loop_lag import LoopLagMonitor
@@ -76,7 +76,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         warmup = asyncio.create_task(registry.warm_up(), name="warm-up")
         policies = PolicyStore(sessions)
         await policies.reload()
-        await policies.start_polling(settings.policy_poll_interval_s)
+        await policies.start_polling(settings.policy_poll_interval_s, health)
         limiter: RateLimiter = (
             RedisRateLimiter(
                 settings.redis_url,
@@ -161,7 +161,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         gc.collect()
         gc.freeze()
         watcher = asyncio.create_task(
-            _watch_engines(registry, sessions, settings.policy_poll_interval_s), name="engine-watch"
+            _watch_engines(registry, sessions, settings.policy_poll_interval_s, health), name="engine-watch"
         )
         try:
             yield
@@ -214,16 +214,24 @@ async def enabled_deployments(sessions: async_sessionmaker[AsyncSession]) -> lis
         return await ModelRepository(session).enabled_deployments()
 
 
-async def _watch_engines(registry: EngineRegistry, sessions: async_sessionmaker[AsyncSession], every_s: float) -> None:
+async def _watch_engines(
+    registry: EngineRegistry, sessions: async_sessionmaker[AsyncSession], every_s: float, health: DependencyHealth
+) -> None:
     """Live engine changes and health: apply deployment edits from the database (a model
     alias swapped to another engine, with no restart) and re-check ejected deployments."""
     while True:
         await asyncio.sleep(every_s)
         try:
             await registry.sync(lambda: enabled_deployments(sessions))
-            await registry.check_health()
+        except Exception as exc:
+            if database_unreachable(exc):  # an outage: the running engines stay; a line a minute
+                health.failed("database", exc, "keeping the running engines")
+            else:
+                log.exception("engine sync failed; will retry")
+        try:
+            await registry.check_health()  # needs no database: runs through an outage too
         except Exception:
-            log.exception("engine watch failed; will retry")
+            log.exception("engine health check failed; will retry")
 
 
 def runtime_readings(

@@ -5,12 +5,22 @@ written once the database is back, and a revocation made then is seen within a s
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 
 import httpx
 from services import PrivatePostgres
 from serving import sim_model, start_gateway, wait_for
+
+
+class Collected(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 async def test_known_keys_ride_out_a_database_outage(private_pg: PrivatePostgres, tmp_path: Path) -> None:
@@ -26,8 +36,11 @@ async def test_known_keys_ride_out_a_database_outage(private_pg: PrivatePostgres
         usage_flush_interval_s=0.05,
         database_connect_timeout_s=0.5,
         database_command_timeout_s=1.0,
+        policy_poll_interval_s=0.2,  # the policy and engine pollers meet the outage too
     )
     keys = gw.keys
+    errors = Collected()  # on the gateway's loggers (the app's logging config replaces the root's handlers)
+    logging.getLogger("laneway").addHandler(errors)
     statuses: list[int] = []
     try:
         async with httpx.AsyncClient(base_url=gw.api_url, timeout=10) as c:
@@ -44,6 +57,9 @@ async def test_known_keys_ride_out_a_database_outage(private_pg: PrivatePostgres
                 statuses += [r.status_code for r in responses]
             unknown = await call(keys["other"])  # never used before the outage
             await asyncio.to_thread(private_pg.start)
+            # An outage is counted and reported a line a minute, never a traceback per poll.
+            assert not errors.records, [r.getMessage() for r in errors.records]
+            assert gw.server.app.state.health.errors["database"] > 0
             assert set(statuses) == {200}, sorted(set(statuses))
             assert unknown.status_code == 503 and unknown.json()["error"]["code"] == "database_unavailable"
             assert "retry-after" in unknown.headers
@@ -59,6 +75,7 @@ async def test_known_keys_ride_out_a_database_outage(private_pg: PrivatePostgres
                 assert time.monotonic() < deadline, "revoked key still served after 1 s"
                 await asyncio.sleep(0.02)
     finally:
+        logging.getLogger("laneway").removeHandler(errors)
         await asyncio.to_thread(gw.stop)
 
 

@@ -13,6 +13,8 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from sqlalchemy import exc as sa_exc
+
 log = logging.getLogger("laneway.dependencies")
 
 
@@ -44,3 +46,19 @@ class DependencyHealth:
         if self.degraded.get(dependency):
             self.degraded[dependency] = False
             log.info("%s is reachable again", dependency)
+
+
+def database_unreachable(exc: BaseException) -> bool:
+    """True when `exc` says the database could not be reached (refused, timed out, shutting
+    down or starting up), not that a statement was wrong: an outage to count and ride out
+    quietly, where anything else is a bug to log in full."""
+    if isinstance(exc, OSError):  # refused, reset, timed out (TimeoutError is an OSError)
+        return True
+    if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.TimeoutError):
+        return True
+    if isinstance(exc, sa_exc.DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        # SQLSTATE 08: connection exception; 57: shutting down / starting up; 53: out of resources.
+        return str(getattr(exc.orig, "sqlstate", "") or "")[:2] in ("08", "57", "53")
+    return False

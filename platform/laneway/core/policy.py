@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from laneway.core.dependencies import DependencyHealth, database_unreachable
 from laneway.db.repositories import PolicyRepository
 
 log = logging.getLogger("laneway.policy")
@@ -124,16 +125,20 @@ class PolicyStore:
             log.info("policies reloaded: lanes=%s tasks=%s", [x.name for x in lanes], sorted(tasks))
         return self.current
 
-    async def start_polling(self, interval_s: float) -> None:
+    async def start_polling(self, interval_s: float, health: DependencyHealth | None = None) -> None:
         """Pick up changes made by other replicas or the CLI (the admin UI also calls reload())."""
+        health = health or DependencyHealth()
 
         async def poll() -> None:
             while True:
                 await asyncio.sleep(interval_s)
                 try:
                     await self.reload()
-                except Exception:
-                    log.exception("policy reload failed; keeping the current snapshot")
+                except Exception as exc:
+                    if database_unreachable(exc):  # an outage: counted, a line a minute
+                        health.failed("database", exc, "keeping the current lanes and task policies")
+                    else:
+                        log.exception("policy reload failed; keeping the current snapshot")
 
         self._task = asyncio.create_task(poll(), name="policy-poll")
 
