@@ -27,6 +27,10 @@ from laneway.engines.slots import SlotPool
 from laneway.types import ChatTurn, Delta, EngineInfo, FinishReason, GenerationRequest, PromptMeasure
 
 _DONE = object()
+# Prompts longer than this are templated and tokenized in a worker thread (llama.cpp's
+# tokenizer releases the GIL): measured 5 ms per 16 KB with the demo model, loop time that
+# every other request would wait for.
+OFF_LOOP_PROMPT_CHARS = 8192
 
 
 class LlamaCppEngine:
@@ -111,6 +115,12 @@ class LlamaCppEngine:
         return self._active
 
     async def measure(self, *, prompt: str | None = None, messages: Sequence[ChatTurn] | None = None) -> PromptMeasure:
+        size = len(prompt or "") + sum(len(m.content) for m in messages or ())
+        if size > OFF_LOOP_PROMPT_CHARS:  # a long prompt's template and tokenizer: off the event loop
+            return await asyncio.to_thread(self._measure, prompt, messages)
+        return self._measure(prompt, messages)
+
+    def _measure(self, prompt: str | None, messages: Sequence[ChatTurn] | None) -> PromptMeasure:
         text = render_chat(messages, self._template) if messages is not None else (prompt or "")
         # special=True so the ChatML markers count as the single tokens the model sees.
         ids = self._contexts[0].tokenize(text.encode("utf-8"), add_bos=True, special=True)
