@@ -94,3 +94,26 @@ async def test_missing_model_file_is_a_clear_engine_error(tmp_path: Path) -> Non
     engine = LlamaCppEngine("x", {"model_path": str(tmp_path / "nope.gguf")})
     with pytest.raises(EngineError, match="not found"):
         await engine.start()
+
+
+async def test_a_long_prompt_is_measured_off_the_event_loop(llama: LlamaCppEngine) -> None:
+    """A 16 KB prompt's tokenizing takes milliseconds: not on the loop every request shares."""
+    ctx = llama._contexts[0]
+    seen: list[bool] = []
+    tokenize = ctx.tokenize
+
+    def watched(*args: object, **kwargs: object) -> list[int]:
+        try:
+            asyncio.get_running_loop()
+            seen.append(True)  # called from the loop's thread
+        except RuntimeError:
+            seen.append(False)
+        return tokenize(*args, **kwargs)  # type: ignore[no-any-return,arg-type]
+
+    ctx.tokenize = watched  # type: ignore[method-assign]
+    long = "lorem ipsum dolor sit amet " * 600
+    short = await llama.measure(prompt="hello world")
+    measured = await llama.measure(messages=[ChatTurn(role="user", content=long)])
+    assert seen == [True, False]  # the short one inline (a thread hop costs more), the long one not
+    ctx.tokenize = tokenize  # type: ignore[method-assign]
+    assert short.tokens > 0 and measured.tokens > 10_000  # counted all the same
