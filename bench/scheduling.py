@@ -125,13 +125,16 @@ async def laneway_one(gateway: Gateway, arrival: Arrival, n: int) -> float | Non
         seed=n,
     )
     try:
-        await gateway.admit(call)
+        lease = await gateway.admit(call)
     except GatewayError:
         return None
     ttft = None
-    async for d in gateway.run(call):
-        if ttft is None and d.text:
-            ttft = time.perf_counter() - t0
+    try:
+        async for d in gateway.run(lease):
+            if ttft is None and d.text:
+                ttft = time.perf_counter() - t0
+    finally:
+        lease.release()
     return ttft
 
 
