@@ -104,7 +104,9 @@ VICTIM_REQUEST = {"model": "sim", "prompt": "hello", "max_tokens": 4, "stream": 
 
 
 class Victim:
-    """Sends one short streamed request at a time as the victim tenant; records each latency."""
+    """One short streamed request at a time as the victim tenant, each latency recorded, in a
+    process of its own: the attackers' threads in this one would otherwise slow the victim's
+    own client (the GIL) and the bench would blame the gateway for it."""
 
     def __init__(self, env: Env) -> None:
         self.env = env
@@ -112,38 +114,58 @@ class Victim:
         self.ok = 0
         self.failed = 0
         self.status_500 = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with httpx.Client(base_url=self.env.base, headers=self.env.headers("victim"), timeout=30) as c:
-            while not self._stop.is_set():
-                started = time.perf_counter()
-                try:  # a short streamed answer, like a chat client's (the interactive lane)
-                    with c.stream("POST", "/v1/completions", json=VICTIM_REQUEST) as r:
-                        for _ in r.iter_lines():
-                            pass
-                    self.latencies.append(time.perf_counter() - started)
-                    self.ok += r.status_code == 200
-                    self.failed += r.status_code != 200
-                    self.status_500 += r.status_code == 500
-                except httpx.HTTPError:
-                    self.failed += 1
-                self._stop.wait(0.01)
+        self._proc: subprocess.Popen[str] | None = None
 
     def __enter__(self) -> Victim:
-        self._thread.start()
+        self._proc = subprocess.Popen(
+            [sys.executable, __file__, "--victim", self.env.base, self.env.keys["victim"]],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self._proc.stdout is not None and self._proc.stdout.readline().strip() == "started"
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(60)
+        assert self._proc is not None
+        out, _ = self._proc.communicate("", timeout=90)  # stdin closed: it stops and reports
+        result = json.loads(out.strip().splitlines()[-1])
+        self.latencies, self.ok = result["latencies"], result["ok"]
+        self.failed, self.status_500 = result["failed"], result["status_500"]
 
     @property
     def p95(self) -> float | None:
         if len(self.latencies) < 5:
             return None
         return statistics.quantiles(self.latencies, n=20)[18]
+
+
+def victim_process(base: str, key: str) -> None:
+    """--victim: the victim's loop until stdin closes, then its results as one JSON line."""
+    stop = threading.Event()
+    result: dict[str, Any] = {"latencies": [], "ok": 0, "failed": 0, "status_500": 0}
+
+    def loop() -> None:
+        with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30) as c:
+            while not stop.is_set():
+                started = time.perf_counter()
+                try:  # a short streamed answer, like a chat client's (the interactive lane)
+                    with c.stream("POST", "/v1/completions", json=VICTIM_REQUEST) as r:
+                        for _ in r.iter_lines():
+                            pass
+                    result["latencies"].append(time.perf_counter() - started)
+                    result["ok"] += r.status_code == 200
+                    result["failed"] += r.status_code != 200
+                    result["status_500"] += r.status_code == 500
+                except httpx.HTTPError:
+                    result["failed"] += 1
+                stop.wait(0.01)
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    print("started", flush=True)
+    sys.stdin.read()
+    stop.set()
+    thread.join(60)
+    print(json.dumps(result), flush=True)
 
 
 def baseline(env: Env, seconds: float = 2.0) -> float | None:
@@ -444,21 +466,17 @@ def postgres_stopped(env: Env, row: Row) -> None:
 
 
 def login_attackers(env: Env, row: Row) -> None:
-    stop = threading.Event()
-
-    def attacker(i: int) -> None:
-        with httpx.Client(base_url=env.base, timeout=30) as c:
-            while not stop.is_set():
-                r = c.post("/admin/api/login", json={"username": "admin", "password": f"guess-{i}-{time.time()}"})
-                tally(row, r.status_code)
-
-    threads = [threading.Thread(target=attacker, args=(i,)) for i in range(16)]
-    for t in threads:
-        t.start()
+    """The suite's attacker script, in a process of its own (as remote attackers are): 16
+    threads from 16 loopback addresses post wrong passwords as fast as they are answered."""
+    script = ROOT / "tests" / "standins" / "login_attackers.py"
+    proc = subprocess.Popen([sys.executable, str(script), env.base, "16"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
     time.sleep(5)
-    stop.set()
-    for t in threads:
-        t.join(60)
+    out, _ = proc.communicate("", timeout=90)
+    for status, count in json.loads(out.strip().splitlines()[-1])["statuses"].items():
+        for _ in range(count):
+            tally(row, int(status))
 
 
 def slowloris(env: Env, row: Row) -> None:
@@ -571,7 +589,11 @@ def print_table(rows: list[Row]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", nargs="*", choices=[*SCENARIOS, "sigterm"], help="run only these scenarios")
+    ap.add_argument("--victim", nargs=2, help=argparse.SUPPRESS)  # internal: the victim's own process
     args = ap.parse_args()
+    if args.victim:
+        victim_process(*args.victim)
+        return
     chosen = args.only or [*SCENARIOS, "sigterm"]
     work = Path(tempfile.mkdtemp(prefix="lw-faults-"))
     pg: PrivatePostgres | None = None
