@@ -1,15 +1,24 @@
-"""What laneway adds on top of calling the same engine directly.
+"""What laneway costs on top of the engine: latency, CPU per request, and behaviour past capacity.
 
-Engine: the tiny llama.cpp demo model (random weights, end tokens banned so every request
-generates exactly --max-tokens tokens), `parallel` slots, on this machine's CPU.
-Baseline ("direct"): the same LlamaCppEngine adapter called in-process by this script.
-Gateway: `laneway serve` in a subprocess on loopback, called with httpx (HTTP/1.1, pooled),
-so the gateway's HTTP, auth, validation, measuring, stop enforcement, SSE framing and
-usage accounting are all in the measured path.
-Metrics: end-to-end latency of non-streaming requests and time to the first content token
-of streaming ones, p50/p99, at concurrency 1 and 32. Ratios matter, not absolute times.
+Setup, all on this machine: a fake OpenAI-protocol engine that answers at once
+(bench/upstream.py, 16 tokens per answer), `laneway serve` in front of it as a vLLM
+deployment, pinned to ONE core (taskset), and an open-loop load generator (bench/loadgen.py:
+a fixed arrival rate, latency measured from each request's scheduled send time, so a server
+that falls behind cannot hide it). The engine and the load generator share the other core.
+- direct: the load generator calls the fake engine itself (the baseline, same run).
+- laneway (memory): rate limits in process memory; (redis limits): in a private redis-server;
+  (redis limits + shared slots): the engine's slots shared through Redis too, as when several
+  replicas front it (core/shared_slots.py; two more round trips per request).
+For each rate: p50/p99/max latency of the successful requests, success rate, achieved
+requests per second, and the gateway's CPU time per request from /proc (utime + stime,
+background work included). Then a row at 5x the measured capacity: goodput (successful
+requests per second) and how fast the excess was refused (503).
+Goals (issue "ten times less CPU"): CPU <= 0.5 ms per non-streaming request and <= 1.0 ms per
+16-chunk stream; overhead p50 <= 1 ms and p99 <= 3 ms at 300 RPS; >= 1,000 RPS per core with
+p99 < 100 ms; at 5x, goodput >= 0.9 of capacity, refused in a few ms; redis within 15 % of
+memory.
 
-Run: .venv/bin/python bench/overhead.py [--requests 200] [--max-tokens 16]
+Run: .venv/bin/python bench/overhead.py [--seconds 5] [--rates 100 300 1000]
 """
 
 from __future__ import annotations
@@ -19,167 +28,235 @@ import asyncio
 import json
 import os
 import platform
-import statistics
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-import httpx
-from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN, write_demo_model
-from laneway.engines.llamacpp import LlamaCppEngine
-from laneway.types import GenerationRequest
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the suite's seeding helper, server factory, private Redis
 
-PROMPT = "hello world, the model is a test of the gateway"
+from services import PrivateRedis  # noqa: E402
+from serving import free_port, seed, serve  # noqa: E402
+
+PY = sys.executable
+GATEWAY_CORE, OTHER_CORE = "0", "1"
+BODY = {"model": "m", "prompt": "hello there, how are you", "max_tokens": 16}
 
 
 def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def run_concurrent(n: int, concurrency: int, one) -> list[float]:  # type: ignore[no-untyped-def]
-    sem = asyncio.Semaphore(concurrency)
-    out: list[float] = []
-
-    async def task(i: int) -> None:
-        async with sem:
-            out.append(await one(i))
-
-    await asyncio.gather(*(task(i) for i in range(n)))
-    return out
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def engine_config(model: Path, parallel: int) -> dict[str, object]:
-    return {"model_path": str(model), "parallel": parallel, "demo": True, "ban_tokens": [EOS_TOKEN, IM_END_TOKEN]}
+def pinned(core: str, *cmd: str) -> list[str]:
+    return ["taskset", "-c", core, *cmd] if shutil.which("taskset") else list(cmd)
 
 
-async def direct(model: Path, args: argparse.Namespace, concurrency: int, stream: bool) -> list[float]:
-    engine = LlamaCppEngine("bench", engine_config(model, args.parallel), max_model_len=512)
-    await engine.start()
-    tokens = (await engine.measure(prompt=PROMPT)).tokens
+def load_cmd(url: str, rate: float, seconds: float, key: str | None, stream: bool,
+             body: dict[str, Any] | None = None) -> list[str]:  # fmt: skip
+    cmd = pinned(OTHER_CORE, PY, str(ROOT / "bench" / "loadgen.py"), url, "--rate", str(rate),
+                 "--seconds", str(seconds), "--body", json.dumps(body or BODY))  # fmt: skip
+    if key:
+        cmd += ["--key", key]
+    if stream:
+        cmd.append("--stream")
+    return cmd
 
-    async def one(i: int) -> float:
-        t0 = time.perf_counter()
-        req = GenerationRequest(
-            request_id=str(i), prompt=PROMPT, prompt_tokens=tokens, max_tokens=args.max_tokens, seed=i
-        )
-        first = None
-        async for d in engine.generate(req):
-            if first is None and d.text:
-                first = time.perf_counter() - t0
-        return (first if stream and first is not None else time.perf_counter() - t0) * 1000
 
+def load(url: str, rate: float, seconds: float, key: str | None, stream: bool,
+         body: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    out = subprocess.run(load_cmd(url, rate, seconds, key, stream, body), capture_output=True, text=True,
+                         timeout=seconds * 20 + 60)  # fmt: skip
+    return dict(json.loads(out.stdout))
+
+
+@contextmanager
+def gateway(
+    upstream: str, work: Path, redis_url: str | None, *, shared_slots: bool = True
+) -> Iterator[tuple[subprocess.Popen[bytes], int, str]]:
+    url = f"sqlite+aiosqlite:///{work / f'overhead-{time.time_ns()}.db'}"
+    config = {"base_url": upstream, "model": "m", "max_concurrency": 1024, "metrics_poll_s": 1.0,
+              "shared_slots": shared_slots}  # fmt: skip
+    # "long": a second deployment of the same engine, for the long-prompt flood.
+    models = {alias: [{"name": f"{alias}-vllm", "engine_kind": "vllm", "max_model_len": 100_000, "config": config}]
+              for alias in ("m", "long")}  # fmt: skip
+    lanes = [{"name": "standard", "max_concurrency": 1024, "max_queue_depth": 4096, "queue_timeout_s": 30,
+              "max_unacked_tokens": 100_000}]  # fmt: skip
+    keys = asyncio.run(seed(url, models=models, lanes=lanes, tenants={"bench": {}, "flood": {}}))
+    env = {**os.environ, "LANEWAY_DATA_DIR": str(work / f"data-{time.time_ns()}"), "LANEWAY_DATABASE_URL": url,
+           "LANEWAY_BOOTSTRAP_DEMO": "false", "LANEWAY_LOG_LEVEL": "warning"}  # fmt: skip
+    if redis_url:
+        env["LANEWAY_REDIS_URL"] = redis_url
+    proc, port = serve(env)
+    if shutil.which("taskset"):
+        subprocess.run(["taskset", "-apc", GATEWAY_CORE, str(proc.pid)], capture_output=True, check=False)
     try:
-        await run_concurrent(10, concurrency, one)  # warm
-        return await run_concurrent(args.requests, concurrency, one)
+        FLOOD_KEYS[port] = keys["flood"]
+        yield proc, port, keys["bench"]
     finally:
-        await engine.close()
+        proc.terminate()
+        proc.wait(30)
 
 
-async def via_gateway(url: str, key: str, args: argparse.Namespace, concurrency: int, stream: bool) -> list[float]:
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(
-        base_url=url, headers={"Authorization": f"Bearer {key}"}, limits=limits, timeout=60
-    ) as client:
-
-        async def one(i: int) -> float:
-            body = {"model": "bench", "prompt": PROMPT, "max_tokens": args.max_tokens, "seed": i, "stream": stream}
-            t0 = time.perf_counter()
-            if not stream:
-                r = await client.post("/v1/completions", json=body)
-                r.raise_for_status()
-                return (time.perf_counter() - t0) * 1000
-            async with client.stream("POST", "/v1/completions", json=body) as r:
-                r.raise_for_status()
-                async for line in r.aiter_lines():
-                    if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
-                        return (time.perf_counter() - t0) * 1000
-            raise RuntimeError("stream ended without content")
-
-        await run_concurrent(10, concurrency, one)
-        return await run_concurrent(args.requests, concurrency, one)
-
-
-def start_gateway(data: Path, model: Path, parallel: int, port: int) -> tuple[subprocess.Popen[bytes], str]:
-    env = {
-        **os.environ,
-        "LANEWAY_DATA_DIR": str(data),
-        "LANEWAY_BOOTSTRAP_DEMO": "false",
-        "LANEWAY_LOG_LEVEL": "warning",
+def row(label: str, rate: float, res: dict[str, Any], cpu_ms: float | None) -> dict[str, Any]:
+    ok = res["latencies"].get("200", [])
+    refused = res["latencies"].get("503", [])
+    return {
+        "label": label,
+        "rate": rate,
+        "p50": pct(ok, 0.5),
+        "p99": pct(ok, 0.99),
+        "max": max(ok, default=float("nan")),
+        "success": len(ok) / max(1, res["sent"]),
+        "rps": len(ok) / res["elapsed"],
+        "cpu_ms": cpu_ms,
+        "refused": len(refused),
+        "refused_p50": pct(refused, 0.5),
+        "refused_p99": pct(refused, 0.99),
+        "timeouts": res["timeouts"] + res["errors"],
+        "ttfb_p50": pct(res.get("ttfb", []), 0.5),
+        "ttfb_p99": pct(res.get("ttfb", []), 0.99),
     }
-    exe = str(Path(sys.executable).with_name("laneway"))
 
-    def cli(*a: str) -> str:
-        return subprocess.run([exe, *a], env=env, check=True, capture_output=True, text=True).stdout.strip()
 
-    cli(
-        "model",
-        "set",
-        "bench",
-        "--engine",
-        "llamacpp",
-        "--max-model-len",
-        "512",
-        "--config",
-        json.dumps(engine_config(model, parallel)),
-    )
-    cli("tenant", "create", "bench")
-    key = cli("key", "issue", "bench")
-    proc = subprocess.Popen([exe, "serve", "--port", str(port)], env=env)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health/ready").status_code == 200:
-                return proc, key
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("gateway did not become ready")
+def measure(port: int, proc: subprocess.Popen[bytes], key: str, label: str, rate: float, seconds: float,
+            stream: bool = False, body: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    before = cpu_seconds(proc.pid)
+    res = load(f"http://127.0.0.1:{port}/v1/completions", rate, seconds, key, stream, body)
+    used = cpu_seconds(proc.pid) - before
+    ok = len(res["latencies"].get("200", []))
+    return row(label, rate, res, used * 1000 / max(1, ok))
+
+
+SHORT_RATE, LONG_RATE = 100.0, 100.0
+LONG_BODY = {"model": "long", "prompt": "lorem ipsum dolor sit amet " * 600, "max_tokens": 16}  # ~16 KB
+IDLE_S = 10.0
+FLOOD_KEYS: dict[int, str] = {}  # gateway port -> the flooding tenant's key
+
+
+def long_prompt_flood(port: int, proc: subprocess.Popen[bytes], key: str, seconds: float) -> list[dict[str, Any]]:
+    """Short streams alone, then again while a flood of long prompts goes to another deployment."""
+    short = {**BODY, "stream": True}
+    alone = measure(port, proc, key, "alone", SHORT_RATE, seconds, stream=True, body=short)
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    flood = subprocess.Popen(load_cmd(url, LONG_RATE, seconds + 1.0, FLOOD_KEYS[port], False, LONG_BODY),
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(0.5)  # the flood is under way
+    flooded = measure(port, proc, key, "during a 4K-token flood on another deployment", SHORT_RATE, seconds,
+                      stream=True, body=short)  # fmt: skip
+    out, _ = flood.communicate(timeout=seconds * 20 + 60)
+    res = json.loads(out)
+    flooded["flood_sent"], flooded["flood_ok"] = res["sent"], len(res["latencies"].get("200", []))
+    return [alone, flooded]
+
+
+def fmt(v: float | None, unit: str = " ms", digits: int = 2) -> str:
+    if v is None or v != v:  # None or NaN
+        return "-"
+    return f"{v:.{digits}f}{unit}"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=200)
-    ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--parallel", type=int, default=2)
-    ap.add_argument("--port", type=int, default=18931)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rates", type=float, nargs="*", default=[100, 300, 1000])
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp)
-        model = write_demo_model(data / "tiny.gguf")
-        proc, key = start_gateway(data, model, args.parallel, args.port)
-        url = f"http://127.0.0.1:{args.port}"
-        rows = []
-        try:
-            for concurrency in (1, 32):
-                for stream in (False, True):
-                    base = asyncio.run(direct(model, args, concurrency, stream))
-                    gw = asyncio.run(via_gateway(url, key, args, concurrency, stream))
-                    rows.append((concurrency, "stream TTFT" if stream else "non-stream e2e", base, gw))
-        finally:
-            proc.terminate()
-            proc.wait(10)
+    work = Path(tempfile.mkdtemp(prefix="lw-overhead-"))
+    up_port = free_port()
+    upstream = subprocess.Popen(pinned(OTHER_CORE, PY, str(ROOT / "bench" / "upstream.py"), "--port", str(up_port)))
+    redis = PrivateRedis().start()
+    time.sleep(0.5)
+    up_url = f"http://127.0.0.1:{up_port}"
+    rows: list[dict[str, Any]] = []
+    try:
+        with gateway(up_url, work, None) as (mem, mem_port, mem_key), \
+                gateway(up_url, work, redis.url, shared_slots=False) as (red, red_port, red_key), \
+                gateway(up_url, work, redis.url) as (shr, shr_port, shr_key):  # fmt: skip
+            for port, key in ((mem_port, mem_key), (red_port, red_key), (shr_port, shr_key)):  # warm all up
+                load(f"http://127.0.0.1:{port}/v1/completions", 100, 1, key, False)
+            for rate in args.rates:
+                direct = load(up_url + "/v1/completions", rate, args.seconds, None, False)
+                rows.append(row("direct", rate, direct, None))
+                rows.append(measure(mem_port, mem, mem_key, "laneway (memory)", rate, args.seconds))
+                rows.append(measure(red_port, red, red_key, "laneway (redis limits)", rate, args.seconds))
+                rows.append(measure(shr_port, shr, shr_key, "laneway (redis limits + shared slots)", rate,
+                                    args.seconds))  # fmt: skip
+            stream_rate = args.rates[min(1, len(args.rates) - 1)]
+            rows.append(row("direct, 16-chunk streams", stream_rate,
+                            load(up_url + "/v1/completions", stream_rate, args.seconds, None, True), None))  # fmt: skip
+            rows.append(measure(mem_port, mem, mem_key, "laneway (memory), 16-chunk streams", stream_rate,
+                                args.seconds, stream=True))  # fmt: skip
+            # Capacity: raise the rate until p99 passes 100 ms or requests start failing; then 5x it.
+            capacity = max((r["rps"] for r in rows if r["label"] == "laneway (memory)" and r["p99"] < 100), default=100)
+            rate = max(args.rates) * 1.5
+            while rate <= 8000:
+                probe = measure(mem_port, mem, mem_key, "laneway (memory), capacity probe", rate, args.seconds)
+                rows.append(probe)
+                if probe["p99"] >= 100 or probe["success"] < 0.99:
+                    break
+                capacity = max(capacity, probe["rps"])
+                rate *= 1.5
+            overload = measure(mem_port, mem, mem_key, "laneway (memory), 5x capacity", 5 * capacity, args.seconds)
+            long_rows = long_prompt_flood(mem_port, mem, mem_key, args.seconds)
+            idle_cpu = {"memory": mem, "redis limits + shared slots": shr}
+            before = {label: cpu_seconds(p.pid) for label, p in idle_cpu.items()}
+            time.sleep(IDLE_S)
+            idle_pct = {label: (cpu_seconds(p.pid) - before[label]) / IDLE_S * 100 for label, p in idle_cpu.items()}
+    finally:
+        redis.stop()
+        upstream.terminate()
+    print(f"# bench/overhead.py on {platform.node()} ({os.cpu_count()} CPUs, Python {platform.python_version()}); "
+          f"gateway pinned to core {GATEWAY_CORE}; {args.seconds:g} s per row; answers of 16 tokens")  # fmt: skip
+    print("\n| client | rate | p50 | p99 | max | success | achieved RPS | gateway CPU / request |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['label']} | {r['rate']:.0f}/s | {fmt(r['p50'])} | {fmt(r['p99'])} | {fmt(r['max'], digits=1)} "
+              f"| {r['success'] * 100:.1f} % | {r['rps']:.0f} | {fmt(r['cpu_ms'])} |")  # fmt: skip
+    print("\n| overhead vs direct | rate | p50 | p99 |\n|---|---|---|---|")
+    direct = {r["rate"]: r for r in rows if r["label"] == "direct"}
+    for r in rows:
+        if r["label"].startswith("laneway") and r["rate"] in direct and "stream" not in r["label"]:
+            d = direct[r["rate"]]
+            print(f"| {r['label']} | {r['rate']:.0f}/s | {fmt(r['p50'] - d['p50'])} | {fmt(r['p99'] - d['p99'])} |")
+    print(f"\n5x overload: offered {overload['rate']:.0f}/s against a capacity of {capacity:.0f}/s (the best "
+          f"rate above with p99 < 100 ms and 99 % success): goodput {overload['rps']:.0f}/s "
+          f"({overload['rps'] / capacity:.2f} of "
+          f"capacity), successful p99 {fmt(overload['p99'])}; {overload['refused']} refused with 503 in "
+          f"{fmt(overload['refused_p50'])} p50 / {fmt(overload['refused_p99'])} p99; "
+          f"{overload['timeouts']} timed out or failed.")  # fmt: skip
     print(
-        f"\nlaneway overhead: {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}; "
-        f"tiny llama.cpp model, parallel={args.parallel}, max_tokens={args.max_tokens}, "
-        f"{args.requests} requests per cell; baseline = same engine adapter called in-process\n"
+        f"\nLong prompts: short streams ({SHORT_RATE:.0f}/s) to one deployment, alone and while another "
+        f"tenant sends {LONG_RATE:.0f}/s prompts of ~4K tokens ({len(LONG_BODY['prompt']) // 1024} KB) to another."
     )
-    head = (
-        f"| {'conc':>4} | {'metric':<15} | {'direct p50':>10} | {'direct p99':>10} | {'laneway p50':>11} | "
-        f"{'laneway p99':>11} | {'added p50':>9} | {'ratio p50':>9} | {'ratio p99':>9} |"
+    print("\n| short streams | TTFT p50 | TTFT p99 | e2e p99 | success | gateway CPU / request |")
+    print("|---|---|---|---|---|---|")
+    for r in long_rows:
+        print(f"| {r['label']} | {fmt(r['ttfb_p50'])} | {fmt(r['ttfb_p99'])} | {fmt(r['p99'])} "
+              f"| {r['success'] * 100:.1f} % | {fmt(r['cpu_ms'])} |")  # fmt: skip
+    alone, flooded = long_rows
+    print(
+        f"TTFT p99 during the flood / alone: {flooded['ttfb_p99'] / alone['ttfb_p99']:.2f}x (goal <= 1.5x); "
+        f"the flood's own requests: {flooded['flood_ok']} of {flooded['flood_sent']} answered 200."
     )
-    print(head)
-    print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
-    for concurrency, metric, base, gw in rows:
-        b50, b99, g50, g99 = pct(base, 0.5), pct(base, 0.99), pct(gw, 0.5), pct(gw, 0.99)
-        print(
-            f"| {concurrency:>4} | {metric:<15} | {b50:>8.2f}ms | {b99:>8.2f}ms | {g50:>9.2f}ms | {g99:>9.2f}ms | "
-            f"{g50 - b50:>7.2f}ms | {g50 / b50:>8.2f}x | {g99 / b99:>8.2f}x |"
-        )
-    print(f"\n(mean direct non-stream at c=1: {statistics.mean(rows[0][2]):.2f} ms)")
+    print(
+        "\nIdle (no requests, "
+        + f"{IDLE_S:g} s): gateway CPU "
+        + ", ".join(f"{label} {pct_:.2f} % of a core" for label, pct_ in idle_pct.items())
+        + " (goal < 1 %)."
+    )
 
 
 if __name__ == "__main__":
