@@ -272,9 +272,11 @@ async def _stream_events(
     if head:
         yield head
     try:
-        async for d in pumped(gateway, lease, limit=max(1, lease.call.lane.max_unacked_tokens)):
-            for frame in render(d):
-                yield frame
+        async for batch in pumped(gateway, lease, limit=max(1, lease.call.lane.max_unacked_tokens)):
+            # The deltas that were ready together go out in one write (the same events).
+            data = b"".join(frame for d in batch for frame in render(d))
+            if data:
+                yield data
     except GatewayError as exc:
         yield error_event(exc.status, exc.message, code=exc.code)
         return

@@ -36,10 +36,13 @@ def backpressure_error(limit: int) -> GatewayError:
     )
 
 
-async def pumped(gateway: Gateway, lease: Lease, limit: int | None) -> AsyncGenerator[Delta, None]:
-    """The lease's deltas through a pump task; `limit` bounds unacknowledged tokens (None: no
-    bound, for a non-streaming answer that the gateway collects itself). Raises GatewayError
-    for an engine failure, a backpressure cut or an interruption."""
+async def pumped(gateway: Gateway, lease: Lease, limit: int | None) -> AsyncGenerator[list[Delta], None]:
+    """The lease's deltas through a pump task, in batches: each batch is every delta that was
+    waiting in the buffer when the consumer came for the next one (one, when the client keeps
+    up with the engine; more, when an engine delivers several at once or the loop runs behind),
+    so the response can send them in one write. `limit` bounds unacknowledged tokens (None: no
+    bound). Raises GatewayError for an engine failure, a backpressure cut or an interruption,
+    after the deltas that came before it."""
     buffer: asyncio.Queue[Any] = asyncio.Queue()
     unacked = 0
 
@@ -70,12 +73,22 @@ async def pumped(gateway: Gateway, lease: Lease, limit: int | None) -> AsyncGene
     try:
         while True:
             item = await buffer.get()
+            batch: list[Delta] = []
+            while True:
+                if item is _END or isinstance(item, GatewayError):
+                    break
+                unacked -= max(1, item.tokens)
+                batch.append(item)
+                if buffer.empty():
+                    item = None
+                    break
+                item = buffer.get_nowait()
+            if batch:
+                yield batch
             if item is _END:
                 return
             if isinstance(item, GatewayError):
                 raise item
-            unacked -= max(1, item.tokens)
-            yield item
     finally:
         lease.interrupter = None
         task.cancel()
