@@ -115,7 +115,8 @@ async def bootstrap_demo(settings: Settings, sessions: async_sessionmaker[AsyncS
         key_file.parent.mkdir(parents=True, exist_ok=True)
         key_file.write_text(secret + "\n")
         os.chmod(key_file, 0o600)
-        log.warning("created tenant 'demo' with API key %s (also in %s; shown once)", secret, key_file)
+        # The secret itself stays out of the log (logs are shipped and kept): only where it is.
+        log.warning("created tenant 'demo'; its API key is in %s (mode 0600)", key_file)
 
 
 async def bootstrap_admin(sessions: async_sessionmaker[AsyncSession], username: str, password: str) -> bool:
@@ -124,6 +125,7 @@ async def bootstrap_admin(sessions: async_sessionmaker[AsyncSession], username: 
 
     async with sessions() as session:
         if await AdminRepository(session).count():
+            log.info("LANEWAY_ADMIN_PASSWORD not used: an admin exists already (laneway admin create adds one)")
             return False
     password_hash = await asyncio.to_thread(hash_password, password)  # ~0.3 s of CPU: not on the loop
     async with sessions() as session, session.begin():

@@ -35,10 +35,30 @@ def _with_db(fn: Callable[..., Awaitable[Any]]) -> Callable[[Settings, argparse.
     return run
 
 
+def preflight(settings: Settings) -> str | None:
+    """What would stop `serve` from starting, said in one line before anything starts (inside
+    the lifespan it would be an ExceptionGroup traceback); None when all is well."""
+    if settings.admin_password is not None and len(settings.admin_password) < 10:
+        return "LANEWAY_ADMIN_PASSWORD must have at least 10 characters"
+    if settings.demo_model not in ("tiny", "smollm2"):
+        return f"LANEWAY_DEMO_MODEL must be tiny or smollm2, not {settings.demo_model!r}"
+    if settings.bootstrap_demo and settings.demo_model == "smollm2":
+        from laneway.engines.model_fetch import SMOLLM2, ModelFetchError, fetch_model
+
+        try:
+            fetch_model(SMOLLM2, settings.models_dir)  # once; the start-up then finds the file
+        except ModelFetchError as exc:
+            return f"{exc} (LANEWAY_DEMO_MODEL=tiny serves the offline tiny model instead)"
+    return None
+
+
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> None:
     from laneway.app import create_app
     from laneway.server import serve
 
+    problem = preflight(settings)
+    if problem:
+        sys.exit(f"laneway: {problem}")
     serve(create_app(settings), settings, host=args.host or settings.host, port=args.port or settings.port)
 
 

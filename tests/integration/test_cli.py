@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from serving import EXE, serve
+from serving import EXE, free_port, serve, wait_for
 
 
 @pytest.fixture
@@ -115,3 +115,31 @@ def test_tenant_grants_and_key_expiry_are_validated_like_the_admin_api(cli, tmp_
     assert cli("key", "issue", "ops", "--expires-days", "30").stdout.startswith("lw-")
     with sqlite3.connect(tmp_path / "laneway.db") as db:
         assert db.execute("SELECT count(*) FROM api_keys WHERE expires_at IS NOT NULL").fetchone() == (1,)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "said"),
+    [("LANEWAY_ADMIN_PASSWORD", "short", "LANEWAY_ADMIN_PASSWORD must have at least 10 characters"),
+     ("LANEWAY_DEMO_MODEL", "gpt-5", "LANEWAY_DEMO_MODEL must be tiny or smollm2, not 'gpt-5'")],
+)  # fmt: skip
+def test_a_setting_that_cannot_work_is_one_line_not_a_traceback(cli, setting: str, value: str, said: str) -> None:  # type: ignore[no-untyped-def]
+    out = subprocess.run([EXE, "serve"], env={**cli.env, setting: value, "LANEWAY_PORT": str(free_port())},
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 1
+    assert out.stderr.strip() == f"laneway: {said}", out.stderr
+
+
+def test_the_demo_key_is_in_its_file_not_in_the_log(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    log = tmp_path / "serve.log"
+    port = free_port()
+    with log.open("w") as sink:
+        proc = subprocess.Popen([EXE, "serve"], env={**cli.env, "LANEWAY_PORT": str(port)}, stdout=sink, stderr=sink)
+        try:
+            wait_for(lambda: (tmp_path / "demo-api-key").is_file(), within=60, step=0.05, what="the demo key file")
+            time.sleep(0.2)  # its log line is written just after the file
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    key = (tmp_path / "demo-api-key").read_text().strip()
+    text = log.read_text()
+    assert key not in text and str(tmp_path / "demo-api-key") in text, text
