@@ -117,3 +117,17 @@ async def test_a_long_prompt_is_measured_off_the_event_loop(llama: LlamaCppEngin
     assert seen == [True, False]  # the short one inline (a thread hop costs more), the long one not
     ctx.tokenize = tokenize  # type: ignore[method-assign]
     assert short.tokens > 0 and measured.tokens > 10_000  # counted all the same
+
+
+async def test_n_gpu_layers_reaches_llama_cpp_and_a_cpu_build_still_serves(demo_model_path: Path) -> None:
+    config = {"model_path": str(demo_model_path), "parallel": 1, "demo": True, "n_gpu_layers": -1}
+    engine = LlamaCppEngine("tiny", config, max_model_len=256, gpu_type="L4")
+    await engine.start()
+    try:
+        # -1 is "every layer", which llama-cpp-python passes on as INT32_MAX
+        assert engine._contexts[0].model_params.n_gpu_layers == 2**31 - 1
+        assert engine.info.gpu_type == "L4"  # as the deployment row says
+        _, tokens, _ = await collect(engine, await req(engine, max_tokens=3))
+        assert tokens == 3  # no GPU here: llama.cpp runs every layer on the CPU
+    finally:
+        await engine.close()

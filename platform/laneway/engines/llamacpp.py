@@ -51,6 +51,8 @@ class LlamaCppEngine:
         self.parallel = max(1, int(config.get("parallel", 2)))
         self.n_ctx = int(config.get("n_ctx", max_model_len or 2048))
         self.n_threads = int(config.get("n_threads", max(1, (os.cpu_count() or 1) // self.parallel)))
+        # Layers offloaded to the GPU (-1: all) in a CUDA/Metal build of llama-cpp-python; 0 = CPU.
+        self.n_gpu_layers = int(config.get("n_gpu_layers", 0))
         bias: dict[int, float] = {int(k): float(v) for k, v in dict(config.get("logit_bias", {})).items()}
         banned = list(config.get("ban_tokens", []))
         if config.get("demo", False):
@@ -86,6 +88,7 @@ class LlamaCppEngine:
                     model_path=str(self.model_path),
                     n_ctx=self.n_ctx,
                     n_threads=self.n_threads,
+                    n_gpu_layers=self.n_gpu_layers,
                     n_batch=min(512, self.n_ctx),
                     verbose=False,
                 )
