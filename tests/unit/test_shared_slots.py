@@ -129,6 +129,24 @@ async def test_a_dead_replicas_slots_come_back_when_its_leases_expire(replicas: 
     b.release(survivor)
 
 
+async def test_a_second_notice_of_a_grant_does_not_give_the_running_slot_back(replicas: list[SharedSlots]) -> None:
+    """Redis grants a waiter; pub/sub says so, and so does the heartbeat that ran just after.
+    The second notice finds the request running: its lease must stay, or the engine gets one
+    request more than its capacity (seen: 5 in flight on a 4-slot engine)."""
+    a, b = (r.scheduler("engine-g", 1) for r in replicas)
+    first, waiter = ticket(1), ticket(2)
+    await a.acquire(first)
+    waiting = asyncio.ensure_future(b.acquire(waiter))
+    await asyncio.sleep(0.05)  # queued in Redis
+    a.release(first)
+    await asyncio.wait_for(waiting, 5)  # granted through pub/sub
+    replicas[1]._route_grant("engine-g", b._member(waiter))  # ... and again, as a heartbeat reports it
+    third = ticket(3)
+    with pytest.raises(TimeoutError):  # not granted: the one slot is still the waiter's
+        await asyncio.wait_for(a.acquire(third), 1.5)
+    b.release(waiter)
+
+
 async def test_without_redis_each_replica_uses_its_share_and_comes_back() -> None:
     redis = PrivateRedis().start()
     slots = [SharedSlots(redis.url, "lw:", replica_id=f"r{i}", lease_ttl_s=1.0) for i in range(2)]

@@ -364,7 +364,8 @@ class SharedSlots:
                     while True:
                         message = await pubsub.get_message(timeout=1.0)
                         if message is not None:
-                            self._route_grant(message["data"].decode().partition("|")[2])
+                            deployment, _, member = message["data"].decode().partition("|")
+                            self._route_grant(deployment, member)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the heartbeat's reconciliation covers lost grants
@@ -379,14 +380,20 @@ class SharedSlots:
             await self.heartbeat()
             await asyncio.sleep(self.lease_ttl_s / 3)
 
-    def _route_grant(self, member: str) -> None:
+    def _route_grant(self, deployment: str, member: str) -> None:
         owner = self.owners.get(member)
         if owner is not None:
             owner.granted(member)
-        else:  # nobody here waits for it (any more): give the slot back
-            deployment = next((s.name for s in self._schedulers), None)
-            if deployment is not None:
-                leave_later(self, deployment, member, 1)
+            return
+        # A grant reaches a replica twice when Redis grants a waiter just before a heartbeat
+        # (pub/sub and the heartbeat's reply both say so): the second notice finds the request
+        # running under its lease, which must stay. Only a grant nobody here holds or waits
+        # for (the request left meanwhile) is given back.
+        schedulers = [s for s in self._schedulers if s.name == deployment]
+        if any(member in s._held for s in schedulers):
+            return
+        if schedulers:
+            leave_later(self, deployment, member, schedulers[0].capacity)
 
     async def heartbeat(self) -> None:
         """Renew this replica's leases, learn the replica count; the probe that ends a fallback."""
@@ -410,7 +417,7 @@ class SharedSlots:
             self.replicas, self.rank = int(values[0]), int(values[1])
             split = values.index("#")
             for member in values[2:split]:
-                self._route_grant(member)
+                self._route_grant(name, member)
             for member in values[split + 1 :]:
                 owner = self.owners.get(member)
                 if owner is not None:
