@@ -25,7 +25,7 @@ from laneway.admin.ui import ADMIN_UI_DIR, AdminPages, AdminUI
 from laneway.api.errors import gateway_error_handler, http_exception_handler, internal_error_handler
 from laneway.api.health import live, metrics, openapi_config, ready
 from laneway.api.routes import OpenAIController
-from laneway.bootstrap import bootstrap_admin, bootstrap_demo
+from laneway.bootstrap import bootstrap_admin, bootstrap_demo, bootstrap_first_admin
 from laneway.core.accounting import UsageRecorder
 from laneway.core.auth import KeyAuthenticator
 from laneway.core.config_watch import ConfigChanges
@@ -67,6 +67,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
             await bootstrap_demo(settings, sessions)
         if settings.admin_password:
             await bootstrap_admin(sessions, "admin", settings.admin_password)
+        elif settings.bootstrap_demo:
+            await bootstrap_first_admin(settings, sessions)
         async with sessions() as session:
             specs = await ModelRepository(session).enabled_deployments()
         registry = EngineRegistry()

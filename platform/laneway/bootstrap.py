@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,31 @@ async def bootstrap_demo(settings: Settings, sessions: async_sessionmaker[AsyncS
         os.chmod(key_file, 0o600)
         # The secret itself stays out of the log (logs are shipped and kept): only where it is.
         log.warning("created tenant 'demo'; its API key is in %s (mode 0600)", key_file)
+
+
+ADMIN_PASSWORD_FILE = "admin-password"
+
+
+def admin_password_file(settings: Settings) -> Path:
+    return settings.data_dir / ADMIN_PASSWORD_FILE
+
+
+async def bootstrap_first_admin(settings: Settings, sessions: async_sessionmaker[AsyncSession]) -> bool:
+    """With the embedded defaults and no admin yet: create `admin` with a generated password,
+    written once to <data dir>/admin-password (0600). The log says where, never the password."""
+    async with sessions() as session:
+        if await AdminRepository(session).count():
+            return False
+    password = secrets.token_urlsafe(18)
+    path = admin_password_file(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # never readable by others
+    with os.fdopen(fd, "w") as f:
+        f.write(password + "\n")
+    if not await bootstrap_admin(sessions, "admin", password):
+        return False
+    log.warning("created admin 'admin'; its password is in %s (log in at /admin, then change it)", path)
+    return True
 
 
 async def bootstrap_admin(sessions: async_sessionmaker[AsyncSession], username: str, password: str) -> bool:

@@ -41,9 +41,10 @@ from laneway.admin.service import (
     row,
 )
 from laneway.admin.validation import check_text, convert, int_query
+from laneway.bootstrap import admin_password_file
 from laneway.core.errors import GatewayError
 from laneway.db.models import ApiKey, Tenant, UsageRecord
-from laneway.db.repositories import AuditRepository, ModelRepository, PolicyRepository
+from laneway.db.repositories import AdminRepository, AuditRepository, ModelRepository, PolicyRepository
 from laneway.engines.registry import ENGINE_KINDS
 
 ADMIN_UI_DIR = Path(__file__).resolve().parents[3] / "admin-ui"
@@ -51,6 +52,20 @@ LOGIN_CSRF_COOKIE = "laneway_login_csrf"
 PER_PAGE = 25
 
 Page = Template | Redirect
+
+
+async def _first_login(request: Request) -> dict[str, str] | None:  # type: ignore[type-arg]
+    """How to get in, while no admin has ever logged in: where the first start wrote the
+    generated password, or how to create an admin."""
+    async with request.app.state.sessions() as session:
+        repo = AdminRepository(session)
+        if await repo.anyone_logged_in():
+            return None
+        has_admin = await repo.count() > 0
+    password_file = admin_password_file(request.app.state.settings)
+    if has_admin and password_file.is_file():
+        return {"username": "admin", "password_file": str(password_file.resolve())}
+    return {"username": "", "password_file": ""} if not has_admin else None
 
 
 def _to_login() -> Redirect:
@@ -116,7 +131,8 @@ class AdminUI(Controller):
     async def login_page(self, request: Request) -> Template:  # type: ignore[type-arg]
         token = secrets.token_urlsafe(24)
         cookie = Cookie(key=LOGIN_CSRF_COOKIE, value=token, path="/admin", httponly=True, samesite="strict")
-        return Template("login.html", context={"login_csrf": token}, cookies=[cookie])
+        return Template("login.html", context={"login_csrf": token, "first_login": await _first_login(request)},
+                        cookies=[cookie])  # fmt: skip
 
     @post("/login")
     async def login(self, request: Request) -> Page:  # type: ignore[type-arg]
@@ -136,7 +152,6 @@ class AdminUI(Controller):
         if current is not None:
             check_csrf((await _form(request)).get("csrf_token", ""), current[1])
             from laneway.admin.security import token_digest
-            from laneway.db.repositories import AdminRepository
 
             async with request.app.state.sessions() as session, session.begin():
                 await AdminRepository(session).close_session(token_digest(request.cookies[SESSION_COOKIE]))

@@ -203,6 +203,10 @@ class AdminRepository:
     async def count(self) -> int:
         return len((await self.session.execute(select(Admin.id))).all())
 
+    async def anyone_logged_in(self) -> bool:
+        found = await self.session.execute(select(Admin.id).where(Admin.last_login_at.is_not(None)).limit(1))
+        return found.first() is not None
+
     async def open_session(self, admin: Admin, token_sha256: str, csrf_token: str, expires_at: datetime) -> None:
         admin.last_login_at = utcnow()
         self.session.add(
