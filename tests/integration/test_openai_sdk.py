@@ -198,11 +198,47 @@ def test_bad_bodies_raise_bad_request_with_param(client: openai.OpenAI, kwargs: 
     assert info.value.body["type"] == "invalid_request_error"  # type: ignore[index]
 
 
-def test_prompt_longer_than_the_context_is_413(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.APIStatusError) as info:
+def test_prompt_longer_than_the_context_is_400_context_length_exceeded(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:  # as OpenAI answers it
         client.completions.create(model="tiny", prompt="hello world " * 400, max_tokens=4)
-    assert info.value.status_code == 413
     assert info.value.body["code"] == "context_length_exceeded"  # type: ignore[index]
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {}}}}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"tools": [WEATHER_TOOL]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+        ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
+        ({"logit_bias": {"42": 5}}, "logit_bias"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"frequency_penalty": -1}, "frequency_penalty"),
+        ({"n": 2}, "n"),
+    ],
+)
+def test_what_no_engine_does_yet_is_a_loud_400_not_a_quiet_200(client: openai.OpenAI, kwargs: dict, param: str) -> None:
+    """An agent asking for a tool call, or a JSON-mode client, must not get plain text as if
+    its request had been honoured: it gets BadRequestError naming the parameter."""
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=2, **kwargs)
+    assert info.value.body["code"] == "unsupported_parameter"  # type: ignore[index]
+    assert info.value.body["param"] == param  # type: ignore[index]
+
+
+def test_the_values_that_ask_for_nothing_are_accepted(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=2, n=1, presence_penalty=0,
+                                       frequency_penalty=0, response_format={"type": "text"}, tool_choice="none",
+                                       logprobs=False)  # fmt: skip
+    assert r.choices[0].finish_reason == "length"
+    for kwargs, param in (({"logprobs": 1}, "logprobs"), ({"suffix": "end"}, "suffix"), ({"best_of": 3}, "best_of")):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.completions.create(model="tiny", prompt="hi", max_tokens=2, **kwargs)
+        assert (info.value.body["code"], info.value.body["param"]) == ("unsupported_parameter", param)  # type: ignore[index]
 
 
 def test_raw_http_errors_are_in_openai_shape(gateway: Gateway) -> None:

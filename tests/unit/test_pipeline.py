@@ -58,10 +58,10 @@ async def test_model_outside_the_tenants_allow_list_is_403(gateway: Gateway) -> 
     assert info.value.status == 403 and info.value.code == "model_not_allowed"
 
 
-async def test_prompt_that_fills_the_context_is_413(gateway: Gateway) -> None:
+async def test_prompt_that_fills_the_context_is_400_context_length_exceeded(gateway: Gateway) -> None:
     with pytest.raises(GatewayError) as info:
         await gateway.prepare(TENANT, endpoint="completions", alias="sim", stream=False, prompt="x" * 1024)
-    assert info.value.status == 413 and info.value.code == "context_length_exceeded"
+    assert info.value.status == 400 and info.value.code == "context_length_exceeded"
 
 
 async def test_max_tokens_is_the_clients_when_lower_and_never_beyond_the_context(gateway: Gateway) -> None:

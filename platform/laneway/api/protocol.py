@@ -42,16 +42,29 @@ class _SamplingFields(Struct, kw_only=True):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     metadata: dict[str, str] | None = None
+    # Read only to refuse them loudly (api/routes.py: unsupported()): no engine adapter
+    # implements them yet, and ignoring them would hand an agent or a JSON-mode client plain text.
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
     messages: Annotated[list[ChatMessageIn], Meta(min_length=1)]
     max_completion_tokens: PositiveInt | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
     prompt: str | list[str]
     echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+    best_of: int | None = None
 
 
 # ---- responses -------------------------------------------------------------------------------

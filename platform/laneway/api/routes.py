@@ -44,11 +44,49 @@ async def _decode(request: Request, kind: type[T]) -> T:  # type: ignore[type-ar
         raise invalid_request("Request body is nested too deeply.", code="invalid_json") from None
 
 
+def unsupported(param: str, what: str) -> GatewayError:
+    return invalid_request(
+        f"`{param}` ({what}) is not supported by laneway's engines yet; the request was not run.",
+        param=param,
+        code="unsupported_parameter",
+    )
+
+
+def _refuse_unsupported(req: p.ChatCompletionRequest | p.CompletionRequest) -> None:
+    """A 400 naming the parameter for what laneway cannot do yet, never a 200 that ignored it;
+    the values that ask for nothing (n=1, penalties of 0, response_format text, tool_choice
+    none, empty tools) pass, as SDKs and frameworks send them by default."""
+    if req.n != 1:
+        raise unsupported("n", "several choices per request")
+    if req.presence_penalty:
+        raise unsupported("presence_penalty", "a penalty on tokens already present")
+    if req.frequency_penalty:
+        raise unsupported("frequency_penalty", "a penalty by token frequency")
+    if req.logit_bias:
+        raise unsupported("logit_bias", "token biases")
+    if req.response_format is not None and req.response_format.get("type", "text") != "text":
+        raise unsupported("response_format", f"{req.response_format.get('type')} output")
+    if isinstance(req, p.ChatCompletionRequest):
+        if req.tools or req.functions:
+            raise unsupported("tools" if req.tools else "functions", "tool calls")
+        for param, choice in (("tool_choice", req.tool_choice), ("function_call", req.function_call)):
+            if choice not in (None, "none", "auto"):
+                raise unsupported(param, "a required tool call")
+        if req.logprobs or req.top_logprobs is not None:
+            raise unsupported("logprobs" if req.logprobs else "top_logprobs", "token log probabilities")
+    else:
+        if req.logprobs is not None:
+            raise unsupported("logprobs", "token log probabilities")
+        if req.suffix:
+            raise unsupported("suffix", "insertion")
+        if req.best_of not in (None, 1):
+            raise unsupported("best_of", "several candidates per request")
+
+
 def _common_checks(req: p.ChatCompletionRequest | p.CompletionRequest) -> list[str]:
     if req.user is not None and "\x00" in req.user:  # stored on the usage row: PostgreSQL text can't hold NUL
         raise invalid_request("`user` must not contain NUL (\\u0000) characters.", param="user")
-    if req.n != 1:
-        raise invalid_request("Only n=1 is supported.", param="n")
+    _refuse_unsupported(req)
     if req.stream_options is not None and not req.stream:
         raise invalid_request("stream_options is only allowed when stream is true.", param="stream_options")
     return [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
@@ -159,7 +197,7 @@ class OpenAIController(Controller):
         prompt = req.prompt
         if isinstance(prompt, list):
             if len(prompt) != 1:
-                raise invalid_request("Exactly one prompt per request is supported.", param="prompt")
+                raise unsupported("prompt", "a list of several prompts")
             prompt = prompt[0]
         gateway, _ = _services(request)
         call = await gateway.prepare(

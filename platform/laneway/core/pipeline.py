@@ -273,8 +273,8 @@ class Gateway:
         context = deployment.engine.info.max_model_len
         room = context - measured.tokens
         if room <= 0:
-            raise GatewayError(
-                413,
+            raise GatewayError(  # 400, as OpenAI answers it (the SDKs raise BadRequestError)
+                400,
                 f"This model's maximum context length is {context} tokens; your prompt has "
                 f"{measured.tokens} tokens and leaves no room for a completion.",
                 code="context_length_exceeded",
