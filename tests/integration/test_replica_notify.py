@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 from laneway.app import create_app
 from laneway.settings import Settings
-from serving import ServerThread
+from serving import ServerThread, wait_for
 
 PASSWORD = "correct horse battery"
 
@@ -25,15 +25,21 @@ def test_an_admin_change_reaches_the_other_replica_by_notify(pg_database: str, t
     a = replica("a")
     b = replica("b")
     try:
+        # Both listening before the change: a replica still starting would read the new lane
+        # in its first load, and the test would prove nothing about NOTIFY.
+        for r in (a, b):
+            wait_for(lambda r=r: "config_changes" in r.app.state and r.app.state.config_changes.connected,  # type: ignore[misc]
+                     within=30, what="the replica's LISTEN")  # fmt: skip
         admin = httpx.Client(base_url=a.base_url + "/admin/api")
         csrf = admin.post("/login", json={"username": "admin", "password": PASSWORD}).json()["csrf_token"]
         r = admin.put("/lanes/notified", json={"position": 0, "max_concurrency": 3}, headers={"X-CSRF-Token": csrf})
         assert r.status_code == 200
         deadline = time.monotonic() + 10
-        while b.app.state.policies.current.lane("notified") is None:  # polling is an hour away
+        # Heard through NOTIFY (polling is an hour away); `received` counts an apply once it has
+        # finished, a moment after the new lane is visible.
+        while b.app.state.policies.current.lane("notified") is None or b.app.state.config_changes.received < 1:
             assert time.monotonic() < deadline, "replica b never heard of the change"
             time.sleep(0.01)
-        assert b.app.state.config_changes.received >= 1
     finally:
         a.stop()
         b.stop()

@@ -28,6 +28,8 @@ class ConfigChanges:
         self._task: asyncio.Task[None] | None = None
         self._pending: asyncio.Task[None] | None = None
         self.received = 0  # notifications applied (for tests and logs)
+        self.connected = False  # LISTEN is on: a change committed from now on reaches this replica
+        self._connections = 0
 
     @property
     def listening(self) -> bool:
@@ -61,9 +63,14 @@ class ConfigChanges:
                 closed = asyncio.Event()
                 conn.add_termination_listener(lambda _conn, done=closed: done.set())
                 await conn.add_listener(CHANNEL, self._on_notify)
+                self.connected = True
+                self._connections += 1
+                if self._connections > 1:  # back after a drop: what changed meanwhile was not heard
+                    self._on_notify()
                 try:
                     await closed.wait()  # until the server or the network drops us
                 finally:
+                    self.connected = False
                     with contextlib.suppress(Exception):
                         await conn.close()
             except asyncio.CancelledError:
