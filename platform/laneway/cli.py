@@ -38,18 +38,20 @@ def _with_db(fn: Callable[..., Awaitable[Any]]) -> Callable[[Settings, argparse.
 def preflight(settings: Settings) -> str | None:
     """What would stop `serve` from starting, said in one line before anything starts (inside
     the lifespan it would be an ExceptionGroup traceback); None when all is well."""
-    if settings.admin_password is not None and len(settings.admin_password) < 10:
-        return "LANEWAY_ADMIN_PASSWORD must have at least 10 characters"
-    if settings.demo_model not in ("tiny", "smollm2"):
-        return f"LANEWAY_DEMO_MODEL must be tiny or smollm2, not {settings.demo_model!r}"
-    if settings.bootstrap_demo and settings.demo_model == "smollm2":
-        from laneway.engines.model_fetch import SMOLLM2, ModelFetchError, fetch_model
+    from laneway.admin.security import MIN_PASSWORD_CHARS
+    from laneway.bootstrap import demo_model_problem, fetch_smollm2
 
+    if settings.admin_password is not None and len(settings.admin_password) < MIN_PASSWORD_CHARS:
+        return f"LANEWAY_ADMIN_PASSWORD must have at least {MIN_PASSWORD_CHARS} characters"
+    from laneway.engines.model_fetch import ModelFetchError
+
+    problem = demo_model_problem(settings)
+    if problem is None and settings.bootstrap_demo and settings.demo_model == "smollm2":
         try:
-            fetch_model(SMOLLM2, settings.models_dir)  # once; the start-up then finds the file
+            fetch_smollm2(settings)  # once; the start-up then finds the file
         except ModelFetchError as exc:
-            return f"{exc} (LANEWAY_DEMO_MODEL=tiny serves the offline tiny model instead)"
-    return None
+            problem = str(exc)
+    return problem
 
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> None:

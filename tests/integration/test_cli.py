@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from serving import EXE, free_port, serve, sim_model, start_gateway, wait_for
+from serving import EXE, free_port, serve, sim_model, start_gateway
 
 
 @pytest.fixture
@@ -134,34 +134,24 @@ def test_first_start_secrets_are_in_files_and_the_admin_gets_in(cli, tmp_path: P
     password, each in an owner-only file that the log names (never the secret itself); the
     login page says where the password is until someone has logged in."""
     log = tmp_path / "serve.log"
-    port = free_port()
+    proc, port = serve(cli.env, log=log)
     base = f"http://127.0.0.1:{port}"
-    with log.open("w") as sink:
-        proc = subprocess.Popen([EXE, "serve"], env={**cli.env, "LANEWAY_PORT": str(port)}, stdout=sink, stderr=sink)
-        try:
-            wait_for(lambda: _ready(base), within=60, step=0.05, what="the gateway")
-            password_file = tmp_path / "admin-password"
-            password = password_file.read_text().strip()
-            assert password_file.stat().st_mode & 0o077 == 0 and len(password) >= 20
-            hint = httpx.get(base + "/admin/login").text
-            assert 'id="first-login"' in hint and str(password_file) in hint
-            with httpx.Client(base_url=base) as c:
-                assert c.post("/admin/api/login", json={"username": "admin", "password": password}).status_code == 200
-            assert 'id="first-login"' not in httpx.get(base + "/admin/login").text  # someone is in now
-        finally:
-            proc.terminate()
-            proc.wait(10)
+    try:
+        password_file = tmp_path / "admin-password"
+        password = password_file.read_text().strip()
+        assert password_file.stat().st_mode & 0o077 == 0 and len(password) >= 20
+        hint = httpx.get(base + "/admin/login").text
+        assert 'id="first-login"' in hint and str(password_file) in hint
+        with httpx.Client(base_url=base) as c:
+            assert c.post("/admin/api/login", json={"username": "admin", "password": password}).status_code == 200
+        assert 'id="first-login"' not in httpx.get(base + "/admin/login").text  # someone is in now
+    finally:
+        proc.terminate()
+        proc.wait(10)
     key = (tmp_path / "demo-api-key").read_text().strip()
     text = log.read_text()
     assert key not in text and password not in text, text
     assert str(tmp_path / "demo-api-key") in text and str(password_file) in text
-
-
-def _ready(base: str) -> bool:
-    try:
-        return httpx.get(base + "/health/ready").status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def test_with_no_admin_at_all_the_login_page_says_how_to_make_one(tmp_path: Path) -> None:

@@ -27,9 +27,12 @@ _hasher = PasswordHasher()
 _DUMMY_HASH = _hasher.hash("laneway-dummy-password")
 
 
+MIN_PASSWORD_CHARS = 10
+
+
 def hash_password(password: str) -> str:
-    if len(password) < 10:
-        raise ValueError("admin passwords must have at least 10 characters")
+    if len(password) < MIN_PASSWORD_CHARS:
+        raise ValueError(f"admin passwords must have at least {MIN_PASSWORD_CHARS} characters")
     return _hasher.hash(password)
 
 

