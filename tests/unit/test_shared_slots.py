@@ -147,6 +147,40 @@ async def test_a_second_notice_of_a_grant_does_not_give_the_running_slot_back(re
     b.release(waiter)
 
 
+async def test_a_waiter_cancelled_at_every_await_leaves_nothing_behind(replicas: list[SharedSlots]) -> None:
+    """A client gone while its enqueue is in flight, while it waits, or just as the slot is
+    granted: each time Redis holds no lease and no queue entry for it well before a lease
+    would expire (1 s), and neither replica remembers it."""
+    import redis.asyncio as aioredis
+
+    a, b = (r.scheduler("engine-k", 1) for r in replicas)
+    held, wait = replicas[0].keys("engine-k")[:2]
+    client = aioredis.from_url(REDIS_URL)
+    loop = asyncio.get_running_loop()
+    try:
+        for k in range(40):
+            holder, waiter = ticket(100 + k), ticket(k)
+            await a.acquire(holder)
+            task = asyncio.ensure_future(b.acquire(waiter))
+            for i in range(k):
+                await asyncio.sleep(0)
+                if i == 20:  # from here on the grant races the cancel
+                    a.release(holder)
+            task.cancel()
+            outcome = (await asyncio.gather(task, return_exceptions=True))[0]
+            if k <= 20:
+                a.release(holder)
+            if outcome is None:  # granted before the cancel landed: the client releases it
+                b.release(waiter)
+            deadline = loop.time() + 0.5
+            while await client.zcard(held) or await client.zcard(wait):
+                assert loop.time() < deadline, f"k={k}: left in Redis"
+                await asyncio.sleep(0.005)
+            assert not (b._waiting or b._held or b._queued or replicas[1].owners), f"k={k}"
+    finally:
+        await client.aclose()
+
+
 async def test_without_redis_each_replica_uses_its_share_and_comes_back() -> None:
     redis = PrivateRedis().start()
     slots = [SharedSlots(redis.url, "lw:", replica_id=f"r{i}", lease_ttl_s=1.0) for i in range(2)]
