@@ -4,7 +4,12 @@ Under load many requests reach Redis at the same moment (each reserves its rate 
 queues for a shared engine slot). Sent one by one, each call pays redis-py's command
 building, a write and a read; batched, a turn's calls share one write and one read, and the
 gateway's CPU per request in Redis mode drops towards the memory mode's. A call made alone
-is sent alone, a loop turn later: batching never adds more than that.
+is sent alone, a loop turn later.
+
+One batch is in flight at a time, and calls made meanwhile go out together when it is
+answered: Redis runs them in the order they were made. Batches sent side by side on two
+pooled connections could run in either order, so a request that left while its enqueue was
+in flight could have its leave run first and its queue entry outlive it.
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ class ScriptBatcher:
     def __init__(self, redis: Any) -> None:
         self._redis = redis
         self._pending: list[tuple[Any, list[str], list[Any], asyncio.Future[Any]]] = []
-        self._scheduled = False
-        self._sending: set[asyncio.Task[None]] = set()
+        self._scheduled = False  # a flush is due (next loop turn, or when the batch in flight ends)
+        self._sending: asyncio.Task[None] | None = None
 
     def call(self, script: Any, keys: list[str], args: list[Any]) -> asyncio.Future[Any]:
         """Run `script` (a registered redis-py Script) with the next batch; the future gets its
@@ -30,14 +35,19 @@ class ScriptBatcher:
         self._pending.append((script, keys, args, future))
         if not self._scheduled:
             self._scheduled = True
-            loop.call_soon(self._flush)
+            if self._sending is None:
+                loop.call_soon(self._flush)
         return future
 
     def _flush(self) -> None:
         batch, self._pending, self._scheduled = self._pending, [], False
-        task = asyncio.get_running_loop().create_task(self._send(batch))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
+        self._sending = asyncio.get_running_loop().create_task(self._send(batch))
+        self._sending.add_done_callback(self._sent)
+
+    def _sent(self, _: asyncio.Task[None]) -> None:
+        self._sending = None
+        if self._scheduled:  # calls made while that batch was out: theirs is next
+            self._flush()
 
     async def _send(self, batch: list[tuple[Any, list[str], list[Any], asyncio.Future[Any]]]) -> None:
         try:
