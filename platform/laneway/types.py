@@ -3,15 +3,48 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-FinishReason = Literal["stop", "length", "cancelled", "error"]
+FinishReason = Literal["stop", "length", "tool_calls", "cancelled", "error"]
+
+# What an engine adapter can do beyond plain text (EngineInfo.capabilities). A request asking
+# for one the chosen deployment lacks is refused with a 400 naming the parameter.
+CAPABILITIES = ("tools", "json_object", "json_schema", "logprobs", "n", "penalties", "logit_bias", "embeddings")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool call, or a fragment of one in a stream: the first fragment of call `index` has
+    its id and name, later ones only more `arguments` text (as OpenAI streams them)."""
+
+    id: str
+    name: str
+    arguments: str  # the function's arguments as JSON text, as OpenAI sends them
+    index: int = 0  # the call's place among this choice's calls
+
+
+@dataclass(frozen=True, slots=True)
+class TopLogprob:
+    token: str
+    logprob: float
+    bytes: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token: str
+    logprob: float
+    bytes: tuple[int, ...] | None = None
+    top: tuple[TopLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class ChatTurn:
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool turn: which call it answers
+    name: str | None = None
 
 
 @dataclass(slots=True)
@@ -29,6 +62,16 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     priority: int = 0
     stream: bool = True  # whether the client streams (an HTTP engine then streams too)
+    # Beyond plain text; the gateway has checked the deployment's capabilities for each.
+    n: int = 1  # choices; deltas carry their choice's index
+    tools: tuple[dict[str, Any], ...] = ()  # OpenAI function tools: {"type": "function", "function": {...}}
+    tool_choice: str | dict[str, Any] | None = None  # "auto" | "none" | "required" | a named function
+    parallel_tool_calls: bool = True
+    response_format: dict[str, Any] | None = None  # json_object or json_schema (text is None)
+    logprobs: int | None = None  # None: off; k: the chosen token's logprob and k alternatives
+    logit_bias: dict[int, float] | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +84,9 @@ class Delta:
     # On the last delta, when the engine reports it: the prompt's exact token count (the
     # gateway may have estimated it); accounting uses it.
     prompt_tokens: int | None = None
+    index: int = 0  # the choice (n > 1)
+    tool_calls: tuple[ToolCall, ...] = ()  # calls, or fragments of them (ToolCall.index)
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +105,7 @@ class EngineInfo:
     gpu_type: str = "none"
     max_model_len: int = 2048
     max_concurrency: int = 1
+    capabilities: frozenset[str] = frozenset()  # from CAPABILITIES
 
 
 @dataclass(frozen=True, slots=True)
