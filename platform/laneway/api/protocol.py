@@ -18,10 +18,59 @@ class ContentPart(Struct, frozen=True):
     text: str | None = None
 
 
+class FunctionCallIn(Struct, frozen=True):
+    name: str
+    arguments: str
+
+
+class ToolCallIn(Struct, frozen=True):
+    id: str
+    function: FunctionCallIn
+    type: Literal["function"] = "function"
+
+
 class ChatMessageIn(Struct, frozen=True):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool turn: the call it answers
+
+
+FunctionName = Annotated[str, Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+
+
+class FunctionDef(Struct, frozen=True, omit_defaults=True):  # omit_defaults: passed on as the client sent it
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; absent: no arguments
+    strict: bool | None = None
+
+
+class ToolDef(Struct, frozen=True, omit_defaults=True):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(Struct, frozen=True, omit_defaults=True):
+    name: str
+
+
+class NamedToolChoice(Struct, frozen=True, omit_defaults=True):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(Struct, frozen=True, omit_defaults=True):
+    name: Annotated[str, Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+    schema: dict[str, Any] | None = None
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(Struct, frozen=True, omit_defaults=True):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class StreamOptions(Struct, frozen=True):
@@ -33,7 +82,7 @@ class _SamplingFields(Struct, kw_only=True):
     max_tokens: PositiveInt | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    n: PositiveInt = 1
+    n: Annotated[int, Meta(ge=1, le=16)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | Annotated[list[str], Meta(max_length=4)] | None = None
@@ -42,27 +91,28 @@ class _SamplingFields(Struct, kw_only=True):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     metadata: dict[str, str] | None = None
-    # Read only to refuse them loudly (api/routes.py: unsupported()): no engine adapter
-    # implements them yet, and ignoring them would hand an agent or a JSON-mode client plain text.
-    logit_bias: dict[str, float] | None = None
-    response_format: dict[str, Any] | None = None
+    logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
     messages: Annotated[list[ChatMessageIn], Meta(min_length=1)]
     max_completion_tokens: PositiveInt | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: Annotated[list[ToolDef], Meta(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    # The deprecated function-calling fields: refused loudly (tools replaced them).
     functions: list[Any] | None = None
     function_call: Any = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
     prompt: str | list[str]
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
+    response_format: dict[str, Any] | None = None  # not a completions parameter: refused if not text
     suffix: str | None = None
     best_of: int | None = None
 
@@ -76,16 +126,46 @@ class Usage(Struct):
     total_tokens: int
 
 
-class ChatMessageOut(Struct):
+class FunctionCallOut(Struct):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(Struct):
+    id: str
+    function: FunctionCallOut
+    type: str = "function"
+
+
+class TopLogprobOut(Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprobOut(Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprobOut]
+
+
+class ChoiceLogprobs(Struct):
+    content: list[TokenLogprobOut] | None
+    refusal: None = None
+
+
+class ChatMessageOut(Struct, omit_defaults=True):
     role: str
-    content: str
+    content: str | None  # null when the answer is tool calls (always written: no default)
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(Struct):
     index: int
     message: ChatMessageOut
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(Struct):
@@ -98,16 +178,29 @@ class ChatCompletion(Struct):
     object: str = "chat.completion"
 
 
+class FunctionCallChunk(Struct, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallChunk(Struct, omit_defaults=True):
+    index: int
+    id: str | None = None
+    type: str | None = None
+    function: FunctionCallChunk | None = None
+
+
 class ChunkDelta(Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[ToolCallChunk] | None = None
 
 
 class ChunkChoice(Struct):
     index: int
     delta: ChunkDelta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(Struct):
@@ -120,11 +213,20 @@ class ChatCompletionChunk(Struct):
     object: str = "chat.completion.chunk"
 
 
+class CompletionLogprobs(Struct):
+    """The legacy completions shape: parallel lists per token."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class CompletionChoice(Struct):
     index: int
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(Struct):
@@ -142,6 +244,9 @@ class ModelCard(Struct):
     created: int
     owned_by: str = "laneway"
     object: str = "model"
+    # laneway's extension: what the model's engine accepts beyond plain text (tools,
+    # json_schema, logprobs, n...); a request for anything else is a 400.
+    capabilities: list[str] = []
 
 
 class ModelList(Struct):

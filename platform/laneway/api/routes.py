@@ -13,6 +13,14 @@ from litestar.params import FromPath
 from litestar.response import Stream
 
 from laneway.api import protocol as p
+from laneway.api.choices import (
+    Collected,
+    CompletionOffsets,
+    chat_choices,
+    completion_choices,
+    token_logprobs,
+    tool_call_chunks,
+)
 from laneway.api.disconnect import ClientDisconnected, until_disconnect
 from laneway.api.errors import validation_error
 from laneway.api.responses import LeasedStream
@@ -21,7 +29,7 @@ from laneway.core.auth import KeyAuthenticator
 from laneway.core.errors import GatewayError, invalid_request
 from laneway.core.pipeline import CLIENT_CLOSED, Call, Gateway, Lease
 from laneway.core.streaming import pumped
-from laneway.types import ChatTurn, Delta, TenantSnapshot
+from laneway.types import ChatTurn, Delta, TenantSnapshot, ToolCall
 
 T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -46,41 +54,29 @@ async def _decode(request: Request, kind: type[T]) -> T:  # type: ignore[type-ar
 
 def unsupported(param: str, what: str) -> GatewayError:
     return invalid_request(
-        f"`{param}` ({what}) is not supported by laneway's engines yet; the request was not run.",
+        f"`{param}` ({what}) is not supported by laneway; the request was not run.",
         param=param,
         code="unsupported_parameter",
     )
 
 
 def _refuse_unsupported(req: p.ChatCompletionRequest | p.CompletionRequest) -> None:
-    """A 400 naming the parameter for what laneway cannot do yet, never a 200 that ignored it;
-    the values that ask for nothing (n=1, penalties of 0, response_format text, tool_choice
-    none, empty tools) pass, as SDKs and frameworks send them by default."""
-    if req.n != 1:
-        raise unsupported("n", "several choices per request")
-    if req.presence_penalty:
-        raise unsupported("presence_penalty", "a penalty on tokens already present")
-    if req.frequency_penalty:
-        raise unsupported("frequency_penalty", "a penalty by token frequency")
-    if req.logit_bias:
-        raise unsupported("logit_bias", "token biases")
-    if req.response_format is not None and req.response_format.get("type", "text") != "text":
-        raise unsupported("response_format", f"{req.response_format.get('type')} output")
+    """A 400 naming the parameter for what no engine does through laneway, never a 200 that
+    ignored it; the values that ask for nothing pass, as SDKs and frameworks send them by
+    default. What only some engines can do is checked against the chosen engine later
+    (core/capabilities.py)."""
     if isinstance(req, p.ChatCompletionRequest):
-        if req.tools or req.functions:
-            raise unsupported("tools" if req.tools else "functions", "tool calls")
-        for param, choice in (("tool_choice", req.tool_choice), ("function_call", req.function_call)):
-            if choice not in (None, "none", "auto"):
-                raise unsupported(param, "a required tool call")
-        if req.logprobs or req.top_logprobs is not None:
-            raise unsupported("logprobs" if req.logprobs else "top_logprobs", "token log probabilities")
+        if req.functions:
+            raise unsupported("functions", "the deprecated function calling; use `tools`")
+        if req.function_call not in (None, "none", "auto"):
+            raise unsupported("function_call", "the deprecated function calling; use `tool_choice`")
     else:
-        if req.logprobs is not None:
-            raise unsupported("logprobs", "token log probabilities")
         if req.suffix:
             raise unsupported("suffix", "insertion")
         if req.best_of not in (None, 1):
             raise unsupported("best_of", "several candidates per request")
+        if req.response_format is not None and req.response_format.get("type", "text") != "text":
+            raise unsupported("response_format", "structured output on legacy completions; use chat")
 
 
 def _common_checks(req: p.ChatCompletionRequest | p.CompletionRequest) -> list[str]:
@@ -90,6 +86,55 @@ def _common_checks(req: p.ChatCompletionRequest | p.CompletionRequest) -> list[s
     if req.stream_options is not None and not req.stream:
         raise invalid_request("stream_options is only allowed when stream is true.", param="stream_options")
     return [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+
+
+def _sampling(req: p.ChatCompletionRequest | p.CompletionRequest) -> dict[str, Any]:
+    """The prepare() arguments both endpoints share beyond text: n, penalties, biases."""
+    bias: dict[int, float] = {}
+    for key, value in (req.logit_bias or {}).items():
+        try:
+            bias[int(key)] = value
+        except ValueError:
+            raise invalid_request(
+                f"logit_bias keys must be token ids (integers as strings), got '{key[:40]}'.", param="logit_bias"
+            ) from None
+    return {
+        "n": req.n,
+        "presence_penalty": req.presence_penalty or 0.0,
+        "frequency_penalty": req.frequency_penalty or 0.0,
+        "logit_bias": bias or None,
+    }
+
+
+def _chat_features(req: p.ChatCompletionRequest) -> dict[str, Any]:
+    """tools, tool_choice, response_format and logprobs of a chat request, checked for sense."""
+    names = [t.function.name for t in req.tools or ()]
+    if len(set(names)) != len(names):
+        raise invalid_request("Each tool must have a different function name.", param="tools")
+    choice: str | dict[str, Any] | None
+    if isinstance(req.tool_choice, p.NamedToolChoice):
+        if req.tool_choice.function.name not in names:
+            raise invalid_request(
+                f"tool_choice names the function '{req.tool_choice.function.name}', which is not in `tools`.",
+                param="tool_choice",
+            )
+        choice = msgspec.to_builtins(req.tool_choice)
+    else:
+        choice = req.tool_choice
+        if choice == "required" and not names:
+            raise invalid_request("tool_choice 'required' needs `tools`.", param="tool_choice")
+    fmt = req.response_format
+    if fmt is not None and fmt.type == "json_schema" and fmt.json_schema is None:
+        raise invalid_request("response_format of type json_schema needs `json_schema`.", param="response_format")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise invalid_request("top_logprobs needs logprobs set to true.", param="top_logprobs")
+    return {
+        "tools": [msgspec.to_builtins(t) for t in req.tools or ()],
+        "tool_choice": choice,
+        "parallel_tool_calls": req.parallel_tool_calls is not False,
+        "response_format": msgspec.to_builtins(fmt) if fmt is not None and fmt.type != "text" else None,
+        "logprobs": (req.top_logprobs or 0) if req.logprobs else None,
+    }
 
 
 def _hints(request: Request, req: p.ChatCompletionRequest | p.CompletionRequest) -> dict[str, Any]:  # type: ignore[type-arg]
@@ -107,6 +152,19 @@ def _hints(request: Request, req: p.ChatCompletionRequest | p.CompletionRequest)
     return {"task": task, "lane": lane, "priority": priority, "user": req.user}
 
 
+def _turn(i: int, m: p.ChatMessageIn) -> ChatTurn:
+    if m.role == "tool" and not m.tool_call_id:
+        raise invalid_request("A tool message needs `tool_call_id`.", param=f"messages[{i}].tool_call_id")
+    calls = tuple(
+        ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments, index=k)
+        for k, c in enumerate(m.tool_calls or ())
+    )
+    if calls and m.role != "assistant":
+        raise invalid_request("Only assistant messages carry tool_calls.", param=f"messages[{i}].tool_calls")
+    return ChatTurn(role=m.role, content=_message_text(i, m), tool_calls=calls, tool_call_id=m.tool_call_id,
+                    name=m.name)  # fmt: skip
+
+
 def _message_text(i: int, m: p.ChatMessageIn) -> str:
     if m.content is None:
         return ""
@@ -122,6 +180,10 @@ def _message_text(i: int, m: p.ChatMessageIn) -> str:
     return "".join(parts)
 
 
+def _card(gateway: Gateway, alias: str, created: int) -> p.ModelCard:
+    return p.ModelCard(id=alias, created=created, capabilities=sorted(gateway.capabilities(alias)))
+
+
 class OpenAIController(Controller):
     path = "/v1"
 
@@ -134,7 +196,7 @@ class OpenAIController(Controller):
         tenant = await self._tenant(request)
         gateway, _ = _services(request)
         created = int(request.app.state.started_at)
-        cards = [p.ModelCard(id=a, created=created) for a in gateway.visible_models(tenant)]
+        cards = [_card(gateway, a, created) for a in gateway.visible_models(tenant)]
         return Response(p.encode(p.ModelList(data=cards)), media_type=MediaType.JSON)
 
     @get("/models/{model_id:path}", media_type=MediaType.JSON)
@@ -149,7 +211,7 @@ class OpenAIController(Controller):
                 code="model_not_found",
                 param="model",
             )
-        card = p.ModelCard(id=alias, created=int(request.app.state.started_at))
+        card = _card(gateway, alias, int(request.app.state.started_at))
         return Response(p.encode(card), media_type=MediaType.JSON)
 
     @post("/chat/completions", status_code=200)
@@ -157,7 +219,8 @@ class OpenAIController(Controller):
         tenant = await self._tenant(request)
         req = await _decode(request, p.ChatCompletionRequest)
         stop = _common_checks(req)
-        turns = [ChatTurn(role=m.role, content=_message_text(i, m)) for i, m in enumerate(req.messages)]
+        features = _chat_features(req)
+        turns = [_turn(i, m) for i, m in enumerate(req.messages)]
         gateway, _ = _services(request)
         hints = _hints(request, req)
         hints["task"] = hints["task"] or "chat"
@@ -173,21 +236,25 @@ class OpenAIController(Controller):
             seed=req.seed,
             stop=stop,
             **hints,
+            **_sampling(req),
+            **features,
         )
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        want_logprobs = features["logprobs"] is not None
 
-        def body(text: str) -> p.ChatCompletion:
-            message = p.ChatMessageOut(role="assistant", content=text)
+        def body(collected: Collected) -> p.ChatCompletion:
             return p.ChatCompletion(
                 id=call.request_id,
                 created=int(time.time()),
                 model=call.alias,
-                choices=[p.ChatChoice(index=0, message=message, finish_reason=call.finish_reason)],
+                choices=chat_choices(collected, want_logprobs),
                 usage=_usage(call),
                 system_fingerprint=call.fingerprint,
             )
 
-        return await _respond(request, gateway, call, lambda lease: _chat_events(gateway, lease, include_usage), body)
+        return await _respond(
+            request, gateway, call, lambda lease: _chat_events(gateway, lease, include_usage, want_logprobs), body
+        )
 
     @post("/completions", status_code=200)
     async def completions(self, request: Request) -> Response[bytes] | Stream:  # type: ignore[type-arg]
@@ -211,27 +278,34 @@ class OpenAIController(Controller):
             top_p=req.top_p,
             seed=req.seed,
             stop=stop,
+            logprobs=req.logprobs,
             **_hints(request, req),
+            **_sampling(req),
         )
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         echo = prompt if req.echo else ""
+        want_logprobs = req.logprobs is not None
 
-        def body(text: str) -> p.Completion:
+        def body(collected: Collected) -> p.Completion:
             return p.Completion(
                 id=call.request_id,
                 created=int(time.time()),
                 model=call.alias,
-                choices=[p.CompletionChoice(index=0, text=echo + text, finish_reason=call.finish_reason)],
+                choices=completion_choices(collected, echo, want_logprobs),
                 usage=_usage(call),
                 system_fingerprint=call.fingerprint,
             )
 
         return await _respond(
-            request, gateway, call, lambda lease: _completion_events(gateway, lease, include_usage, echo), body
+            request,
+            gateway,
+            call,
+            lambda lease: _completion_events(gateway, lease, include_usage, echo, want_logprobs),
+            body,
         )
 
 
-async def _admit_and_collect(gateway: Gateway, lease: Lease) -> str:
+async def _admit_and_collect(gateway: Gateway, lease: Lease) -> Collected:
     """A non-streaming answer: wait for a slot, then the whole generation, in this task (an
     interruption - a shutdown - cancels it and surfaces as the interrupting error)."""
     current = asyncio.current_task()
@@ -245,7 +319,10 @@ async def _admit_and_collect(gateway: Gateway, lease: Lease) -> str:
     lease.interrupter = interrupt
     try:
         await gateway.acquire(lease)
-        return "".join([d.text async for d in gateway.run(lease)])
+        collected = Collected(lease.call.generation.n)
+        async for d in gateway.run(lease):
+            collected.add(d)
+        return collected
     except asyncio.CancelledError:
         if interrupted and current.cancelling():
             current.uncancel()
@@ -260,7 +337,7 @@ async def _respond(
     gateway: Gateway,
     call: Call,
     events: Callable[[Lease], AsyncIterator[bytes]],
-    body: Callable[[str], Any],
+    body: Callable[[Collected], Any],
 ) -> Response[bytes] | Stream:
     """Admit (queueing as needed) while watching for the client to leave, then answer.
 
@@ -271,8 +348,8 @@ async def _respond(
     owned = True
     try:
         if not call.stream:
-            text = await until_disconnect(request, _admit_and_collect(gateway, lease), call)
-            return Response(p.encode(body(text)), media_type=MediaType.JSON, headers=headers)
+            collected = await until_disconnect(request, _admit_and_collect(gateway, lease), call)
+            return Response(p.encode(body(collected)), media_type=MediaType.JSON, headers=headers)
         await until_disconnect(request, gateway.acquire(lease), call)
         settings = request.app.state.settings
         response = LeasedStream(
@@ -342,30 +419,48 @@ def _framer(call: Call, kind: Callable[..., Any]) -> Callable[..., bytes]:
     return frame
 
 
-def _chat_events(gateway: Gateway, lease: Lease, include_usage: bool) -> AsyncIterator[bytes]:
+def _chat_events(gateway: Gateway, lease: Lease, include_usage: bool, want_logprobs: bool) -> AsyncIterator[bytes]:
     call = lease.call
     frame = _framer(call, p.ChatCompletionChunk)
 
     def render(d: Delta) -> list[bytes]:
-        out = [frame([p.ChunkChoice(index=0, delta=p.ChunkDelta(content=d.text))])] if d.text else []
+        out = []
+        if d.text or d.tool_calls or (want_logprobs and d.logprobs):
+            delta = p.ChunkDelta(content=d.text or None, tool_calls=tool_call_chunks(d.tool_calls))
+            logprobs = p.ChoiceLogprobs(content=token_logprobs(d.logprobs)) if want_logprobs else None
+            out.append(frame([p.ChunkChoice(index=d.index, delta=delta, logprobs=logprobs)]))
         if d.finish_reason is not None:
-            out.append(frame([p.ChunkChoice(index=0, delta=p.ChunkDelta(), finish_reason=d.finish_reason)]))
+            out.append(frame([p.ChunkChoice(index=d.index, delta=p.ChunkDelta(), finish_reason=d.finish_reason)]))
         return out
 
-    head = frame([p.ChunkChoice(index=0, delta=p.ChunkDelta(role="assistant", content=""))])
+    # Each choice opens with the assistant role, as OpenAI streams it.
+    head = b"".join(
+        frame([p.ChunkChoice(index=i, delta=p.ChunkDelta(role="assistant", content=""))])
+        for i in range(call.generation.n)
+    )
     usage = (lambda: frame([], _usage(call))) if include_usage else None
     return _stream_events(gateway, lease, head, render, usage)
 
 
-def _completion_events(gateway: Gateway, lease: Lease, include_usage: bool, echo: str) -> AsyncIterator[bytes]:
+def _completion_events(
+    gateway: Gateway, lease: Lease, include_usage: bool, echo: str, want_logprobs: bool
+) -> AsyncIterator[bytes]:
     call = lease.call
     frame = _framer(call, p.Completion)
+    offsets = CompletionOffsets(call.generation.n, len(echo))
 
     def render(d: Delta) -> list[bytes]:
-        if not d.text and d.finish_reason is None:
+        if not d.text and d.finish_reason is None and not d.logprobs:
             return []
-        return [frame([p.CompletionChoice(index=0, text=d.text, finish_reason=d.finish_reason)])]
+        logprobs = offsets.logprobs(d) if want_logprobs else None
+        return [
+            frame([p.CompletionChoice(index=d.index, text=d.text, finish_reason=d.finish_reason, logprobs=logprobs)])
+        ]
 
-    head = frame([p.CompletionChoice(index=0, text=echo, finish_reason=None)]) if echo else None
+    head = (
+        b"".join(frame([p.CompletionChoice(index=i, text=echo, finish_reason=None)]) for i in range(call.generation.n))
+        if echo
+        else None
+    )
     usage = (lambda: frame([], _usage(call))) if include_usage else None
     return _stream_events(gateway, lease, head, render, usage)

@@ -27,6 +27,7 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from laneway.core import capabilities
 from laneway.core.accounting import UsageRecorder
 from laneway.core.errors import GatewayError, shutting_down
 from laneway.core.policy import LanePolicy, PolicyStore
@@ -35,7 +36,7 @@ from laneway.core.routing import LaneRouter
 from laneway.core.scheduler import DeploymentScheduler, Ticket
 from laneway.core.shared_slots import SharedScheduler, SharedSlots
 from laneway.core.stops import StopMatcher
-from laneway.engines.base import EngineError
+from laneway.engines.base import EngineError, EngineRequestError
 from laneway.engines.registry import EngineRegistry, LiveDeployment, UnknownModel
 from laneway.metrics import GatewayMetrics
 from laneway.types import ChatTurn, Delta, FinishReason, GenerationRequest, TenantSnapshot
@@ -182,6 +183,9 @@ class Gateway:
         self.metrics = metrics or GatewayMetrics()
         self.metrics.watch_queues(self.queue_stats)
 
+    def capabilities(self, alias: str) -> frozenset[str]:
+        return self.registry.capabilities(alias)
+
     def visible_models(self, tenant: TenantSnapshot) -> list[str]:
         return [a for a in self.registry.aliases() if tenant.may_use(a)]
 
@@ -241,6 +245,15 @@ class Gateway:
         task: str | None = None,
         lane: str | None = None,
         priority: int = 0,
+        n: int = 1,
+        tools: Sequence[dict[str, Any]] = (),
+        tool_choice: str | dict[str, Any] | None = None,
+        parallel_tool_calls: bool = True,
+        response_format: dict[str, Any] | None = None,
+        logprobs: int | None = None,
+        logit_bias: dict[int, float] | None = None,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
     ) -> Call:
         try:
             any_replica = self.registry.resolve(alias)  # replicas of an alias share a tokenizer
@@ -264,12 +277,32 @@ class Gateway:
                 param="X-Laneway-Lane",
             )
         priority = max(priority, tenant.priority_floor)  # no more urgent than the tenant may ask
-        measured = await any_replica.engine.measure(prompt=prompt, messages=messages)
+        offered = tuple(tools) if tool_choice != "none" else ()
+        form = response_format if (response_format or {}).get("type", "text") != "text" else None
+        measured = await any_replica.engine.measure(prompt=prompt, messages=messages, tools=offered,
+                                                    response_format=form)  # fmt: skip
         snapshot = self.policies.current
         chosen = self.router.route(
             snapshot, prompt_tokens=measured.tokens, stream=stream, task=task, explicit_lane=lane
         )
-        deployment = self.registry.resolve(alias, chosen.name)
+        # What the request asks beyond text: the deployment chosen must be able to do it.
+        generation = GenerationRequest(
+            request_id="",
+            prompt=measured.text,
+            prompt_tokens=measured.tokens,
+            max_tokens=0,
+            n=n,
+            tools=tuple(tools),
+            tool_choice=tool_choice,
+            parallel_tool_calls=parallel_tool_calls,
+            response_format=form,
+            logprobs=logprobs,
+            logit_bias=logit_bias or None,
+            presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty,
+        )
+        needs = frozenset(c for c, _ in capabilities.asked(generation))
+        deployment = self.registry.resolve(alias, chosen.name, needs)
         context = deployment.engine.info.max_model_len
         room = context - measured.tokens
         if room <= 0:
@@ -285,19 +318,16 @@ class Gateway:
         )
         stops = snapshot.stops(task=task, model_stops=deployment.spec.config.get("stop", ()), requested=stop)
         request_id = ("chatcmpl-" if messages is not None else "cmpl-") + uuid.uuid4().hex
-        generation = GenerationRequest(
-            request_id=request_id,
-            prompt=measured.text,
-            prompt_tokens=measured.tokens,
-            max_tokens=budget,
-            messages=tuple(messages) if messages is not None else None,
-            temperature=1.0 if temperature is None else temperature,
-            top_p=1.0 if top_p is None else top_p,
-            seed=seed,
-            stop=stops,
-            priority=priority,
-            stream=stream,
-        )
+        capabilities.check(deployment.engine.info, alias, generation)
+        generation.request_id = request_id
+        generation.max_tokens = budget
+        generation.messages = tuple(messages) if messages is not None else None
+        generation.temperature = 1.0 if temperature is None else temperature
+        generation.top_p = 1.0 if top_p is None else top_p
+        generation.seed = seed
+        generation.stop = stops
+        generation.priority = priority
+        generation.stream = stream
         return Call(
             request_id=request_id,
             tenant=tenant,
@@ -330,7 +360,7 @@ class Gateway:
         try:
             if self.draining:
                 raise shutting_down()
-            tokens = call.prompt_tokens + call.generation.max_tokens
+            tokens = call.prompt_tokens + call.generation.n * call.generation.max_tokens
             lease.reservation = await self._reserve(call, tokens)
             if self.draining:
                 raise shutting_down()
@@ -400,32 +430,56 @@ class Gateway:
     async def _generate(self, lease: Lease) -> AsyncGenerator[Delta, None]:
         call = lease.call
         deployment = call.deployment
+        n = call.generation.n
         try:
-            matcher = StopMatcher(call.generation.stop)
+            # Per choice: its stop matcher and how it ended. The run ends when every choice has.
+            matchers = [StopMatcher(call.generation.stop) for _ in range(n)]
+            reasons: list[FinishReason | None] = [None] * n
+            left = n
             engine_stream = deployment.engine.generate(call.generation)
             try:
                 async for delta in engine_stream:
-                    call.completion_tokens += delta.tokens
+                    call.completion_tokens += delta.tokens  # what the engine computed is billed
                     if delta.prompt_tokens:
                         call.reported_prompt_tokens = delta.prompt_tokens
+                    i = delta.index
+                    if not 0 <= i < n or reasons[i] is not None:
+                        continue  # a choice already cut at a stop: the rest of it is not sent
+                    matcher = matchers[i]
                     text = matcher.feed(delta.text)
+                    finish: FinishReason | None = None
                     if matcher.stopped:
-                        call.finish_reason = "stop"
+                        finish = "stop"
                     elif delta.finish_reason is not None:
                         text += matcher.flush()
-                        call.finish_reason = delta.finish_reason
-                    if text and call.first_token_at is None:
+                        finish = delta.finish_reason
+                    if (text or delta.tool_calls) and call.first_token_at is None:
                         call.first_token_at = time.perf_counter()
-                    if call.finish_reason is not None:
-                        self.registry.record(deployment, ok=True)
-                        yield Delta(text=text, tokens=0, finish_reason=call.finish_reason)
-                        return
-                    if text:
-                        yield Delta(text=text, tokens=delta.tokens)
-                call.finish_reason = "length"  # an engine that ends without a reason ran out of tokens
-                yield Delta(text=matcher.flush(), tokens=0, finish_reason="length")
+                    if finish is not None:
+                        reasons[i], left = finish, left - 1
+                        if left == 0:
+                            call.finish_reason = reasons[0]
+                            self.registry.record(deployment, ok=True)
+                        yield Delta(text=text, tokens=0, finish_reason=finish, index=i,
+                                    tool_calls=delta.tool_calls, logprobs=delta.logprobs)  # fmt: skip
+                        if left == 0:
+                            return
+                    elif text or delta.tool_calls or delta.logprobs:
+                        yield Delta(text=text, tokens=delta.tokens, index=i,
+                                    tool_calls=delta.tool_calls, logprobs=delta.logprobs)  # fmt: skip
+                # An engine that ends without a reason ran out of tokens.
+                for i in range(n):
+                    if reasons[i] is None:
+                        reasons[i] = "length"
+                        call.finish_reason = reasons[0]
+                        yield Delta(text=matchers[i].flush(), tokens=0, finish_reason="length", index=i)
+                call.finish_reason = reasons[0]
             finally:
                 await engine_stream.aclose()  # closing the engine stream is the cancellation
+        except EngineRequestError as exc:  # the request's values, not the engine's health
+            call.fail(400, "invalid_request")
+            raise GatewayError(400, f"The engine serving '{call.alias}' refused the request: {exc}",
+                               code="invalid_request") from exc  # fmt: skip
         except EngineError as exc:
             log.error("engine error on %s (%s): %s", call.request_id, deployment.spec.name, exc)
             self.registry.record(deployment, ok=False)

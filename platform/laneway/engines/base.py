@@ -7,13 +7,18 @@ engine-side slot (stop decoding, abort the remote request) when that happens.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from laneway.types import ChatTurn, Delta, EngineInfo, GenerationRequest, PromptMeasure
 
 
 class EngineError(Exception):
     """The engine failed to serve a request (crash, bad config, remote error)."""
+
+
+class EngineRequestError(EngineError):
+    """The request asks for what the engine cannot do with these values (a token id outside
+    its vocabulary, a schema it cannot compile): the client's error (400), not the engine's."""
 
 
 @runtime_checkable
@@ -25,8 +30,16 @@ class Engine(Protocol):
 
     async def close(self) -> None: ...
 
-    async def measure(self, *, prompt: str | None = None, messages: Sequence[ChatTurn] | None = None) -> PromptMeasure:
-        """Render chat messages with the model's template and count prompt tokens."""
+    async def measure(
+        self,
+        *,
+        prompt: str | None = None,
+        messages: Sequence[ChatTurn] | None = None,
+        tools: Sequence[dict[str, Any]] = (),
+        response_format: dict[str, Any] | None = None,
+    ) -> PromptMeasure:
+        """Render chat messages (and the tools offered or the JSON form asked for, for an engine
+        that renders them into the prompt) with the model's template and count prompt tokens."""
         ...
 
     def generate(self, request: GenerationRequest) -> AsyncGenerator[Delta, None]:

@@ -268,18 +268,25 @@ class EngineRegistry:
     def deployments(self) -> list[LiveDeployment]:
         return [d for ds in self._by_alias.values() for d in ds]
 
-    def resolve(self, alias: str, lane: str | None = None) -> LiveDeployment:
+    def capabilities(self, alias: str) -> frozenset[str]:
+        """What some deployment of `alias` can do (resolve() routes a request to one that can)."""
+        return frozenset().union(*(d.engine.info.capabilities for d in self._by_alias.get(alias, ())))
+
+    def resolve(self, alias: str, lane: str | None = None, needs: frozenset[str] = frozenset()) -> LiveDeployment:
         """The deployment to serve `alias` in `lane`.
 
         Deployments list the lanes they serve in config "lanes" (none listed: every lane).
         Those dedicated to the lane come first while one has a free engine slot; beyond that
         (or without any) every deployment serving the lane competes. Among the chosen, the
         fewest outstanding requests wins (queued ones count, so a backlog is avoided).
-        Ejected (unhealthy) and overloaded deployments are passed over while another can serve.
+        Ejected (unhealthy) and overloaded deployments are passed over while another can serve,
+        and so are those that lack a capability the request `needs` (tools, json_schema...).
         """
         candidates = self._by_alias.get(alias)
         if not candidates:
             raise UnknownModel(alias)
+        if needs:
+            candidates = [d for d in candidates if needs <= d.engine.info.capabilities] or candidates
         candidates = [d for d in candidates if d.healthy] or candidates
         candidates = [d for d in candidates if not d.overloaded] or candidates
         if lane is not None:

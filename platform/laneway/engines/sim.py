@@ -27,6 +27,7 @@ from typing import Any
 from laneway.engines.base import EngineError, run_warmup
 from laneway.engines.chat_template import render_chat
 from laneway.engines.demo_model import WORDS
+from laneway.engines.tool_calls import with_tools
 from laneway.types import ChatTurn, Delta, EngineInfo, GenerationRequest, PromptMeasure
 
 SIM_FINGERPRINT = "laneway-sim"
@@ -95,8 +96,15 @@ class SimEngine:
     def waiting(self) -> int:
         return len(self._waiting)
 
-    async def measure(self, *, prompt: str | None = None, messages: Sequence[ChatTurn] | None = None) -> PromptMeasure:
-        text = render_chat(messages) if messages is not None else (prompt or "")
+    async def measure(
+        self,
+        *,
+        prompt: str | None = None,
+        messages: Sequence[ChatTurn] | None = None,
+        tools: Sequence[dict[str, Any]] = (),  # no tools here: the gateway refuses them first
+        response_format: dict[str, Any] | None = None,
+    ) -> PromptMeasure:
+        text = render_chat(with_tools(messages, ())) if messages is not None else (prompt or "")
         return PromptMeasure(text=text, tokens=max(1, (len(text) + 3) // 4))
 
     async def health(self) -> bool:

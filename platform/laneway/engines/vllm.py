@@ -35,11 +35,30 @@ import aiohttp
 import msgspec
 
 from laneway.engines.base import EngineError, run_warmup
-from laneway.types import ChatTurn, Delta, EngineInfo, FinishReason, GenerationRequest, PromptMeasure
+from laneway.types import (
+    ChatTurn,
+    Delta,
+    EngineInfo,
+    FinishReason,
+    GenerationRequest,
+    PromptMeasure,
+    TokenLogprob,
+    ToolCall,
+    TopLogprob,
+)
 
 log = logging.getLogger("laneway.engines.vllm")
 
-_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "cancelled"}
+_FINISH: dict[str, FinishReason] = {
+    "stop": "stop",
+    "length": "length",
+    "abort": "cancelled",
+    "tool_calls": "tool_calls",
+}
+# vLLM's OpenAI server does these itself (guided decoding for JSON, n sequences, logprobs);
+# tool calls also need it started with --enable-auto-tool-choice and a --tool-call-parser,
+# so they are declared by config ("tool_calling": true).
+CAPABILITIES = frozenset({"json_object", "json_schema", "logprobs", "n", "penalties", "logit_bias"})
 
 
 # The parts of vLLM's answers the adapter reads (msgspec ignores the rest).
@@ -48,15 +67,93 @@ class _Usage(msgspec.Struct):
     completion_tokens: int = 0
 
 
+class _Function(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _ToolCall(msgspec.Struct):
+    index: int = 0
+    id: str | None = None
+    function: _Function | None = None
+
+
 class _Message(msgspec.Struct):
     content: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+
+
+class _Top(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class _TokenLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[_Top] = []
+
+
+class _Logprobs(msgspec.Struct):
+    content: list[_TokenLogprob] | None = None  # chat
+    tokens: list[str] | None = None  # completions: parallel lists
+    token_logprobs: list[float | None] | None = None
+    top_logprobs: list[dict[str, float] | None] | None = None
 
 
 class _Choice(msgspec.Struct):
+    index: int = 0
     text: str | None = None
     delta: _Message | None = None
     message: _Message | None = None
     finish_reason: str | None = None
+    logprobs: _Logprobs | None = None
+
+    @property
+    def said(self) -> _Message | None:
+        return self.delta or self.message
+
+    def content(self) -> str:
+        if self.text is not None:
+            return self.text
+        said = self.said
+        return (said.content or "") if said is not None else ""
+
+    def calls(self) -> tuple[ToolCall, ...]:
+        said = self.said
+        return tuple(_tool_call(c) for c in said.tool_calls) if said is not None and said.tool_calls else ()
+
+    def token_logprobs(self) -> tuple[TokenLogprob, ...]:
+        lp = self.logprobs
+        if lp is None:
+            return ()
+        if lp.content is not None:  # chat
+            return tuple(
+                TokenLogprob(t.token, t.logprob, _bytes(t.bytes), tuple(_top(a) for a in t.top_logprobs))
+                for t in lp.content
+            )
+        tops = lp.top_logprobs or []  # completions
+        out = []
+        for i, (tok, value) in enumerate(zip(lp.tokens or [], lp.token_logprobs or [], strict=False)):
+            top = (tops[i] if i < len(tops) else None) or {}
+            alternatives = tuple(TopLogprob(k, v) for k, v in top.items())
+            out.append(TokenLogprob(tok, value if value is not None else 0.0, top=alternatives))
+        return tuple(out)
+
+
+def _bytes(raw: list[int] | None) -> tuple[int, ...] | None:
+    return tuple(raw) if raw is not None else None
+
+
+def _top(a: _Top) -> TopLogprob:
+    return TopLogprob(a.token, a.logprob, _bytes(a.bytes))
+
+
+def _tool_call(c: _ToolCall) -> ToolCall:
+    fn = c.function or _Function()
+    return ToolCall(id=c.id or "", name=fn.name or "", arguments=fn.arguments or "", index=c.index)
 
 
 class _Chunk(msgspec.Struct):
@@ -115,6 +212,7 @@ class VLLMEngine:
         self.timeout_s = float(config.get("timeout_s", 600))
         self.extra_body: dict[str, Any] = dict(config.get("extra_body", {}))
         self.api_key = config.get("api_key")
+        capabilities = CAPABILITIES | ({"tools"} if config.get("tool_calling") else set())
         self.info = EngineInfo(
             engine="vllm",
             model=alias,
@@ -122,6 +220,7 @@ class VLLMEngine:
             gpu_type=gpu_type,
             max_model_len=int(max_model_len or config.get("max_model_len", 4096)),
             max_concurrency=int(config.get("max_concurrency", 64)),
+            capabilities=frozenset(capabilities),
         )
         self._session: aiohttp.ClientSession | None = None
         self._poller: asyncio.Task[None] | None = None
@@ -202,17 +301,27 @@ class VLLMEngine:
                 log.warning("reading %s/metrics failed: %s", self.base_url, exc)
             await asyncio.sleep(self.metrics_poll_s)
 
-    async def measure(self, *, prompt: str | None = None, messages: Sequence[ChatTurn] | None = None) -> PromptMeasure:
+    async def measure(
+        self,
+        *,
+        prompt: str | None = None,
+        messages: Sequence[ChatTurn] | None = None,
+        tools: Sequence[dict[str, Any]] = (),
+        response_format: dict[str, Any] | None = None,
+    ) -> PromptMeasure:
         text = prompt or ""
         if messages is not None:  # vLLM renders the chat itself; the text is only for estimates
             text = "\n".join(f"{m.role}: {m.content}" for m in messages)
-        estimate = max(1, (len(text) + 3) // 4)
+        described = len(_encode(list(tools))) if tools else 0  # the template renders the tools too
+        estimate = max(1, (len(text) + described + 3) // 4)
         near_limit = estimate * 4 >= self.info.max_model_len * 3  # within a quarter of the context
         if self.tokenize == "never" or (self.tokenize == "auto" and not near_limit):
             return PromptMeasure(text=text, tokens=estimate)
         body: dict[str, Any] = {"model": self.model}
         if messages is not None:
-            body.update(messages=[{"role": m.role, "content": m.content} for m in messages], add_generation_prompt=True)
+            body.update(messages=[_message(m) for m in messages], add_generation_prompt=True)
+            if tools:
+                body["tools"] = list(tools)
         else:
             body["prompt"] = text
         self.tokenize_calls += 1
@@ -246,9 +355,27 @@ class VLLMEngine:
             body["stop"] = list(req.stop)
         if req.priority:
             body["priority"] = req.priority
+        if req.n > 1:
+            body["n"] = req.n
+        if req.presence_penalty:
+            body["presence_penalty"] = req.presence_penalty
+        if req.frequency_penalty:
+            body["frequency_penalty"] = req.frequency_penalty
+        if req.logit_bias:
+            body["logit_bias"] = {str(k): v for k, v in req.logit_bias.items()}
         if req.messages is not None:
-            body["messages"] = [{"role": m.role, "content": m.content} for m in req.messages]
+            body["messages"] = [_message(m) for m in req.messages]
+            if req.tools:
+                body.update(tools=list(req.tools), parallel_tool_calls=req.parallel_tool_calls)
+                if req.tool_choice is not None:
+                    body["tool_choice"] = req.tool_choice
+            if req.response_format is not None:
+                body["response_format"] = req.response_format
+            if req.logprobs is not None:
+                body.update(logprobs=True, top_logprobs=req.logprobs)
             return "v1/chat/completions", body
+        if req.logprobs is not None:
+            body["logprobs"] = req.logprobs
         body["prompt"] = req.prompt
         return "v1/completions", body
 
@@ -262,28 +389,31 @@ class VLLMEngine:
                     detail = (await r.read()).decode("utf-8", "replace")[:500]
                     raise EngineError(f"vLLM answered {r.status}: {detail}")
                 if req.stream:
-                    async for delta in self._deltas(r):
+                    async for delta in self._deltas(r, req.n):
                         yield delta
                     return
                 answer = _decode_chunk(await r.read())
             if answer.error is not None:
                 raise EngineError(f"vLLM error: {answer.error}")
-            choice = answer.choices[0] if answer.choices else _Choice()
-            text = choice.text if choice.text is not None else (choice.message.content if choice.message else "")
             usage = answer.usage or _Usage()
-            yield Delta(text=text or "", tokens=usage.completion_tokens,
-                        finish_reason=_FINISH.get(choice.finish_reason or "", "length"),
-                        prompt_tokens=usage.prompt_tokens or None)  # fmt: skip
+            choices = sorted(answer.choices, key=lambda c: c.index) or [_Choice()]
+            for k, choice in enumerate(choices):
+                last = k == len(choices) - 1  # the usage goes with the last choice
+                yield Delta(text=choice.content(), tokens=usage.completion_tokens if last else 0,
+                            finish_reason=_FINISH.get(choice.finish_reason or "", "length"),
+                            prompt_tokens=(usage.prompt_tokens or None) if last else None, index=choice.index,
+                            tool_calls=choice.calls(), logprobs=choice.token_logprobs())  # fmt: skip
         except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError) as exc:
             raise EngineError(f"vLLM request failed: {exc}") from exc
         finally:
             self._active -= 1
 
-    async def _deltas(self, r: aiohttp.ClientResponse) -> AsyncGenerator[Delta, None]:
-        """The SSE stream: a delta per content chunk, then one with the finish reason and the
-        usage chunk's counts (authoritative: chunks and tokens need not be one to one)."""
+    async def _deltas(self, r: aiohttp.ClientResponse, n: int) -> AsyncGenerator[Delta, None]:
+        """The SSE stream: a delta per chunk of a choice (text, tool-call fragments, logprobs),
+        then each choice's finish, the last with the usage chunk's counts (authoritative:
+        chunks and tokens need not be one to one)."""
         counted = 0
-        finish: FinishReason | None = None
+        finish: dict[int, FinishReason] = {}
         usage: _Usage | None = None
         async for line in r.content:
             if not line.startswith(b"data: "):
@@ -297,12 +427,31 @@ class VLLMEngine:
             if chunk.usage is not None:
                 usage = chunk.usage
             for choice in chunk.choices:
-                text = choice.text if choice.text is not None else (choice.delta.content if choice.delta else None)
-                if text:
+                text, calls, logprobs = choice.content(), choice.calls(), choice.token_logprobs()
+                if text or calls or logprobs:
                     counted += 1
-                    yield Delta(text=text, tokens=1)
+                    yield Delta(text=text, tokens=1, index=choice.index, tool_calls=calls, logprobs=logprobs)
                 if choice.finish_reason:
-                    finish = _FINISH.get(choice.finish_reason, "stop")
+                    finish[choice.index] = _FINISH.get(choice.finish_reason, "stop")
         total = usage.completion_tokens if usage is not None and usage.completion_tokens else counted
         prompt = usage.prompt_tokens if usage is not None and usage.prompt_tokens else None
-        yield Delta(text="", tokens=max(0, total - counted), finish_reason=finish or "length", prompt_tokens=prompt)
+        for i in range(n - 1):
+            yield Delta(text="", tokens=0, finish_reason=finish.get(i, "length"), index=i)
+        yield Delta(text="", tokens=max(0, total - counted), finish_reason=finish.get(n - 1, "length"),
+                    prompt_tokens=prompt, index=n - 1)  # fmt: skip
+
+
+def _message(m: ChatTurn) -> dict[str, Any]:
+    """A chat turn as vLLM takes it: with its tool calls, or the call a tool result answers."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in m.tool_calls
+        ]
+        out["content"] = m.content or None
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        out["name"] = m.name
+    return out
