@@ -24,6 +24,7 @@ from laneway.admin.throttle import LoginGuard
 from laneway.admin.ui import ADMIN_UI_DIR, AdminPages, AdminUI
 from laneway.api.errors import gateway_error_handler, http_exception_handler, internal_error_handler
 from laneway.api.health import live, metrics, openapi_config, ready
+from laneway.api.request_ids import stamp_request_id
 from laneway.api.routes import OpenAIController
 from laneway.bootstrap import bootstrap_admin, bootstrap_demo, bootstrap_first_admin
 from laneway.core.accounting import UsageRecorder
@@ -197,8 +198,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
         # Admin logins: a throttle and a bounded argon2 pool (closed at shutdown).
         state=State({"settings": settings, "shedder": shedder, "login_guard": (login_guard := LoginGuard())}),
         on_shutdown=[login_guard.close],
-        # Security headers on every /admin response; /metrics and /schema behind metrics_token.
-        before_send=[admin_security_headers],
+        # X-Request-Id on every response; security headers on every /admin response; /metrics
+        # and /schema behind metrics_token.
+        before_send=[stamp_request_id, admin_security_headers],
         openapi_config=openapi_config(),
         # Litestar configures the root logger: at the gateway's level, not always INFO.
         logging_config=LoggingConfig(root={"level": settings.log_level.upper(), "handlers": ["queue_listener"]}),

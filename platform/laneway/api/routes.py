@@ -15,6 +15,7 @@ from litestar.response import Stream
 from laneway.api import protocol as p
 from laneway.api.disconnect import ClientDisconnected, until_disconnect
 from laneway.api.errors import validation_error
+from laneway.api.request_ids import bind_call, client_request_id
 from laneway.api.responses import LeasedStream
 from laneway.api.sse import DONE, error_event, event
 from laneway.core.auth import KeyAuthenticator
@@ -93,7 +94,7 @@ def _common_checks(req: p.ChatCompletionRequest | p.CompletionRequest) -> list[s
 
 
 def _hints(request: Request, req: p.ChatCompletionRequest | p.CompletionRequest) -> dict[str, Any]:  # type: ignore[type-arg]
-    """Task, lane and priority: headers win over request metadata."""
+    """Task, lane and priority (headers win over request metadata); the client's X-Request-Id."""
     meta = req.metadata or {}
     task = request.headers.get("x-laneway-task") or meta.get("laneway_task") or None
     lane = request.headers.get("x-laneway-lane") or meta.get("laneway_lane") or None
@@ -104,7 +105,13 @@ def _hints(request: Request, req: p.ChatCompletionRequest | p.CompletionRequest)
         raise invalid_request(
             f"X-Laneway-Priority must be an integer, got '{raw}'.", param="X-Laneway-Priority"
         ) from None
-    return {"task": task, "lane": lane, "priority": priority, "user": req.user}
+    return {
+        "task": task,
+        "lane": lane,
+        "priority": priority,
+        "user": req.user,
+        "client_request_id": client_request_id(request.headers.get("x-request-id")),
+    }
 
 
 def _message_text(i: int, m: p.ChatMessageIn) -> str:
@@ -266,8 +273,9 @@ async def _respond(
 
     The lease is opened before the first await and owned here: handed to the streaming
     response (which releases it when the stream ends), or released by this `finally`."""
-    headers = {"X-Request-Id": call.request_id, "X-Laneway-Lane": call.lane.name}
+    headers = {"X-Laneway-Lane": call.lane.name}  # X-Request-Id: api/request_ids.py, from the call
     lease = gateway.lease(call)
+    bind_call(request.scope, call)
     owned = True
     try:
         if not call.stream:

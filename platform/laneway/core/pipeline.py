@@ -66,6 +66,7 @@ class Call:
     status: int = 200
     error_code: str | None = None
     reported_prompt_tokens: int | None = None  # the engine's exact count, when it reports one
+    client_request_id: str | None = None  # the client's own X-Request-Id (api/request_ids.py)
 
     def fail(self, status: int, code: str | None) -> None:
         """Record why the request did not end well; the first cause stands (a backpressure
@@ -78,6 +79,12 @@ class Call:
         """The engine's count when it reported one, else the gateway's measurement (which may
         be an estimate: it only routed and reserved)."""
         return self.reported_prompt_tokens or self.generation.prompt_tokens
+
+    @property
+    def public_id(self) -> str:
+        """The id the client, the usage row and the logs know this request by: the client's
+        X-Request-Id when it sent one (not unique: never a key), else request_id."""
+        return self.client_request_id or self.request_id
 
     @property
     def queue_ms(self) -> float | None:
@@ -241,6 +248,7 @@ class Gateway:
         task: str | None = None,
         lane: str | None = None,
         priority: int = 0,
+        client_request_id: str | None = None,
     ) -> Call:
         try:
             any_replica = self.registry.resolve(alias)  # replicas of an alias share a tokenizer
@@ -286,7 +294,9 @@ class Gateway:
         stops = snapshot.stops(task=task, model_stops=deployment.spec.config.get("stop", ()), requested=stop)
         request_id = ("chatcmpl-" if messages is not None else "cmpl-") + uuid.uuid4().hex
         generation = GenerationRequest(
-            request_id=request_id,
+            # The client's id reaches the engine (and its logs), made unique by the gateway's:
+            # engines key running requests by it.
+            request_id=request_id if client_request_id is None else f"{client_request_id}:{request_id}",
             prompt=measured.text,
             prompt_tokens=measured.tokens,
             max_tokens=budget,
@@ -309,6 +319,7 @@ class Gateway:
             lane=chosen,
             task=task,
             end_user=user[:200] if user else None,
+            client_request_id=client_request_id,
         )
 
     # ---- admission: everything taken is owned by one Lease ----
@@ -427,7 +438,7 @@ class Gateway:
             finally:
                 await engine_stream.aclose()  # closing the engine stream is the cancellation
         except EngineError as exc:
-            log.error("engine error on %s (%s): %s", call.request_id, deployment.spec.name, exc)
+            log.error("engine error on %s (%s): %s", call.generation.request_id, deployment.spec.name, exc)
             self.registry.record(deployment, ok=False)
             call.fail(503, "engine_error")
             raise GatewayError(
@@ -493,7 +504,7 @@ class Gateway:
         self.metrics.observe(call, now)
         self.recorder.record(
             {
-                "request_id": call.request_id,
+                "request_id": call.public_id,
                 "tenant_id": call.tenant.id,
                 "api_key_id": call.tenant.api_key_id,
                 "model": call.alias,
