@@ -12,6 +12,7 @@ from litestar import Controller, MediaType, Request, Response, get, post
 from litestar.params import FromPath
 from litestar.response import Stream
 
+from laneway.api import openapi
 from laneway.api import protocol as p
 from laneway.api.disconnect import ClientDisconnected, until_disconnect
 from laneway.api.errors import validation_error
@@ -131,12 +132,13 @@ def _message_text(i: int, m: p.ChatMessageIn) -> str:
 
 class OpenAIController(Controller):
     path = "/v1"
+    security = openapi.API_KEY  # the bodies are decoded here, by msgspec: api/openapi.py describes them
 
     async def _tenant(self, request: Request) -> TenantSnapshot:  # type: ignore[type-arg]
         _, auth = _services(request)
         return await auth.authenticate(request.headers.get("authorization"))
 
-    @get("/models", media_type=MediaType.JSON)
+    @get("/models", media_type=MediaType.JSON, operation_class=openapi.MODEL_LIST)
     async def list_models(self, request: Request) -> Response[bytes]:  # type: ignore[type-arg]
         tenant = await self._tenant(request)
         gateway, _ = _services(request)
@@ -144,7 +146,7 @@ class OpenAIController(Controller):
         cards = [p.ModelCard(id=a, created=created) for a in gateway.visible_models(tenant)]
         return Response(p.encode(p.ModelList(data=cards)), media_type=MediaType.JSON)
 
-    @get("/models/{model_id:path}", media_type=MediaType.JSON)
+    @get("/models/{model_id:path}", media_type=MediaType.JSON, operation_class=openapi.MODEL)
     async def get_model(self, request: Request, model_id: FromPath[str]) -> Response[bytes]:  # type: ignore[type-arg]
         tenant = await self._tenant(request)
         gateway, _ = _services(request)
@@ -159,7 +161,7 @@ class OpenAIController(Controller):
         card = p.ModelCard(id=alias, created=int(request.app.state.started_at))
         return Response(p.encode(card), media_type=MediaType.JSON)
 
-    @post("/chat/completions", status_code=200)
+    @post("/chat/completions", status_code=200, operation_class=openapi.CHAT)
     async def chat_completions(self, request: Request) -> Response[bytes] | Stream:  # type: ignore[type-arg]
         tenant = await self._tenant(request)
         req = await _decode(request, p.ChatCompletionRequest)
@@ -196,7 +198,7 @@ class OpenAIController(Controller):
 
         return await _respond(request, gateway, call, lambda lease: _chat_events(gateway, lease, include_usage), body)
 
-    @post("/completions", status_code=200)
+    @post("/completions", status_code=200, operation_class=openapi.COMPLETION)
     async def completions(self, request: Request) -> Response[bytes] | Stream:  # type: ignore[type-arg]
         tenant = await self._tenant(request)
         req = await _decode(request, p.CompletionRequest)
