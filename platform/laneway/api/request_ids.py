@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
 from litestar.types import Message, Scope
@@ -59,14 +60,20 @@ def request_id(scope: Scope) -> str:
         return call.public_id
     rid: str | None = state.get(_ID_KEY)
     if rid is None:
-        rid = state[_ID_KEY] = _sent(scope) or "req_" + uuid.uuid4().hex
+        sent = sent_request_id(scope.get("headers", ()))
+        rid = state[_ID_KEY] = sent.decode("ascii") if sent is not None else fresh_request_id()
     return rid
 
 
-def _sent(scope: Scope) -> str | None:
-    for name, value in scope.get("headers", ()):
+def fresh_request_id() -> str:
+    return "req_" + uuid.uuid4().hex
+
+
+def sent_request_id(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
+    """The client's X-Request-Id among raw (lower-cased) request headers, if it is sane."""
+    for name, value in headers:
         if name == HEADER:
-            return value.decode("ascii") if _SANE_BYTES.fullmatch(value) else None
+            return value if _SANE_BYTES.fullmatch(value) else None
     return None
 
 
