@@ -82,8 +82,9 @@ class Call:
 
     @property
     def public_id(self) -> str:
-        """The id the client, the usage row and the logs know this request by: the client's
-        X-Request-Id when it sent one (not unique: never a key), else request_id."""
+        """The id the client and the usage row know this request by: the client's X-Request-Id
+        when it sent one (not unique: never a key), else request_id. Logs name
+        generation.request_id, which holds both."""
         return self.client_request_id or self.request_id
 
     @property
@@ -292,6 +293,7 @@ class Gateway:
             task=task, prompt_tokens=measured.tokens, requested=max_tokens, room=room, default=self.default_max_tokens
         )
         stops = snapshot.stops(task=task, model_stops=deployment.spec.config.get("stop", ()), requested=stop)
+        # The body's id, whatever X-Request-Id the client sent: OpenAI's shape, unique per completion.
         request_id = ("chatcmpl-" if messages is not None else "cmpl-") + uuid.uuid4().hex
         generation = GenerationRequest(
             # The client's id reaches the engine (and its logs), made unique by the gateway's:
