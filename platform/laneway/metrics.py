@@ -11,7 +11,8 @@ model not allowed, ...) has no lane or deployment: it is counted once, by the er
 that answers it, in laneway_requests_refused_total{endpoint,status,code}. An admitted request
 is counted only when its lease is released (laneway_requests_total, by status; a refusal after
 admission, such as a 429, also in laneway_rejections_total by reason), so the two counters add
-up to every answer and none is counted twice.
+up to every answer and none is counted twice. Not in either: the load shedder's prepared
+503s (written before the app: laneway_shed_total) and /health/ready's 503 (a readiness signal).
 """
 
 from __future__ import annotations
