@@ -18,12 +18,14 @@ from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from laneway.admin.api import AdminAPI
+from laneway.admin.api import SESSION_COOKIE, AdminAPI
 from laneway.admin.headers import admin_security_headers
 from laneway.admin.throttle import LoginGuard
 from laneway.admin.ui import ADMIN_UI_DIR, AdminPages, AdminUI
 from laneway.api.errors import gateway_error_handler, http_exception_handler, internal_error_handler
-from laneway.api.health import live, metrics, openapi_config, ready
+from laneway.api.health import live, metrics, ready, require_metrics_token
+from laneway.api.openapi import add_wire_schemas, openapi_config
+from laneway.api.request_ids import stamp_request_id
 from laneway.api.routes import OpenAIController
 from laneway.bootstrap import bootstrap_admin, bootstrap_demo, bootstrap_first_admin
 from laneway.core.accounting import UsageRecorder
@@ -181,7 +183,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             await loop_lag.stop()
             await db.dispose()
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             OpenAIController,
             AdminAPI,
@@ -197,9 +199,10 @@ def create_app(settings: Settings | None = None) -> Litestar:
         # Admin logins: a throttle and a bounded argon2 pool (closed at shutdown).
         state=State({"settings": settings, "shedder": shedder, "login_guard": (login_guard := LoginGuard())}),
         on_shutdown=[login_guard.close],
-        # Security headers on every /admin response; /metrics and /schema behind metrics_token.
-        before_send=[admin_security_headers],
-        openapi_config=openapi_config(),
+        # X-Request-Id on every response; security headers on every /admin response; /metrics
+        # and /schema behind metrics_token.
+        before_send=[stamp_request_id, admin_security_headers],
+        openapi_config=openapi_config(session_cookie=SESSION_COOKIE, guards=[require_metrics_token]),
         # Litestar configures the root logger: at the gateway's level, not always INFO.
         logging_config=LoggingConfig(root={"level": settings.log_level.upper(), "handlers": ["queue_listener"]}),
         exception_handlers={
@@ -209,6 +212,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
         },
         debug=False,
     )
+    add_wire_schemas(app)
+    return app
 
 
 async def enabled_deployments(sessions: async_sessionmaker[AsyncSession]) -> list[DeploymentSpec]:

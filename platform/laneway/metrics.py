@@ -5,6 +5,14 @@ process (tests, benchmarks) never collide. Request metrics are observed once, wh
 finishes; queue gauges are read from the schedulers at scrape time, so the hot path pays
 nothing for them. Labels: lane, model, quantization, gpu_type, engine (+ tenant only when
 LANEWAY_METRICS_TENANT_LABEL is on: tenants can be many, and cardinality costs memory).
+
+A request refused before it held a lease (auth, validation, unknown model or path, a lane or
+model not allowed, ...) has no lane or deployment: it is counted once, by the error handler
+that answers it, in laneway_requests_refused_total{endpoint,status,code}. An admitted request
+is counted only when its lease is released (laneway_requests_total, by status; a refusal after
+admission, such as a 429, also in laneway_rejections_total by reason), so the two counters add
+up to every answer and none is counted twice. Not in either: the load shedder's prepared
+503s (written before the app: laneway_shed_total) and /health/ready's 503 (a readiness signal).
 """
 
 from __future__ import annotations
@@ -81,8 +89,16 @@ class GatewayMetrics:
         self.completion_tokens = counter("laneway_completion_tokens_total", "Tokens generated.")
         self.requests = counter("laneway_requests_total", "Requests by HTTP status.", ("status",))
         self.rejections = counter("laneway_rejections_total", "Refused or cut-short requests.", ("reason",))
+        self.refusals = Counter(
+            "laneway_requests_refused_total",
+            "Error answers to requests that never held a lease, by route (unmatched: no route), status and "
+            "error code; admitted requests are in laneway_requests_total instead.",
+            ("endpoint", "status", "code"),
+            registry=self.registry,
+        )
         self._children: dict[tuple[str, ...], _Bound] = {}
         self._statuses: dict[tuple[tuple[str, ...], int], Any] = {}
+        self._refusals: dict[tuple[str, int, str], Any] = {}
 
     def _bound(self, lv: tuple[str, ...]) -> _Bound:
         """The metric children of one label set, looked up once (labels() per observation
@@ -127,6 +143,15 @@ class GatewayMetrics:
             m.decode.observe(decode)
             if call.completion_tokens > 1:
                 m.tpot.observe(decode / (call.completion_tokens - 1))
+
+    def refused(self, endpoint: str, status: int, code: str | None) -> None:
+        """One error answer to a request that never held a lease. `endpoint` is a route's path
+        template (bounded), never the raw path."""
+        key = (endpoint, status, code or "")
+        child = self._refusals.get(key)
+        if child is None:
+            child = self._refusals[key] = self.refusals.labels(endpoint, str(status), code or "")
+        child.inc()
 
     def watch_queues(self, source: Callable[[], Iterable[tuple[dict[str, str], int, int]]]) -> None:
         """Expose waiting/running per lane and deployment, read from `source` at scrape time."""

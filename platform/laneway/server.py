@@ -37,6 +37,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from laneway.api.request_ids import fresh_request_id, sent_request_id
 from laneway.api.responses import ABORT_EXTENSION
 from laneway.core.load_shedding import LoadShedder
 from laneway.settings import Settings
@@ -48,10 +49,11 @@ _OVERLOADED_BODY = (
     b'{"error": {"message": "The gateway is overloaded; retry shortly.", "type": "service_unavailable", '
     b'"param": null, "code": "overloaded"}}'
 )
-_OVERLOADED_RESPONSE = (
+_OVERLOADED_HEAD = (  # then the X-Request-Id, as on every response (api/request_ids.py)
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
-    b"content-length: " + str(len(_OVERLOADED_BODY)).encode() + b"\r\n\r\n" + _OVERLOADED_BODY
+    b"content-length: " + str(len(_OVERLOADED_BODY)).encode() + b"\r\nx-request-id: "
 )
+_OVERLOADED_TAIL = b"\r\n\r\n" + _OVERLOADED_BODY
 RECEIVED_AT = "laneway.received_at"  # scope key: when the request's headers were parsed
 
 
@@ -97,7 +99,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         ):
             shedder.shed += 1
             self._shedding = True  # its body, if any, is read and dropped
-            self.transport.write(_OVERLOADED_RESPONSE)
+            rid = sent_request_id(self.headers) or fresh_request_id().encode()
+            self.transport.write(_OVERLOADED_HEAD + rid + _OVERLOADED_TAIL)
             return
         scope: Any = self.scope
         scope[RECEIVED_AT] = time.perf_counter()

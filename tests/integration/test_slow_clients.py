@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -144,6 +145,9 @@ def test_an_overloaded_gateway_refuses_api_requests_before_any_work(gw: Gateway)
         answer = sock.recv(65536)
         assert answer.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in answer.lower()
         assert b'"code": "overloaded"' in answer and shedder.shed == shed_before + 1  # not a 401: no auth ran
+        assert re.search(rb"\r\nx-request-id: req_[0-9a-f]{32}\r\n", answer)
+        sock.sendall(request.replace(b"Host: x", b"Host: x\r\nX-Request-Id: shed-1"))
+        assert b"\r\nx-request-id: shed-1\r\n" in sock.recv(65536)  # a client's own id, as everywhere
         assert httpx.get(gw.base_url + "/health/live").status_code == 200  # only the API is shed
         shedder._until = 0.0  # the loop caught up
         sock.sendall(request)  # the same connection, kept alive

@@ -36,6 +36,7 @@ from laneway.admin.service import (
 )
 from laneway.admin.throttle import LoginGuard
 from laneway.admin.validation import Username, check_text, decode, decode_object, int_query
+from laneway.api.openapi import ADMIN_CHANGE, ADMIN_SESSION
 from laneway.core.auth import as_utc
 from laneway.core.errors import GatewayError
 from laneway.db.models import ApiKey, Tenant
@@ -87,7 +88,7 @@ class AdminAPI(Controller):
         cookie, csrf = await open_session(request, creds.username, creds.password)
         return Response({"csrf_token": csrf, "username": creds.username}, cookies=[cookie])
 
-    @post("/logout", status_code=200)
+    @post("/logout", status_code=200, security=ADMIN_CHANGE)
     async def logout(self, request: Request) -> Response[dict[str, str]]:  # type: ignore[type-arg]
         await _admin(request, change=True)
         async with request.app.state.sessions() as session, session.begin():
@@ -96,7 +97,7 @@ class AdminAPI(Controller):
                                                                    max_age=0)])  # fmt: skip
 
     # ---- tenants and keys ----
-    @get("/tenants")
+    @get("/tenants", security=ADMIN_SESSION)
     async def tenants(self, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
         """?q= (name contains), ?page= (1..1000000), ?per_page= (1..200, default 50); out of range: 400."""
         await _admin(request)
@@ -107,50 +108,50 @@ class AdminAPI(Controller):
         data, total = await tenant_page(request, q, page, per_page)
         return {"data": data, "total": total, "page": page, "per_page": per_page}
 
-    @post("/tenants", status_code=201)
+    @post("/tenants", status_code=201, security=ADMIN_CHANGE)
     async def create_tenant(self, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
         actor = await _admin(request, change=True)
         return await service.create_tenant(request.app.state, actor, _decode(await request.body(), TenantIn))
 
-    @patch("/tenants/{tenant_id:int}")
+    @patch("/tenants/{tenant_id:int}", security=ADMIN_CHANGE)
     async def edit_tenant(self, request: Request, tenant_id: FromPath[int]) -> dict[str, Any]:  # type: ignore[type-arg]
         actor = await _admin(request, change=True)
         body = await request.body()
         sent = _sent(body)  # explicit nulls clear a limit
         return await service.edit_tenant(request.app.state, actor, tenant_id, _decode(body, TenantIn), sent)
 
-    @get("/tenants/{tenant_id:int}/keys")
+    @get("/tenants/{tenant_id:int}/keys", security=ADMIN_SESSION)
     async def keys(self, request: Request, tenant_id: FromPath[int]) -> list[dict[str, Any]]:  # type: ignore[type-arg]
         await _admin(request)
         async with request.app.state.sessions() as session:
             rows = await session.execute(select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.id))
             return [row(k, KEY_FIELDS) for k in rows.scalars()]
 
-    @post("/tenants/{tenant_id:int}/keys", status_code=201)
+    @post("/tenants/{tenant_id:int}/keys", status_code=201, security=ADMIN_CHANGE)
     async def issue(self, request: Request, tenant_id: FromPath[int]) -> dict[str, Any]:  # type: ignore[type-arg]
         actor = await _admin(request, change=True)
         return await service.issue_api_key(request.app.state, actor, tenant_id, _decode(await request.body(), KeyIn))
 
-    @delete("/keys/{key_id:int}", status_code=200)
+    @delete("/keys/{key_id:int}", status_code=200, security=ADMIN_CHANGE)
     async def revoke(self, request: Request, key_id: FromPath[int]) -> dict[str, Any]:  # type: ignore[type-arg]
         actor = await _admin(request, change=True)
         return await service.revoke_api_key(request.app.state, actor, key_id)
 
     # ---- policies ----
-    @get("/lanes")
+    @get("/lanes", security=ADMIN_SESSION)
     async def lanes(self, request: Request) -> list[dict[str, Any]]:  # type: ignore[type-arg]
         await _admin(request)
         async with request.app.state.sessions() as session:
             return [row(x, LANE_FIELDS) for x in await PolicyRepository(session).lanes()]
 
-    @put("/lanes/{name:str}")
+    @put("/lanes/{name:str}", security=ADMIN_CHANGE)
     async def put_lane(self, request: Request, name: FromPath[str]) -> dict[str, Any]:  # type: ignore[type-arg]
         actor = await _admin(request, change=True)
         body = await request.body()
         sent = _sent(body)
         return await service.put_lane(request.app.state, actor, name, _decode(body, LaneIn), sent)
 
-    @put("/tasks/{task:str}")
+    @put("/tasks/{task:str}", security=ADMIN_CHANGE)
     async def put_task(self, request: Request, task: FromPath[str]) -> dict[str, Any]:  # type: ignore[type-arg]
         actor = await _admin(request, change=True)
         body = await request.body()
@@ -158,12 +159,12 @@ class AdminAPI(Controller):
         return await service.put_task(request.app.state, actor, task, _decode(body, TaskIn), sent)
 
     # ---- models ----
-    @put("/models/{alias:str}")
+    @put("/models/{alias:str}", security=ADMIN_CHANGE)
     async def put_model(self, request: Request, alias: FromPath[str]) -> dict[str, Any]:  # type: ignore[type-arg]
         actor = await _admin(request, change=True)
         return await service.put_model(request.app.state, actor, alias, _decode(await request.body(), ModelIn))
 
-    @get("/audit")
+    @get("/audit", security=ADMIN_SESSION)
     async def audit(self, request: Request) -> list[dict[str, Any]]:  # type: ignore[type-arg]
         await _admin(request)
         limit = int_query("limit", request.query_params.get("limit"), default=100, lo=1, hi=1000)

@@ -1,4 +1,7 @@
-"""Every error a client sees, in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+"""Every error a client sees, in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+
+Each handler also counts the answer of a request that never held a lease (metrics.py:
+laneway_requests_refused_total); an admitted one is counted when its lease is released."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException
 
 from laneway.api.protocol import ErrorBody, ErrorEnvelope, encode
+from laneway.api.request_ids import admitted, request_id
 from laneway.core.errors import GatewayError
 
 log = logging.getLogger("laneway.api")
@@ -43,16 +47,30 @@ def error_response(
     return Response(content=encode(body), status_code=status, media_type=MediaType.JSON, headers=headers)
 
 
-def gateway_error_handler(_: Request, exc: GatewayError) -> Response[bytes]:  # type: ignore[type-arg]
+def _count(request: Request, status: int, code: str | None) -> None:  # type: ignore[type-arg]
+    """Count a refusal before admission (once: one handler answers each request)."""
+    scope = request.scope
+    if admitted(scope):
+        return
+    gateway = request.app.state.get("gateway")  # None only before start-up finished
+    if gateway is not None:
+        gateway.metrics.refused(scope.get("path_template") or "unmatched", status, code)
+
+
+def gateway_error_handler(request: Request, exc: GatewayError) -> Response[bytes]:  # type: ignore[type-arg]
+    _count(request, exc.status, exc.code)
     return error_response(exc.status, exc.message, code=exc.code, param=exc.param, type_=exc.type, headers=exc.headers)
 
 
-def http_exception_handler(_: Request, exc: HTTPException) -> Response[bytes]:  # type: ignore[type-arg]
+def http_exception_handler(request: Request, exc: HTTPException) -> Response[bytes]:  # type: ignore[type-arg]
+    _count(request, exc.status_code, None)
     return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
 
 
 def internal_error_handler(request: Request, exc: Exception) -> Response[bytes]:  # type: ignore[type-arg]
-    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    rid = request_id(request.scope)
+    log.exception("unhandled error on %s %s (request %s)", request.method, request.url.path, rid, exc_info=exc)
+    _count(request, 500, "internal_error")
     return error_response(500, "The gateway failed to handle this request; it has been logged.", code="internal_error")
 
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import secrets
 
-from litestar import MediaType, Request, Response, Router, get
+from litestar import MediaType, Request, Response, get
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
-from litestar.openapi import OpenAPIConfig
+from litestar.openapi import ResponseSpec
 
-from laneway import __version__
+from laneway.api.openapi import METRICS, METRICS_TOKEN
 from laneway.core.errors import GatewayError
 
 
@@ -28,21 +28,22 @@ def require_metrics_token(connection: ASGIConnection, _: BaseRouteHandler) -> No
         )
 
 
-def openapi_config() -> OpenAPIConfig:
-    """The OpenAPI pages under /schema, behind the same token as /metrics."""
-    return OpenAPIConfig(
-        title="laneway",
-        version=__version__,
-        openapi_router=Router(path="/schema", route_handlers=[], guards=[require_metrics_token]),
-    )
-
-
 @get("/health/live", media_type=MediaType.JSON, sync_to_thread=False)
 def live() -> dict[str, str]:
     return {"status": "live"}
 
 
-@get("/health/ready", media_type=MediaType.JSON)
+@get(
+    "/health/ready",
+    media_type=MediaType.JSON,
+    responses={
+        503: ResponseSpec(
+            dict[str, object],
+            description="Not ready: warming up, a model failed, or draining.",
+            generate_examples=False,
+        )
+    },
+)
 async def ready(request: Request) -> Response[dict[str, object]]:  # type: ignore[type-arg]
     gateway = request.app.state.gateway
     registry = gateway.registry
@@ -62,6 +63,12 @@ async def ready(request: Request) -> Response[dict[str, object]]:  # type: ignor
     )
 
 
-@get("/metrics", media_type="text/plain; version=0.0.4; charset=utf-8", guards=[require_metrics_token])
+@get(
+    "/metrics",
+    media_type="text/plain; version=0.0.4; charset=utf-8",
+    guards=[require_metrics_token],
+    security=METRICS_TOKEN,
+    operation_class=METRICS,
+)
 async def metrics(request: Request) -> Response[bytes]:  # type: ignore[type-arg]
     return Response(request.app.state.gateway.metrics.exposition(), media_type="text/plain; version=0.0.4")

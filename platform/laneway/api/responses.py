@@ -34,7 +34,7 @@ ABORT_EXTENSION = "laneway.abort"
 
 def _release_unsent(lease: Lease) -> None:
     if not lease.released:
-        log.error("the stream of %s was never sent; releasing its lease", lease.call.request_id)
+        log.error("the stream of %s was never sent; releasing its lease", lease.call.generation.request_id)
         lease.release()
 
 

@@ -12,6 +12,7 @@ from litestar import Controller, MediaType, Request, Response, get, post
 from litestar.params import FromPath
 from litestar.response import Stream
 
+from laneway.api import openapi
 from laneway.api import protocol as p
 from laneway.api.choices import (
     Collected,
@@ -23,6 +24,7 @@ from laneway.api.choices import (
 )
 from laneway.api.disconnect import ClientDisconnected, until_disconnect
 from laneway.api.errors import validation_error
+from laneway.api.request_ids import bind_call, client_request_id
 from laneway.api.responses import LeasedStream
 from laneway.api.sse import DONE, error_event, event
 from laneway.core.auth import KeyAuthenticator
@@ -138,7 +140,7 @@ def _chat_features(req: p.ChatCompletionRequest) -> dict[str, Any]:
 
 
 def _hints(request: Request, req: p.ChatCompletionRequest | p.CompletionRequest) -> dict[str, Any]:  # type: ignore[type-arg]
-    """Task, lane and priority: headers win over request metadata."""
+    """Task, lane and priority (headers win over request metadata); the client's X-Request-Id."""
     meta = req.metadata or {}
     task = request.headers.get("x-laneway-task") or meta.get("laneway_task") or None
     lane = request.headers.get("x-laneway-lane") or meta.get("laneway_lane") or None
@@ -149,7 +151,13 @@ def _hints(request: Request, req: p.ChatCompletionRequest | p.CompletionRequest)
         raise invalid_request(
             f"X-Laneway-Priority must be an integer, got '{raw}'.", param="X-Laneway-Priority"
         ) from None
-    return {"task": task, "lane": lane, "priority": priority, "user": req.user}
+    return {
+        "task": task,
+        "lane": lane,
+        "priority": priority,
+        "user": req.user,
+        "client_request_id": client_request_id(request.headers.get("x-request-id")),
+    }
 
 
 def _turn(i: int, m: p.ChatMessageIn) -> ChatTurn:
@@ -186,12 +194,13 @@ def _card(gateway: Gateway, alias: str, created: int) -> p.ModelCard:
 
 class OpenAIController(Controller):
     path = "/v1"
+    security = openapi.API_KEY  # the bodies are decoded here, by msgspec: api/openapi.py describes them
 
     async def _tenant(self, request: Request) -> TenantSnapshot:  # type: ignore[type-arg]
         _, auth = _services(request)
         return await auth.authenticate(request.headers.get("authorization"))
 
-    @get("/models", media_type=MediaType.JSON)
+    @get("/models", media_type=MediaType.JSON, operation_class=openapi.MODEL_LIST)
     async def list_models(self, request: Request) -> Response[bytes]:  # type: ignore[type-arg]
         tenant = await self._tenant(request)
         gateway, _ = _services(request)
@@ -199,7 +208,7 @@ class OpenAIController(Controller):
         cards = [_card(gateway, a, created) for a in gateway.visible_models(tenant)]
         return Response(p.encode(p.ModelList(data=cards)), media_type=MediaType.JSON)
 
-    @get("/models/{model_id:path}", media_type=MediaType.JSON)
+    @get("/models/{model_id:path}", media_type=MediaType.JSON, operation_class=openapi.MODEL)
     async def get_model(self, request: Request, model_id: FromPath[str]) -> Response[bytes]:  # type: ignore[type-arg]
         tenant = await self._tenant(request)
         gateway, _ = _services(request)
@@ -214,7 +223,7 @@ class OpenAIController(Controller):
         card = _card(gateway, alias, int(request.app.state.started_at))
         return Response(p.encode(card), media_type=MediaType.JSON)
 
-    @post("/chat/completions", status_code=200)
+    @post("/chat/completions", status_code=200, operation_class=openapi.CHAT)
     async def chat_completions(self, request: Request) -> Response[bytes] | Stream:  # type: ignore[type-arg]
         tenant = await self._tenant(request)
         req = await _decode(request, p.ChatCompletionRequest)
@@ -256,7 +265,7 @@ class OpenAIController(Controller):
             request, gateway, call, lambda lease: _chat_events(gateway, lease, include_usage, want_logprobs), body
         )
 
-    @post("/completions", status_code=200)
+    @post("/completions", status_code=200, operation_class=openapi.COMPLETION)
     async def completions(self, request: Request) -> Response[bytes] | Stream:  # type: ignore[type-arg]
         tenant = await self._tenant(request)
         req = await _decode(request, p.CompletionRequest)
@@ -343,8 +352,9 @@ async def _respond(
 
     The lease is opened before the first await and owned here: handed to the streaming
     response (which releases it when the stream ends), or released by this `finally`."""
-    headers = {"X-Request-Id": call.request_id, "X-Laneway-Lane": call.lane.name}
+    headers = {"X-Laneway-Lane": call.lane.name}  # X-Request-Id: api/request_ids.py, from the call
     lease = gateway.lease(call)
+    bind_call(request.scope, call)
     owned = True
     try:
         if not call.stream:

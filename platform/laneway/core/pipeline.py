@@ -67,6 +67,7 @@ class Call:
     status: int = 200
     error_code: str | None = None
     reported_prompt_tokens: int | None = None  # the engine's exact count, when it reports one
+    client_request_id: str | None = None  # the client's own X-Request-Id (api/request_ids.py)
 
     def fail(self, status: int, code: str | None) -> None:
         """Record why the request did not end well; the first cause stands (a backpressure
@@ -79,6 +80,13 @@ class Call:
         """The engine's count when it reported one, else the gateway's measurement (which may
         be an estimate: it only routed and reserved)."""
         return self.reported_prompt_tokens or self.generation.prompt_tokens
+
+    @property
+    def public_id(self) -> str:
+        """The id the client and the usage row know this request by: the client's X-Request-Id
+        when it sent one (not unique: never a key), else request_id. Logs name
+        generation.request_id, which holds both."""
+        return self.client_request_id or self.request_id
 
     @property
     def queue_ms(self) -> float | None:
@@ -254,6 +262,7 @@ class Gateway:
         logit_bias: dict[int, float] | None = None,
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
+        client_request_id: str | None = None,
     ) -> Call:
         try:
             any_replica = self.registry.resolve(alias)  # replicas of an alias share a tokenizer
@@ -317,9 +326,12 @@ class Gateway:
             task=task, prompt_tokens=measured.tokens, requested=max_tokens, room=room, default=self.default_max_tokens
         )
         stops = snapshot.stops(task=task, model_stops=deployment.spec.config.get("stop", ()), requested=stop)
+        # The body's id, whatever X-Request-Id the client sent: OpenAI's shape, unique per completion.
         request_id = ("chatcmpl-" if messages is not None else "cmpl-") + uuid.uuid4().hex
         capabilities.check(deployment.engine.info, alias, generation)
-        generation.request_id = request_id
+        # The client's id reaches the engine (and its logs), made unique by the gateway's:
+        # engines key running requests by it.
+        generation.request_id = request_id if client_request_id is None else f"{client_request_id}:{request_id}"
         generation.max_tokens = budget
         generation.messages = tuple(messages) if messages is not None else None
         generation.temperature = 1.0 if temperature is None else temperature
@@ -339,6 +351,7 @@ class Gateway:
             lane=chosen,
             task=task,
             end_user=user[:200] if user else None,
+            client_request_id=client_request_id,
         )
 
     # ---- admission: everything taken is owned by one Lease ----
@@ -481,7 +494,7 @@ class Gateway:
             raise GatewayError(400, f"The engine serving '{call.alias}' refused the request: {exc}",
                                code="invalid_request") from exc  # fmt: skip
         except EngineError as exc:
-            log.error("engine error on %s (%s): %s", call.request_id, deployment.spec.name, exc)
+            log.error("engine error on %s (%s): %s", call.generation.request_id, deployment.spec.name, exc)
             self.registry.record(deployment, ok=False)
             call.fail(503, "engine_error")
             raise GatewayError(
@@ -547,7 +560,7 @@ class Gateway:
         self.metrics.observe(call, now)
         self.recorder.record(
             {
-                "request_id": call.request_id,
+                "request_id": call.public_id,
                 "tenant_id": call.tenant.id,
                 "api_key_id": call.tenant.api_key_id,
                 "model": call.alias,
