@@ -22,6 +22,7 @@ from laneway.admin.api import AdminAPI
 from laneway.admin.headers import admin_security_headers
 from laneway.admin.throttle import LoginGuard
 from laneway.admin.ui import ADMIN_UI_DIR, AdminPages, AdminUI
+from laneway.api.embeddings import EmbeddingsController
 from laneway.api.errors import gateway_error_handler, http_exception_handler, internal_error_handler
 from laneway.api.health import live, metrics, openapi_config, ready
 from laneway.api.routes import OpenAIController
@@ -184,6 +185,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     return Litestar(
         route_handlers=[
             OpenAIController,
+            EmbeddingsController,
             AdminAPI,
             AdminUI,
             AdminPages,
