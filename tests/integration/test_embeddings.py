@@ -10,6 +10,7 @@ import base64
 import json
 import socket
 import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -219,6 +220,29 @@ def test_a_client_that_leaves_cancels_the_embedding_and_releases_everything(gw: 
     rows = [r for r in gw.usage_rows() if r.model == "slow-embed"]
     assert [(r.status, r.error_code, r.endpoint) for r in rows] == [(499, "client_disconnected", "embeddings")]
     assert gw.gateway.limiter.holders == 0
+
+
+def test_a_shutdown_cuts_a_running_embedding_with_503(tmp_path: Path) -> None:
+    g = start_gateway(tmp_path, seed_with={"models": {"slow": sim_model("slow", embeddings=True, embed_ms=120_000)},
+                                           "tenants": {"acme": {}}}, usage_flush_interval_s=0.05)  # fmt: skip
+    try:
+        engine = g.gateway.registry.resolve("slow", embeddings=True).engine
+        out: list[httpx.Response] = []
+        body = {"model": "slow", "input": "wait"}
+        headers = {"Authorization": f"Bearer {g.keys['acme']}"}
+        client = threading.Thread(target=lambda: out.append(httpx.post(g.api_url + "/embeddings", json=body,
+                                                                         headers=headers, timeout=30)))  # fmt: skip
+        client.start()
+        wait_for(lambda: engine.active_slots == 1, what="the embedding started")
+        g.server.call(g.gateway.drain(0.05))  # the drain time passes: running requests are cut
+        client.join(30)
+        [r] = out
+        assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
+        assert engine.active_slots == 0 and g.gateway.in_flight == 0
+        [row] = g.usage_rows()
+        assert (row.status, row.error_code, row.endpoint) == (503, "shutting_down", "embeddings")
+    finally:
+        g.stop()
 
 
 # ---- vLLM: /v1/embeddings of a pooling model ----------------------------------------------------
