@@ -22,6 +22,7 @@ from laneway.admin.api import SESSION_COOKIE, AdminAPI
 from laneway.admin.headers import admin_security_headers
 from laneway.admin.throttle import LoginGuard
 from laneway.admin.ui import ADMIN_UI_DIR, AdminPages, AdminUI
+from laneway.api.embeddings import EmbeddingsController
 from laneway.api.errors import gateway_error_handler, http_exception_handler, internal_error_handler
 from laneway.api.health import live, metrics, ready, require_metrics_token
 from laneway.api.openapi import add_wire_schemas, openapi_config
@@ -186,6 +187,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     app = Litestar(
         route_handlers=[
             OpenAIController,
+            EmbeddingsController,
             AdminAPI,
             AdminUI,
             AdminPages,

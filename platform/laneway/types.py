@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 FinishReason = Literal["stop", "length", "tool_calls", "cancelled", "error"]
 
@@ -96,6 +100,25 @@ class PromptMeasure:
 
 
 @dataclass(frozen=True, slots=True)
+class EmbeddingRequest:
+    """Texts to embed, in order; the gateway has measured them (prompt_tokens: their sum)."""
+
+    request_id: str
+    inputs: tuple[str, ...]
+    prompt_tokens: int
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Embeddings:
+    """An engine's answer to an EmbeddingRequest: one float32 row per input, in input order,
+    of unit length (as OpenAI's are)."""
+
+    vectors: NDArray[np.float32]
+    prompt_tokens: int | None = None  # the engine's exact count, when it reports one
+
+
+@dataclass(frozen=True, slots=True)
 class EngineInfo:
     """Static facts about one deployment, used for routing, limits and metric labels."""
 
@@ -106,6 +129,9 @@ class EngineInfo:
     max_model_len: int = 2048
     max_concurrency: int = 1
     capabilities: frozenset[str] = frozenset()  # from CAPABILITIES
+    # False: the deployment serves embeddings only (llama.cpp in embedding mode, a vLLM pooling
+    # model); chat and completions are refused for it with a 400 naming the model.
+    generates: bool = True
 
 
 @dataclass(frozen=True, slots=True)

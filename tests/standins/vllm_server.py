@@ -3,7 +3,9 @@
 Serves /v1/completions and /v1/chat/completions (SSE streaming, one word a token, a final
 usage chunk; n choices interleaved, tool calls streamed as fragments for `tools` with
 tool_choice required or named, logprobs in both endpoints' shapes, a JSON object for
-response_format), /tokenize (one token per word), /metrics (vllm:num_requests_waiting and
+response_format), /v1/embeddings (a deterministic vector per text, deliberately not of unit
+length, optionally after `embed_delay_s`; a client that leaves first is recorded as
+cancelled), /tokenize (one token per word), /metrics (vllm:num_requests_waiting and
 vllm:kv_cache_usage_perc, settable), /health. It records every request and every stream
 its client abandoned, so tests can prove an abort reaches the engine, and the most requests
 it ever had in flight, so tests can prove gateway replicas together never exceed its capacity.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import zlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -43,6 +46,8 @@ class VLLMStandIn:
         self.running = 0
         self.max_running = 0  # the most requests it ever generated for at once
         self.prompt_tokens = 1  # what its usage reports for every prompt
+        self.embedding_dim = 8
+        self.embed_delay_s = 0.0
         self.app = self._build()
 
     def _build(self) -> Litestar:
@@ -93,7 +98,36 @@ class VLLMStandIn:
         async def chat(request: Request) -> Response[str] | Stream:  # type: ignore[type-arg]
             return await generate(request, chat=True)
 
-        return Litestar([health, metrics, models, tokenize, completions, chat])
+        @post("/v1/embeddings", status_code=200)
+        async def embeddings(request: Request) -> Response[str]:  # type: ignore[type-arg]
+            body = await request.json()
+            rid = request.headers.get("x-request-id", "")
+            standin.requests.append({**body, "_request_id": rid, "_path": request.url.path})
+            if standin.fail_generation:
+                return Response(json.dumps({"error": {"message": "engine crashed"}}), status_code=500)
+            if standin.embed_delay_s:
+                gone = asyncio.ensure_future(_disconnected(request))
+                done, _ = await asyncio.wait({gone}, timeout=standin.embed_delay_s)
+                if gone in done:
+                    standin.cancelled.append(rid)  # vLLM aborts the request here
+                    return Response("", status_code=499)
+                gone.cancel()
+            texts = [body["input"]] if isinstance(body["input"], str) else body["input"]
+            data = [{"object": "embedding", "index": i, "embedding": standin.vector(t)} for i, t in enumerate(texts)]
+            data.reverse()  # the index says which input a vector belongs to, not the position
+            tokens = sum(len(t.split()) for t in texts)
+            usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+            standin.finished.append(rid)
+            return Response(json.dumps({"object": "list", "data": data, "model": body["model"], "usage": usage}),
+                            media_type=MediaType.JSON)  # fmt: skip
+
+        return Litestar([health, metrics, models, tokenize, completions, chat, embeddings])
+
+    def vector(self, text: str) -> list[float]:
+        """The stand-in's embedding of `text`: deterministic, and of length 3 per component on
+        average (an adapter must scale it to unit length)."""
+        rng = random.Random(zlib.crc32(text.encode()))
+        return [rng.uniform(-3, 3) for _ in range(self.embedding_dim)]
 
     async def _whole(self, body: dict[str, Any], rid: str, chat: bool) -> dict[str, Any]:
         """The streamed events merged into one answer, choice by choice."""
@@ -245,3 +279,8 @@ class VLLMStandIn:
             if chat
             else {"index": index, "text": "", "finish_reason": finish}
         )
+
+
+async def _disconnected(request: Request) -> None:  # type: ignore[type-arg]
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

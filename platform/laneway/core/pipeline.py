@@ -4,7 +4,7 @@
   lease()    open the request's Lease (no await)                                    owned from here
   acquire()  rate limit (reserve) -> admission -> schedule (wait for a slot)       may refuse
              each resource is taken into the lease
-  run(lease) generate, enforcing stops
+  run(lease) generate, enforcing stops           (embeddings: embed(lease) instead, see below)
   lease.release()  the only release: engine slot, outstanding, rate-limit reservation
              (settled with the tokens actually used), usage row and metrics. Idempotent.
 
@@ -14,6 +14,13 @@ which then owns it). admit() = lease() + acquire() for callers that are not an H
 The outcome is classified once, by
 whoever first knows it (`Call.fail`): the client leaving is 499; an engine fault, a
 dependency or a shutdown is 503 (500 for a bug), with its own code, never mistaken for 499.
+
+Embeddings take the same path as a generation-less call: prepare_embeddings() measures every
+input and routes the call (task "embeddings" unless the client names one) to a deployment
+that declares the capability; its GenerationRequest has max_tokens 0, so the rate-limit
+reservation, the scheduler's cost and the settled usage are its input tokens, and the usage
+row is an ordinary one (endpoint "embeddings", completion tokens 0). embed(lease) replaces
+run(lease); the lease, its release and the outcome classification are the same.
 """
 
 from __future__ import annotations
@@ -36,14 +43,17 @@ from laneway.core.routing import LaneRouter
 from laneway.core.scheduler import DeploymentScheduler, Ticket
 from laneway.core.shared_slots import SharedScheduler, SharedSlots
 from laneway.core.stops import StopMatcher
-from laneway.engines.base import EngineError, EngineRequestError
-from laneway.engines.registry import EngineRegistry, LiveDeployment, UnknownModel
+from laneway.engines.base import EngineError, EngineRequestError, embedder
+from laneway.engines.registry import EngineRegistry, LiveDeployment, NotServed, UnknownModel
 from laneway.metrics import GatewayMetrics
-from laneway.types import ChatTurn, Delta, FinishReason, GenerationRequest, TenantSnapshot
+from laneway.types import ChatTurn, Delta, EmbeddingRequest, Embeddings, FinishReason, GenerationRequest, TenantSnapshot
 
 log = logging.getLogger("laneway.pipeline")
 
 CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
+# Tokens one embeddings request may ask for, all inputs together: OpenAI's own limit, so a
+# client written for OpenAI already batches within it.
+MAX_EMBEDDING_TOKENS = 300_000
 Scheduler = DeploymentScheduler | SharedScheduler
 
 
@@ -59,6 +69,7 @@ class Call:
     lane: LanePolicy
     task: str | None = None
     end_user: str | None = None  # the request's `user`: who, behind the tenant, asked
+    embedding: EmbeddingRequest | None = None  # an embeddings call (its generation has max_tokens 0)
     started: float = field(default_factory=time.perf_counter)
     dispatched_at: float | None = None
     first_token_at: float | None = None
@@ -264,27 +275,7 @@ class Gateway:
         frequency_penalty: float = 0.0,
         client_request_id: str | None = None,
     ) -> Call:
-        try:
-            any_replica = self.registry.resolve(alias)  # replicas of an alias share a tokenizer
-        except UnknownModel:
-            raise GatewayError(
-                404,
-                f"The model '{alias}' does not exist or you do not have access to it.",
-                code="model_not_found",
-                param="model",
-            ) from None
-        if not tenant.may_use(alias):
-            raise GatewayError(
-                403, f"Your key is not allowed to use the model '{alias}'.", code="model_not_allowed", param="model"
-            )
-        if lane is not None and lane not in tenant.allowed_lanes:
-            raise GatewayError(
-                403,
-                f"Tenant '{tenant.name}' may not choose a lane (asked for '{lane}'); its requests are routed "
-                "by the lane rules. An admin can allow lanes per tenant.",
-                code="lane_not_allowed",
-                param="X-Laneway-Lane",
-            )
+        any_replica = self._accessible(tenant, alias, lane)  # replicas of an alias share a tokenizer
         priority = max(priority, tenant.priority_floor)  # no more urgent than the tenant may ask
         offered = tuple(tools) if tool_choice != "none" else ()
         form = response_format if (response_format or {}).get("type", "text") != "text" else None
@@ -352,6 +343,108 @@ class Gateway:
             task=task,
             end_user=user[:200] if user else None,
             client_request_id=client_request_id,
+        )
+
+    def _accessible(
+        self, tenant: TenantSnapshot, alias: str, lane: str | None, *, embeddings: bool = False
+    ) -> LiveDeployment:
+        """A deployment of `alias` that serves the kind of request, once the tenant may use the
+        model (and the lane it names): else 404, 403, or 400 naming the model."""
+        try:
+            deployment = self.registry.resolve(alias, embeddings=embeddings)
+        except UnknownModel:
+            raise GatewayError(
+                404,
+                f"The model '{alias}' does not exist or you do not have access to it.",
+                code="model_not_found",
+                param="model",
+            ) from None
+        except NotServed:
+            deployment = None
+        if not tenant.may_use(alias):  # before saying what the model serves: a key that may not use it learns nothing
+            raise GatewayError(
+                403, f"Your key is not allowed to use the model '{alias}'.", code="model_not_allowed", param="model"
+            )
+        if deployment is None:
+            what = (
+                "does not serve embeddings (its deployments generate text)"
+                if embeddings
+                else "serves embeddings only (POST /v1/embeddings); it does not generate text"
+            )
+            raise GatewayError(400, f"The model '{alias}' {what}.", code="unsupported_parameter", param="model")
+        if lane is not None and lane not in tenant.allowed_lanes:
+            raise GatewayError(
+                403,
+                f"Tenant '{tenant.name}' may not choose a lane (asked for '{lane}'); its requests are routed "
+                "by the lane rules. An admin can allow lanes per tenant.",
+                code="lane_not_allowed",
+                param="X-Laneway-Lane",
+            )
+        return deployment
+
+    async def prepare_embeddings(
+        self,
+        tenant: TenantSnapshot,
+        *,
+        alias: str,
+        inputs: Sequence[str],
+        user: str | None = None,
+        task: str | None = None,
+        lane: str | None = None,
+        priority: int = 0,
+        client_request_id: str | None = None,
+    ) -> Call:
+        """prepare() for POST /v1/embeddings: resolve to a deployment that declares "embeddings",
+        measure each input, refuse one beyond the context (as OpenAI does, never truncated),
+        route by the inputs' total tokens and task "embeddings"."""
+        any_replica = self._accessible(tenant, alias, lane, embeddings=True)
+        priority = max(priority, tenant.priority_floor)
+        engine = embedder(any_replica.engine)
+        if engine is None:  # declared the capability without implementing it: a bug in the adapter
+            raise EngineError(f"deployment {any_replica.spec.name} declares embeddings but cannot embed")
+        counts = await engine.measure_inputs(inputs)
+        total = sum(counts)
+        if total > MAX_EMBEDDING_TOKENS:
+            raise GatewayError(
+                400,
+                f"The inputs have {total} tokens together; one request may have at most {MAX_EMBEDDING_TOKENS}. "
+                "Send them in smaller batches.",
+                code="invalid_request",
+                param="input",
+            )
+        task = task or "embeddings"
+        chosen = self.router.route(self.policies.current, prompt_tokens=total, stream=False, task=task,
+                                   explicit_lane=lane)  # fmt: skip
+        deployment = self.registry.resolve(alias, chosen.name, embeddings=True)
+        context = deployment.engine.info.max_model_len
+        longest = max(range(len(counts)), key=counts.__getitem__)
+        if counts[longest] > context:
+            raise GatewayError(
+                400,
+                f"This model's maximum context length is {context} tokens; input[{longest}] has "
+                f"{counts[longest]} tokens. Shorten it or split it.",
+                code="context_length_exceeded",
+                param="input",
+            )
+        request_id = "embd-" + uuid.uuid4().hex
+        engine_id = request_id if client_request_id is None else f"{client_request_id}:{request_id}"
+        generation = GenerationRequest(request_id=engine_id, prompt="", prompt_tokens=total, max_tokens=0,
+                                       priority=priority, stream=False)  # fmt: skip
+        return Call(
+            request_id=request_id,
+            tenant=tenant,
+            alias=alias,
+            endpoint="embeddings",
+            stream=False,
+            deployment=deployment,
+            generation=generation,
+            lane=chosen,
+            task=task,
+            end_user=user[:200] if user else None,
+            client_request_id=client_request_id,
+            embedding=EmbeddingRequest(
+                request_id=engine_id, inputs=tuple(inputs), prompt_tokens=total, priority=priority
+            ),
         )
 
     # ---- admission: everything taken is owned by one Lease ----
@@ -495,6 +588,37 @@ class Gateway:
                                code="invalid_request") from exc  # fmt: skip
         except EngineError as exc:
             log.error("engine error on %s (%s): %s", call.generation.request_id, deployment.spec.name, exc)
+            self.registry.record(deployment, ok=False)
+            call.fail(503, "engine_error")
+            raise GatewayError(
+                503, f"The engine serving '{call.alias}' failed: {exc}", code="engine_error", retry_after=1
+            ) from exc
+        except BaseException as exc:
+            call.fail(*self.outcome_of(exc))
+            raise
+        finally:
+            lease.end_generation()
+
+    async def embed(self, lease: Lease) -> Embeddings:
+        """The embeddings of an admitted call from prepare_embeddings(). The engine slot is given
+        back as soon as it ends, however it ends (cancelling this await cancels the engine's work)."""
+        assert lease.ticket is not None and lease.ticket.granted is not None, "admit() first"
+        call = lease.call
+        assert call.embedding is not None, "prepare_embeddings() first"
+        deployment = call.deployment
+        try:
+            engine = embedder(deployment.engine)
+            if engine is None:
+                raise EngineError(f"deployment {deployment.spec.name} cannot embed")
+            result = await engine.embed(call.embedding)
+            if result.vectors.shape[0] != len(call.embedding.inputs):
+                raise EngineError(f"{result.vectors.shape[0]} vectors for {len(call.embedding.inputs)} inputs")
+            if result.prompt_tokens:
+                call.reported_prompt_tokens = result.prompt_tokens
+            self.registry.record(deployment, ok=True)
+            return result
+        except EngineError as exc:
+            log.error("engine error on %s (%s): %s", call.request_id, deployment.spec.name, exc)
             self.registry.record(deployment, ok=False)
             call.fail(503, "engine_error")
             raise GatewayError(

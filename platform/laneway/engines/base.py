@@ -9,7 +9,10 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from laneway.types import ChatTurn, Delta, EngineInfo, GenerationRequest, PromptMeasure
+import numpy as np
+from numpy.typing import NDArray
+
+from laneway.types import ChatTurn, Delta, EmbeddingRequest, Embeddings, EngineInfo, GenerationRequest, PromptMeasure
 
 
 class EngineError(Exception):
@@ -56,6 +59,35 @@ class Engine(Protocol):
         ...
 
 
+@runtime_checkable
+class EmbeddingEngine(Engine, Protocol):
+    """An engine that also implements embeddings; it declares "embeddings" in info.capabilities."""
+
+    async def measure_inputs(self, inputs: Sequence[str]) -> list[int]:
+        """Each input's token count, as embed() will count it (on the hot path: cheap, or off the loop)."""
+        ...
+
+    async def embed(self, request: EmbeddingRequest) -> Embeddings:
+        """One unit-length vector per input. Cancelling the await is cancellation: the adapter
+        frees its engine-side slot (a worker thread stops between inputs; an HTTP request is
+        closed, which vLLM takes as an abort)."""
+        ...
+
+
+def unit_rows(vectors: NDArray[np.float32]) -> NDArray[np.float32]:
+    """Each row scaled to unit length, as OpenAI's embeddings are (so a dot product is the
+    cosine similarity); an all-zero row stays zero."""
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return (vectors / np.where(norms > 0, norms, 1.0)).astype(np.float32, copy=False)
+
+
+def embedder(engine: Engine) -> EmbeddingEngine | None:
+    """The engine as an EmbeddingEngine when it declares and implements embeddings."""
+    if "embeddings" in engine.info.capabilities and isinstance(engine, EmbeddingEngine):
+        return engine
+    return None
+
+
 async def run_warmup(engine: Engine, prompts: Sequence[str]) -> int:
     """Run each prompt through the engine for one token (the shared body of every adapter's
     warmup()); returns how many ran."""
@@ -66,4 +98,12 @@ async def run_warmup(engine: Engine, prompts: Sequence[str]) -> int:
         )
         async for _ in engine.generate(req):
             pass
+    return len(prompts)
+
+
+async def run_embedding_warmup(engine: EmbeddingEngine, prompts: Sequence[str]) -> int:
+    """warmup() of an embeddings-only deployment: embed each prompt once."""
+    for i, prompt in enumerate(prompts):
+        [tokens] = await engine.measure_inputs([prompt])
+        await engine.embed(EmbeddingRequest(request_id=f"warmup-{i}", inputs=(prompt,), prompt_tokens=tokens))
     return len(prompts)

@@ -4,12 +4,21 @@ One `Llama` context per slot (`parallel` of them, default 2); each generation ru
 worker thread so the event loop never blocks on decode. Deltas cross back to the loop with
 call_soon_threadsafe. Closing the stream sets a cancel flag that the decode loop checks
 before every token; the slot returns to the pool only when the thread has let go of it.
+
+Embedding mode (config `embedding: true`): the contexts are made with embeddings on and a
+pooling type (config `pooling`: mean, cls or last; by default the model's own, and mean for a
+model that declares none, since OpenAI gives one vector per input). Such a deployment serves
+embeddings only, as llama-server does with --embeddings: generating in an embedding context
+computes an output for every prompt token and llama.cpp does not promise logits beside pooled
+embeddings. Inputs are embedded one after another in a worker thread, which checks a cancel
+flag between inputs; each vector is scaled to unit length, as OpenAI's are.
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
+import dataclasses
 import json
 import os
 import random
@@ -23,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from laneway.engines.base import EngineError, EngineRequestError, run_warmup
+from laneway.engines.base import EngineError, EngineRequestError, run_embedding_warmup, run_warmup, unit_rows
 from laneway.engines.chat_template import CHATML, render_chat
 from laneway.engines.demo_model import BANNED_BYTE_TOKENS
 from laneway.engines.slots import SlotPool
@@ -31,6 +40,8 @@ from laneway.engines.tool_calls import call_schema, offered, output_schema, pars
 from laneway.types import (
     ChatTurn,
     Delta,
+    EmbeddingRequest,
+    Embeddings,
     EngineInfo,
     FinishReason,
     GenerationRequest,
@@ -76,9 +87,19 @@ def _grammar(schema_json: str) -> Any:
         raise EngineRequestError(f"the JSON schema cannot be used to constrain the output: {exc}") from exc
 
 
+# Config `pooling` -> llama.cpp's LLAMA_POOLING_TYPE_* (none and rank give no one-vector-per-input).
+POOLING_TYPES = {"mean": 1, "cls": 2, "last": 3}
+_POOLING_NONE, _POOLING_RANK, _POOLING_UNSPECIFIED = 0, 4, -1
+
+
+class _EmbeddingCancelled(Exception):
+    """The caller went away: the worker thread stopped between inputs."""
+
+
 class LlamaCppEngine:
     """Config keys: model_path (required), parallel, n_ctx, n_threads, demo (ban invalid-UTF-8
-    byte tokens), ban_tokens (list of ids), logit_bias ({id: bias})."""
+    byte tokens), ban_tokens (list of ids), logit_bias ({id: bias}), embedding (serve
+    embeddings only), pooling (mean | cls | last; with embedding)."""
 
     def __init__(
         self,
@@ -113,6 +134,14 @@ class LlamaCppEngine:
             max_concurrency=self.parallel,
             capabilities=CAPABILITIES,
         )
+        self.embedding = bool(config.get("embedding", False))
+        pooling = config.get("pooling")
+        if pooling is not None and str(pooling) not in POOLING_TYPES:
+            raise EngineError(f"llama.cpp config: pooling must be one of {', '.join(POOLING_TYPES)}, not {pooling!r}")
+        self._pooling = _POOLING_UNSPECIFIED if pooling is None else POOLING_TYPES[str(pooling)]
+        if self.embedding:
+            self.info = dataclasses.replace(self.info, capabilities=frozenset({"embeddings"}), generates=False)
+        self.n_embd = 0  # the vector length, known once loaded
         self._contexts: list[Any] = []
         self._free: SlotPool[Any] | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -127,24 +156,43 @@ class LlamaCppEngine:
             raise EngineError(f"llama.cpp model file not found: {self.model_path}")
         from llama_cpp import Llama, llama_vocab_is_eog
 
+        # An embedding is pooled over one batch: a whole input (up to the context) in one ubatch.
+        n_batch = self.n_ctx if self.embedding else min(512, self.n_ctx)
+        n_ubatch = self.n_ctx if self.embedding else 512
+
+        def context(pooling: int) -> Any:
+            return Llama(
+                model_path=str(self.model_path),
+                n_ctx=self.n_ctx,
+                n_threads=self.n_threads,
+                n_gpu_layers=self.n_gpu_layers,
+                n_batch=n_batch,
+                n_ubatch=n_ubatch,
+                verbose=False,
+                embedding=self.embedding,
+                pooling_type=pooling,
+            )
+
         def load() -> list[Any]:
-            return [
-                Llama(
-                    model_path=str(self.model_path),
-                    n_ctx=self.n_ctx,
-                    n_threads=self.n_threads,
-                    n_gpu_layers=self.n_gpu_layers,
-                    n_batch=min(512, self.n_ctx),
-                    verbose=False,
-                )
-                for _ in range(self.parallel)
-            ]
+            pooling = self._pooling
+            contexts = [context(pooling)]
+            if self.embedding:
+                declared = contexts[0].pooling_type()
+                if declared == _POOLING_NONE and pooling == _POOLING_UNSPECIFIED:  # no pooling of its own: mean
+                    contexts[0].close()
+                    pooling = POOLING_TYPES["mean"]
+                    contexts = [context(pooling)]
+                elif declared == _POOLING_RANK:
+                    contexts[0].close()
+                    raise ValueError("the model pools for ranking (a reranker); set `pooling` to embed with it")
+            return contexts + [context(pooling) for _ in range(self.parallel - 1)]
 
         try:
             self._contexts = await asyncio.to_thread(load)
         except Exception as exc:  # llama.cpp raises ValueError on a bad file
             raise EngineError(f"llama.cpp could not load {self.model_path}: {exc}") from exc
         first = self._contexts[0]
+        self.n_embd = int(first.n_embd())
         self._template = str(first.metadata.get("tokenizer.chat_template") or CHATML)
         vocab = first._model.vocab
         self._eog = lambda tok: bool(llama_vocab_is_eog(vocab, tok))
@@ -196,7 +244,73 @@ class LlamaCppEngine:
         return bool(self._contexts) and self._free is not None
 
     async def warmup(self, prompts: Sequence[str]) -> None:
+        if self.embedding:
+            self.warmed_prompts += await run_embedding_warmup(self, prompts)
+            return
         self.warmed_prompts += await run_warmup(self, prompts)
+
+    # ---- embeddings (config `embedding: true`) ----
+    async def measure_inputs(self, inputs: Sequence[str]) -> list[int]:
+        if sum(len(t) for t in inputs) > OFF_LOOP_PROMPT_CHARS:
+            return await asyncio.to_thread(self._measure_inputs, inputs)
+        return self._measure_inputs(inputs)
+
+    def _measure_inputs(self, inputs: Sequence[str]) -> list[int]:
+        # As Llama.embed() tokenizes: BOS, and special-token text taken as plain text.
+        tokenize = self._contexts[0].tokenize
+        return [len(tokenize(t.encode("utf-8"), add_bos=True, special=False)) for t in inputs]
+
+    def _embed_loop(self, ctx: Any, inputs: tuple[str, ...], cancel: threading.Event) -> tuple[Any, int]:
+        """Runs in a worker thread: (unit-length float32 rows, tokens embedded)."""
+        rows = np.empty((len(inputs), self.n_embd), dtype=np.float32)
+        tokens = 0
+        for i, text in enumerate(inputs):
+            if cancel.is_set():
+                raise _EmbeddingCancelled
+            # truncate=False: an input longer than a batch is an error, never a silently cut text
+            # (the gateway refuses inputs beyond the context before they get here).
+            vector, count = ctx.embed(text, truncate=False, return_count=True)
+            rows[i] = vector
+            tokens += int(count)
+        return unit_rows(rows), tokens
+
+    async def embed(self, request: EmbeddingRequest) -> Embeddings:
+        if not self.embedding:
+            raise EngineError(f"deployment for {self.alias} is not in embedding mode")
+        if self._free is None or self._pool is None:
+            raise EngineError(f"deployment for {self.alias} is not started")
+        loop = asyncio.get_running_loop()
+        ctx = await self._free.acquire()
+        self._active += 1
+        cancel = threading.Event()
+        released = False
+
+        def release(done: asyncio.Future[Any] | None = None) -> None:
+            nonlocal released
+            if done is not None and not done.cancelled():
+                done.exception()  # retrieved: a caller that left is not told, and nothing is logged
+            if not released:
+                released = True
+                self._active -= 1
+                assert self._free is not None
+                self._free.release(ctx)
+
+        try:
+            future = loop.run_in_executor(self._pool, self._embed_loop, ctx, request.inputs, cancel)
+        except BaseException:
+            release()
+            raise
+        # The context goes back to the pool when the thread has let go of it, not when the
+        # caller stops waiting (the shield keeps a cancellation from completing `future`).
+        future.add_done_callback(release)
+        try:
+            vectors, tokens = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            cancel.set()
+            raise
+        except Exception as exc:
+            raise EngineError(f"llama.cpp embedding failed: {exc}") from exc
+        return Embeddings(vectors=vectors, prompt_tokens=tokens)
 
     def _plan(self, req: GenerationRequest) -> _Plan:
         """What one request's decoding needs beyond the defaults: its biases, its grammar (a
@@ -341,6 +455,8 @@ class LlamaCppEngine:
         return TopLogprob(raw.decode("utf-8", "replace"), logprob, tuple(raw))
 
     async def generate(self, req: GenerationRequest) -> AsyncGenerator[Delta, None]:
+        if self.embedding:  # the registry never routes generation here (info.generates is False)
+            raise EngineError(f"deployment for {self.alias} serves embeddings only")
         if self._free is None or self._pool is None:
             raise EngineError(f"deployment for {self.alias} is not started")
         loop = asyncio.get_running_loop()

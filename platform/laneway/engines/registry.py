@@ -34,6 +34,11 @@ class UnknownModel(LookupError):
     pass
 
 
+class NotServed(LookupError):
+    """The alias exists, but none of its deployments serves this kind of request (embeddings
+    from a model that only generates, or text from an embeddings-only one)."""
+
+
 class EngineStartError(EngineError):
     """A deployment that could not start (or warm up): its name and the engine's reason."""
 
@@ -272,8 +277,11 @@ class EngineRegistry:
         """What some deployment of `alias` can do (resolve() routes a request to one that can)."""
         return frozenset().union(*(d.engine.info.capabilities for d in self._by_alias.get(alias, ())))
 
-    def resolve(self, alias: str, lane: str | None = None, needs: frozenset[str] = frozenset()) -> LiveDeployment:
-        """The deployment to serve `alias` in `lane`.
+    def resolve(
+        self, alias: str, lane: str | None = None, needs: frozenset[str] = frozenset(), *, embeddings: bool = False
+    ) -> LiveDeployment:
+        """The deployment to serve `alias` in `lane`: one that generates text, or with
+        `embeddings` one that declares the "embeddings" capability (NotServed if none does).
 
         Deployments list the lanes they serve in config "lanes" (none listed: every lane).
         Those dedicated to the lane come first while one has a free engine slot; beyond that
@@ -285,6 +293,12 @@ class EngineRegistry:
         candidates = self._by_alias.get(alias)
         if not candidates:
             raise UnknownModel(alias)
+        if embeddings:
+            candidates = [d for d in candidates if "embeddings" in d.engine.info.capabilities]
+        else:
+            candidates = [d for d in candidates if d.engine.info.generates]
+        if not candidates:
+            raise NotServed(alias)
         if needs:
             candidates = [d for d in candidates if needs <= d.engine.info.capabilities] or candidates
         candidates = [d for d in candidates if d.healthy] or candidates

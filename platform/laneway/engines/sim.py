@@ -12,11 +12,17 @@ would in vLLM. Its tokenizer counts one token per 4 characters (at least one).
 Fault injection, for proving that one request's failure harms no other: a prompt that
 contains `fault_marker` (config, default "<<laneway-sim-fault>>") fails with EngineError
 after `fault_after_tokens` tokens (default 2).
+
+Embeddings (config `embeddings: true`; such a deployment only embeds): a deterministic unit
+vector of `embedding_dim` (default 64) per input, seeded by its text, after
+`prefill_ms_per_token` for each of the inputs' tokens plus `embed_ms` (default 0); an input
+that contains `fault_marker` fails the call with EngineError.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import zlib
 from collections import deque
@@ -24,11 +30,13 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from laneway.engines.base import EngineError, run_warmup
+import numpy as np
+
+from laneway.engines.base import EngineError, run_warmup, unit_rows
 from laneway.engines.chat_template import render_chat
 from laneway.engines.demo_model import WORDS
 from laneway.engines.tool_calls import with_tools
-from laneway.types import ChatTurn, Delta, EngineInfo, GenerationRequest, PromptMeasure
+from laneway.types import ChatTurn, Delta, EmbeddingRequest, Embeddings, EngineInfo, GenerationRequest, PromptMeasure
 
 SIM_FINGERPRINT = "laneway-sim"
 
@@ -69,6 +77,13 @@ class SimEngine:
             max_model_len=int(max_model_len or config.get("max_model_len", 8192)),
             max_concurrency=self.max_concurrency,
         )
+        self.embeddings = bool(config.get("embeddings", False))
+        self.embedding_dim = int(config.get("embedding_dim", 64))
+        self.embed_ms = float(config.get("embed_ms", 0.0))
+        self.embedding_calls = 0  # embed() calls that reached the engine, ever
+        self._embedding = 0  # embed() calls running now
+        if self.embeddings:
+            self.info = dataclasses.replace(self.info, capabilities=frozenset({"embeddings"}), generates=False)
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._wake = asyncio.Event()
@@ -90,7 +105,7 @@ class SimEngine:
 
     @property
     def active_slots(self) -> int:
-        return len(self._running)
+        return len(self._running) + self._embedding
 
     @property
     def waiting(self) -> int:
@@ -114,7 +129,32 @@ class SimEngine:
         """Runs each prompt for one token; `warmup_ms` (config) stands for an engine's own start-up
         work (CUDA graph capture, cache allocation) so readiness gating can be seen."""
         await asyncio.sleep(self.warmup_ms / 1000.0)
+        if self.embeddings:  # nothing to warm in a simulated embedder (and embed_ms may be long)
+            self.warmed_prompts += len(prompts)
+            return
         self.warmed_prompts += await run_warmup(self, prompts)
+
+    async def measure_inputs(self, inputs: Sequence[str]) -> list[int]:
+        return [max(1, (len(t) + 3) // 4) for t in inputs]
+
+    async def embed(self, request: EmbeddingRequest) -> Embeddings:
+        if not self.embeddings:
+            raise EngineError(f"sim deployment for {self.alias} does not embed (config embeddings: false)")
+        self.embedding_calls += 1
+        self._embedding += 1
+        try:  # cancelling this sleep is the cancellation: nothing else is held
+            await asyncio.sleep((self.embed_ms + self.prefill_ms_per_token * request.prompt_tokens) / 1000.0)
+        finally:
+            self._embedding -= 1
+        if self.fault_marker and any(self.fault_marker in t for t in request.inputs):
+            raise EngineError("simulated engine fault while embedding")
+        rows = np.stack(
+            [
+                np.random.default_rng(zlib.crc32(t.encode("utf-8"))).standard_normal(self.embedding_dim)
+                for t in request.inputs
+            ]
+        ).astype(np.float32)
+        return Embeddings(vectors=unit_rows(rows), prompt_tokens=request.prompt_tokens)
 
     async def _step_loop(self) -> None:
         while True:
@@ -150,6 +190,8 @@ class SimEngine:
             self._waiting.remove(seq)
 
     async def generate(self, req: GenerationRequest) -> AsyncGenerator[Delta, None]:
+        if self.embeddings:  # the registry never routes generation here (info.generates is False)
+            raise EngineError(f"sim deployment for {self.alias} serves embeddings only")
         seed = req.seed if req.seed is not None else zlib.crc32(req.prompt.encode("utf-8"))
         seq = _Sequence(request=req, rng=random.Random(seed))
         if req.max_tokens <= 0:

@@ -13,13 +13,17 @@
   estimate comes within a quarter of the context, where the exact count decides; "always"
   asks every time; "never" only estimates. Accounting uses the count vLLM reports in the
   answer's usage, so an estimate never reaches a bill or a rate limit's refund.
+- Embeddings (config "embeddings": true, for vLLM serving a pooling model, `--task embed` /
+  `--runner pooling`): /v1/embeddings with the texts, float vectors back, scaled to unit
+  length. Such a deployment serves embeddings only (a pooling model does not generate).
 - A background poller reads /metrics (vllm:num_requests_waiting, KV-cache usage): a replica
   over `max_waiting` or `max_kv_cache_usage` reports itself overloaded, and the registry
   sends new requests to its siblings while it is.
 
 Config: base_url (required), model (the served model name; default: the alias), api_key,
 tokenize ("auto" | "always" | "never", or a bool), max_concurrency, max_waiting,
-max_kv_cache_usage, metrics_poll_s, timeout_s, extra_body (dict merged into every request).
+max_kv_cache_usage, metrics_poll_s, timeout_s, extra_body (dict merged into every request),
+embeddings.
 """
 
 from __future__ import annotations
@@ -33,11 +37,14 @@ from typing import Any
 
 import aiohttp
 import msgspec
+import numpy as np
 
-from laneway.engines.base import EngineError, run_warmup
+from laneway.engines.base import EngineError, run_embedding_warmup, run_warmup, unit_rows
 from laneway.types import (
     ChatTurn,
     Delta,
+    EmbeddingRequest,
+    Embeddings,
     EngineInfo,
     FinishReason,
     GenerationRequest,
@@ -162,7 +169,18 @@ class _Chunk(msgspec.Struct):
     error: Any = None
 
 
+class _Embedding(msgspec.Struct):
+    index: int
+    embedding: list[float]
+
+
+class _EmbeddingList(msgspec.Struct):
+    data: list[_Embedding] = []
+    usage: _Usage | None = None
+
+
 _decode_chunk = msgspec.json.Decoder(_Chunk).decode
+_decode_embeddings = msgspec.json.Decoder(_EmbeddingList).decode
 _encode = msgspec.json.Encoder().encode
 
 
@@ -222,6 +240,9 @@ class VLLMEngine:
             max_concurrency=int(config.get("max_concurrency", 64)),
             capabilities=frozenset(capabilities),
         )
+        self.embeddings = bool(config.get("embeddings", False))
+        if self.embeddings:
+            self.info = dataclasses.replace(self.info, capabilities=frozenset({"embeddings"}), generates=False)
         self._session: aiohttp.ClientSession | None = None
         self._poller: asyncio.Task[None] | None = None
         self._active = 0
@@ -336,7 +357,42 @@ class VLLMEngine:
         return PromptMeasure(text=text, tokens=count)
 
     async def warmup(self, prompts: Sequence[str]) -> None:
+        if self.embeddings:
+            await run_embedding_warmup(self, prompts)
+            return
         await run_warmup(self, prompts)
+
+    async def measure_inputs(self, inputs: Sequence[str]) -> list[int]:
+        # Estimates, and /tokenize only for an input near the context (as for prompts); the
+        # count billed is the one vLLM reports.
+        return [(await self.measure(prompt=text)).tokens for text in inputs]
+
+    async def embed(self, request: EmbeddingRequest) -> Embeddings:
+        body: dict[str, Any] = {"model": self.model, "input": list(request.inputs), "encoding_format": "float",
+                                **self.extra_body}  # fmt: skip
+        if request.priority:
+            body["priority"] = request.priority
+        headers = {"X-Request-Id": request.request_id, "Content-Type": "application/json"}
+        self._active += 1
+        try:  # a cancelled await closes the connection: vLLM aborts the request
+            async with self._http().post("v1/embeddings", data=_encode(body), headers=headers) as r:
+                if r.status != 200:
+                    detail = (await r.read()).decode("utf-8", "replace")[:500]
+                    raise EngineError(f"vLLM answered {r.status}: {detail}")
+                answer = _decode_embeddings(await r.read())
+        except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError) as exc:
+            raise EngineError(f"vLLM embeddings request failed: {exc}") from exc
+        finally:
+            self._active -= 1
+        rows = sorted(answer.data, key=lambda e: e.index)
+        if [e.index for e in rows] != list(range(len(request.inputs))):
+            raise EngineError(f"vLLM answered {len(rows)} embeddings for {len(request.inputs)} inputs")
+        try:
+            vectors = np.array([e.embedding for e in rows], dtype=np.float32)
+        except ValueError as exc:  # rows of different lengths
+            raise EngineError(f"vLLM answered malformed embeddings: {exc}") from exc
+        prompt_tokens = answer.usage.prompt_tokens if answer.usage is not None else 0
+        return Embeddings(vectors=unit_rows(vectors), prompt_tokens=prompt_tokens or None)
 
     def _body(self, req: GenerationRequest) -> tuple[str, dict[str, Any]]:
         body: dict[str, Any] = {

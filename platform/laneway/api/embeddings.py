@@ -1,0 +1,169 @@
+"""POST /v1/embeddings, OpenAI-compatible: decode and check the body, hand it to the pipeline
+(prepare_embeddings -> lease -> acquire -> embed -> release, as a completion without
+generation), encode the vectors as floats or as base64 of little-endian float32 (what the
+official SDKs ask for by default, and decode)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from litestar import Controller, MediaType, Request, Response, post
+from msgspec import Meta, Struct
+from numpy.typing import NDArray
+
+from laneway.api.disconnect import ClientDisconnected, until_disconnect
+from laneway.api.protocol import encode
+from laneway.api.request_ids import bind_call, client_request_id
+from laneway.api.routes import _decode, unsupported
+from laneway.core.errors import GatewayError, invalid_request
+from laneway.core.pipeline import CLIENT_CLOSED, Call, Gateway, Lease
+from laneway.types import Embeddings
+
+# Inputs one request may carry: OpenAI's limit (its SDKs and LangChain batch within it).
+MAX_INPUTS = 2048
+# Floats in an answer beyond which encoding it runs in a thread (about 10 ms of encoding).
+OFF_LOOP_FLOATS = 1 << 18
+
+
+class CreateEmbeddingRequest(Struct, kw_only=True, frozen=True):
+    model: Annotated[str, Meta(min_length=1)]
+    # A string or a list (of strings; token-id arrays are refused, see _inputs); one array type
+    # only, as msgspec unions allow, the items checked here.
+    input: str | list[Any]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+
+class EmbeddingData(Struct, kw_only=True):
+    object: str = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(Struct):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class CreateEmbeddingResponse(Struct, kw_only=True):
+    object: str = "list"
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingUsage
+
+
+def _inputs(req: CreateEmbeddingRequest) -> list[str]:
+    """The texts to embed, or a 400 in OpenAI's shape naming `input`."""
+    items = [req.input] if isinstance(req.input, str) else req.input
+    if not items:
+        raise invalid_request("`input` must not be empty: give a string or a list of strings.", param="input")
+    if len(items) > MAX_INPUTS:
+        raise invalid_request(
+            f"`input` has {len(items)} items; one request may embed at most {MAX_INPUTS}.", param="input"
+        )
+    if all(isinstance(x, int) and not isinstance(x, bool) for x in items) or all(isinstance(x, list) for x in items):
+        # Token ids only mean something for the tokenizer that made them; the client's (often
+        # tiktoken, as LangChain sends) need not be the model's, and a wrong one embeds noise.
+        raise unsupported("input", "token-id arrays; send the text instead")
+    for i, x in enumerate(items):
+        if not isinstance(x, str):
+            raise invalid_request(
+                f"`input[{i}]` must be a string, got {type(x).__name__}.", param="input", code="invalid_type"
+            )
+        if not x:
+            raise invalid_request(f"`input[{i}]` is an empty string; every input needs text.", param="input")
+    return items  # each item checked to be a str above
+
+
+def _hints(request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
+    """Task, lane and priority from laneway's headers (the embeddings body has no metadata)."""
+    raw = request.headers.get("x-laneway-priority") or "0"
+    try:
+        priority = int(raw)
+    except ValueError:
+        raise invalid_request(
+            f"X-Laneway-Priority must be an integer, got '{raw}'.", param="X-Laneway-Priority"
+        ) from None
+    return {
+        "task": request.headers.get("x-laneway-task") or None,
+        "lane": request.headers.get("x-laneway-lane") or None,
+        "priority": priority,
+        "client_request_id": client_request_id(request.headers.get("x-request-id")),
+    }
+
+
+def _encoded(vector: NDArray[np.float32], encoding_format: str) -> list[float] | str:
+    if encoding_format == "base64":
+        return base64.b64encode(vector.astype("<f4", copy=False).tobytes()).decode("ascii")
+    return vector.tolist()  # type: ignore[no-any-return]  # float32 values as floats: base64 decodes to the same
+
+
+def _body(call: Call, result: Embeddings, encoding_format: str) -> bytes:
+    data = [EmbeddingData(index=i, embedding=_encoded(v, encoding_format)) for i, v in enumerate(result.vectors)]
+    usage = EmbeddingUsage(prompt_tokens=call.prompt_tokens, total_tokens=call.prompt_tokens)
+    return encode(CreateEmbeddingResponse(data=data, model=call.alias, usage=usage))
+
+
+async def _admit_and_embed(gateway: Gateway, lease: Lease) -> Embeddings:
+    """Wait for a slot, then embed, in this task; an interruption (a shutdown) cancels it and
+    surfaces as the interrupting error."""
+    current = asyncio.current_task()
+    assert current is not None
+    interrupted: list[GatewayError] = []
+
+    def interrupt(error: GatewayError) -> None:
+        interrupted.append(error)
+        current.cancel()
+
+    lease.interrupter = interrupt
+    try:
+        await gateway.acquire(lease)
+        return await gateway.embed(lease)
+    except asyncio.CancelledError:
+        if interrupted and current.cancelling():
+            current.uncancel()
+            raise interrupted[0] from None
+        raise
+    finally:
+        lease.interrupter = None
+
+
+class EmbeddingsController(Controller):
+    path = "/v1"
+
+    @post("/embeddings", status_code=200)
+    async def create_embeddings(self, request: Request) -> Response[bytes]:  # type: ignore[type-arg]
+        state = request.app.state
+        gateway: Gateway = state.gateway
+        tenant = await state.authenticator.authenticate(request.headers.get("authorization"))
+        req = await _decode(request, CreateEmbeddingRequest)
+        if req.user is not None and "\x00" in req.user:  # stored on the usage row: PostgreSQL text can't hold NUL
+            raise invalid_request("`user` must not contain NUL (\\u0000) characters.", param="user")
+        if req.dimensions is not None:
+            raise unsupported("dimensions", "shortened vectors; the model's vectors keep their own length")
+        inputs = _inputs(req)
+        call = await gateway.prepare_embeddings(
+            tenant, alias=req.model, inputs=inputs, user=req.user, **_hints(request)
+        )
+        headers = {"X-Laneway-Lane": call.lane.name}  # X-Request-Id: api/request_ids.py stamps every answer
+        # Opened before the first await and released by this `finally`, whatever ends the request.
+        lease = gateway.lease(call)
+        bind_call(request.scope, call)
+        try:
+            result = await until_disconnect(request, _admit_and_embed(gateway, lease), call)
+        except ClientDisconnected:
+            return Response(b"", status_code=CLIENT_CLOSED)
+        except BaseException as exc:
+            call.fail(*gateway.outcome_of(exc))
+            raise
+        finally:
+            lease.release()
+        if result.vectors.size > OFF_LOOP_FLOATS:  # a big answer's encoding would hold up every other request
+            body = await asyncio.to_thread(_body, call, result, req.encoding_format)
+        else:
+            body = _body(call, result, req.encoding_format)
+        return Response(body, media_type=MediaType.JSON, headers=headers)
