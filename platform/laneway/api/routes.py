@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 from litestar import Controller, MediaType, Request, Response, get, post
@@ -84,16 +84,25 @@ def _refuse_unsupported(req: p.ChatCompletionRequest | p.CompletionRequest) -> N
 
 
 def _common_checks(req: p.ChatCompletionRequest | p.CompletionRequest) -> list[str]:
-    if req.user is not None and "\x00" in req.user:  # stored on the usage row: PostgreSQL text can't hold NUL
-        raise invalid_request("`user` must not contain NUL (\\u0000) characters.", param="user")
     _refuse_unsupported(req)
     if req.stream_options is not None and not req.stream:
         raise invalid_request("stream_options is only allowed when stream is true.", param="stream_options")
     return [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
 
 
-def _hints(request: Request, req: p.ChatCompletionRequest | p.CompletionRequest) -> dict[str, Any]:  # type: ignore[type-arg]
-    """Task, lane and priority: headers win over request metadata."""
+class _Hinted(Protocol):
+    """What _hints reads from a request body (chat, completions, responses)."""
+
+    @property
+    def metadata(self) -> dict[str, str] | None: ...
+    @property
+    def user(self) -> str | None: ...
+
+
+def _hints(request: Request, req: _Hinted) -> dict[str, Any]:  # type: ignore[type-arg]
+    """Task, lane and priority: headers win over request metadata; and the end user."""
+    if req.user is not None and "\x00" in req.user:  # stored on the usage row: PostgreSQL text can't hold NUL
+        raise invalid_request("`user` must not contain NUL (\\u0000) characters.", param="user")
     meta = req.metadata or {}
     task = request.headers.get("x-laneway-task") or meta.get("laneway_task") or None
     lane = request.headers.get("x-laneway-lane") or meta.get("laneway_lane") or None
@@ -176,8 +185,8 @@ class OpenAIController(Controller):
         )
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
-        def body(text: str) -> p.ChatCompletion:
-            message = p.ChatMessageOut(role="assistant", content=text)
+        def body(deltas: list[Delta]) -> p.ChatCompletion:
+            message = p.ChatMessageOut(role="assistant", content=_text(deltas))
             return p.ChatCompletion(
                 id=call.request_id,
                 created=int(time.time()),
@@ -216,12 +225,12 @@ class OpenAIController(Controller):
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         echo = prompt if req.echo else ""
 
-        def body(text: str) -> p.Completion:
+        def body(deltas: list[Delta]) -> p.Completion:
             return p.Completion(
                 id=call.request_id,
                 created=int(time.time()),
                 model=call.alias,
-                choices=[p.CompletionChoice(index=0, text=echo + text, finish_reason=call.finish_reason)],
+                choices=[p.CompletionChoice(index=0, text=echo + _text(deltas), finish_reason=call.finish_reason)],
                 usage=_usage(call),
                 system_fingerprint=call.fingerprint,
             )
@@ -231,7 +240,11 @@ class OpenAIController(Controller):
         )
 
 
-async def _admit_and_collect(gateway: Gateway, lease: Lease) -> str:
+def _text(deltas: list[Delta]) -> str:
+    return "".join(d.text for d in deltas)
+
+
+async def _admit_and_collect(gateway: Gateway, lease: Lease) -> list[Delta]:
     """A non-streaming answer: wait for a slot, then the whole generation, in this task (an
     interruption - a shutdown - cancels it and surfaces as the interrupting error)."""
     current = asyncio.current_task()
@@ -245,7 +258,7 @@ async def _admit_and_collect(gateway: Gateway, lease: Lease) -> str:
     lease.interrupter = interrupt
     try:
         await gateway.acquire(lease)
-        return "".join([d.text async for d in gateway.run(lease)])
+        return [d async for d in gateway.run(lease)]
     except asyncio.CancelledError:
         if interrupted and current.cancelling():
             current.uncancel()
@@ -260,7 +273,7 @@ async def _respond(
     gateway: Gateway,
     call: Call,
     events: Callable[[Lease], AsyncIterator[bytes]],
-    body: Callable[[str], Any],
+    body: Callable[[list[Delta]], Any],
 ) -> Response[bytes] | Stream:
     """Admit (queueing as needed) while watching for the client to leave, then answer.
 
@@ -271,8 +284,8 @@ async def _respond(
     owned = True
     try:
         if not call.stream:
-            text = await until_disconnect(request, _admit_and_collect(gateway, lease), call)
-            return Response(p.encode(body(text)), media_type=MediaType.JSON, headers=headers)
+            deltas = await until_disconnect(request, _admit_and_collect(gateway, lease), call)
+            return Response(p.encode(body(deltas)), media_type=MediaType.JSON, headers=headers)
         await until_disconnect(request, gateway.acquire(lease), call)
         settings = request.app.state.settings
         response = LeasedStream(
@@ -304,9 +317,13 @@ async def _stream_events(
     head: bytes | None,
     render: Callable[[Delta], list[bytes]],
     usage: Callable[[], bytes] | None,
+    *,
+    fail: Callable[[GatewayError], bytes] | None = None,
+    done: bytes = DONE,
 ) -> AsyncIterator[bytes]:
-    """The SSE body both endpoints share: head, a chunk per delta, usage if asked, [DONE];
-    a failure mid-stream ends it with an error event (the SDKs raise it as APIError)."""
+    """The SSE body every endpoint shares: head, a chunk per delta, usage if asked, `done`
+    ([DONE]); a failure mid-stream ends it with `fail`'s frames, by default an error event
+    (the SDKs raise it as APIError)."""
     if head:
         yield head
     try:
@@ -316,11 +333,12 @@ async def _stream_events(
             if data:
                 yield data
     except GatewayError as exc:
-        yield error_event(exc.status, exc.message, code=exc.code)
+        yield fail(exc) if fail is not None else error_event(exc.status, exc.message, code=exc.code)
         return
     if usage is not None:
         yield usage()
-    yield DONE
+    if done:
+        yield done
 
 
 def _framer(call: Call, kind: Callable[..., Any]) -> Callable[..., bytes]:

@@ -44,6 +44,8 @@ log = logging.getLogger("laneway.pipeline")
 
 CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
 Scheduler = DeploymentScheduler | SharedScheduler
+# A request's id is the id of the object it answers with (the Responses API's are resp_...).
+_ID_PREFIX = {"responses": "resp_"}
 
 
 @dataclass(eq=False)
@@ -284,7 +286,7 @@ class Gateway:
             task=task, prompt_tokens=measured.tokens, requested=max_tokens, room=room, default=self.default_max_tokens
         )
         stops = snapshot.stops(task=task, model_stops=deployment.spec.config.get("stop", ()), requested=stop)
-        request_id = ("chatcmpl-" if messages is not None else "cmpl-") + uuid.uuid4().hex
+        request_id = _ID_PREFIX.get(endpoint, "chatcmpl-" if messages is not None else "cmpl-") + uuid.uuid4().hex
         generation = GenerationRequest(
             request_id=request_id,
             prompt=measured.text,
