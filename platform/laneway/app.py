@@ -24,6 +24,7 @@ from laneway.admin.throttle import LoginGuard
 from laneway.admin.ui import ADMIN_UI_DIR, AdminPages, AdminUI
 from laneway.api.errors import gateway_error_handler, http_exception_handler, internal_error_handler
 from laneway.api.health import live, metrics, openapi_config, ready
+from laneway.api.responses_api import ResponsesController
 from laneway.api.routes import OpenAIController
 from laneway.bootstrap import bootstrap_admin, bootstrap_demo, bootstrap_first_admin
 from laneway.core.accounting import UsageRecorder
@@ -184,6 +185,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     return Litestar(
         route_handlers=[
             OpenAIController,
+            ResponsesController,
             AdminAPI,
             AdminUI,
             AdminPages,
