@@ -110,6 +110,18 @@ def test_instructions_are_a_system_turn(client: openai.OpenAI) -> None:
     assert bare.usage is not None and bare.usage.input_tokens < chat.usage.prompt_tokens
 
 
+def test_a_previous_responses_output_sent_back_is_the_conversation(client: openai.OpenAI) -> None:
+    """Stateless multi-turn, as OpenAI's docs do it (`input += response.output`): the output
+    items come back with their ids and statuses and are read as the assistant's turn."""
+    first = client.responses.create(model="tiny-exact", input="hello world", max_output_tokens=8)
+    history: list[Any] = [MSGS[1], *first.output, {"role": "user", "content": "and?"}]
+    second = client.responses.create(model="tiny", input=history, max_output_tokens=1)
+    turns = [MSGS[1], {"role": "assistant", "content": first.output_text}, {"role": "user", "content": "and?"}]
+    chat = client.chat.completions.create(model="tiny", messages=turns, max_tokens=1)  # type: ignore[arg-type]
+    assert second.usage is not None and chat.usage is not None
+    assert second.usage.input_tokens == chat.usage.prompt_tokens
+
+
 # ---- streaming -----------------------------------------------------------------------------------
 
 
