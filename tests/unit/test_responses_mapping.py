@@ -13,11 +13,13 @@ import pytest
 from laneway.api import responses_protocol as rp
 from laneway.api.responses_api import (
     ResponseAssembler,
+    chat_response_format,
     chat_tool_choice,
     chat_tools,
+    feature_arguments,
     input_turns,
     refuse_unsupported,
-    tool_arguments,
+    text_format,
 )
 from laneway.core.errors import GatewayError
 from laneway.types import ChatTurn, Delta, ToolCall
@@ -148,19 +150,40 @@ def test_tool_choice_maps_to_the_chat_shape() -> None:
         assert refused(info) == (400, "unsupported_parameter", "tool_choice")
 
 
-def test_until_the_pipeline_takes_tools_any_use_of_them_is_refused() -> None:
+def test_text_format_maps_to_the_chat_response_format() -> None:
+    assert text_format(None) == text_format({"verbosity": "medium"}) == {"type": "text"}
+    assert chat_response_format({"type": "text"}) is None
+    assert chat_response_format({"type": "json_object"}) == {"type": "json_object"}
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "name": "thing", "schema": schema, "strict": True}
+    assert chat_response_format(text_format({"format": fmt})) == {
+        "type": "json_schema",
+        "json_schema": {"name": "thing", "schema": schema, "strict": True},
+    }
+    for bad, code, param in [
+        ({"type": "json_schema", "schema": schema}, "invalid_request", "text.format.name"),
+        ({"type": "grammar"}, "unsupported_parameter", "text.format"),
+    ]:
+        with pytest.raises(GatewayError) as info:
+            chat_response_format(bad)
+        assert refused(info) == (400, code, param)
+
+
+def test_until_the_pipeline_takes_tools_and_json_modes_any_use_is_refused() -> None:
     tool = ({"type": "function", "function": {"name": "f"}},)
     plain = [ChatTurn("user", "hi")]
-    assert tool_arguments((), None, None, plain) == {} and tool_arguments((), "auto", False, plain) == {}
+    assert feature_arguments((), None, None, None, plain) == {}
+    assert feature_arguments((), "auto", False, None, plain) == {}
     cases: list[tuple[Any, ...]] = [
-        (tool, None, plain, "tools"),
-        ((), "required", plain, "tool_choice"),
-        ((), None, [ChatTurn("assistant", "", tool_calls=(ToolCall("c", "f", "{}"),))], "input"),
-        ((), None, [ChatTurn("tool", "42", tool_call_id="c")], "input"),
+        (tool, None, None, plain, "tools"),
+        ((), "required", None, plain, "tool_choice"),
+        ((), None, None, [ChatTurn("assistant", "", tool_calls=(ToolCall("c", "f", "{}"),))], "input"),
+        ((), None, None, [ChatTurn("tool", "42", tool_call_id="c")], "input"),
+        ((), None, {"type": "json_object"}, plain, "text.format"),
     ]
-    for tools, choice, turns, param in cases:
+    for tools, choice, fmt, turns, param in cases:
         with pytest.raises(GatewayError) as info:
-            tool_arguments(tools, choice, None, turns)
+            feature_arguments(tools, choice, None, fmt, turns)
         assert refused(info) == (400, "unsupported_parameter", param)
 
 
@@ -175,8 +198,6 @@ def test_until_the_pipeline_takes_tools_any_use_of_them_is_refused() -> None:
         ({"prompt": {"id": "pmpt_1"}}, "prompt"),
         ({"background": True}, "background"),
         ({"reasoning": {"effort": "high"}}, "reasoning"),
-        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),
-        ({"text": {"format": {"type": "json_object"}}}, "text.format"),
         ({"text": {"verbosity": "low"}}, "text.verbosity"),
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"include": ["message.output_text.logprobs"]}, "include"),

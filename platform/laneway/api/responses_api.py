@@ -60,11 +60,6 @@ def refuse_unsupported(req: rp.ResponsesRequest) -> None:
     if req.reasoning and any(v is not None for v in req.reasoning.values()):
         raise unsupported("reasoning", "reasoning effort and summaries")
     text = req.text or {}
-    fmt = text.get("format") or {}
-    if not isinstance(fmt, dict) or fmt.get("type", "text") != "text":
-        # HOOK(json modes): map json_object / json_schema onto GenerationRequest.response_format
-        # once the chat pipeline takes it, as tools below.
-        raise unsupported("text.format", f"{fmt.get('type') if isinstance(fmt, dict) else fmt} output")
     if text.get("verbosity") not in (None, "medium"):
         raise unsupported("text.verbosity", "a verbosity other than medium")
     if req.top_logprobs:
@@ -172,26 +167,56 @@ def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any
     raise unsupported("tool_choice", f"a '{kind}' tool choice")
 
 
-def tool_arguments(
+def text_format(text: dict[str, Any] | None) -> dict[str, Any]:
+    """The request's `text.format`, as the response echoes it (plain text when absent)."""
+    fmt = (text or {}).get("format") or {"type": "text"}
+    if not isinstance(fmt, dict):
+        raise invalid_request("`text.format` must be an object.", param="text.format")
+    return fmt
+
+
+def chat_response_format(fmt: dict[str, Any]) -> dict[str, Any] | None:
+    """`text.format` in the Chat Completions `response_format` shape (GenerationRequest's); None
+    for plain text."""
+    kind = fmt.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        schema = _convert(fmt, rp.JsonSchemaFormat, "text.format")
+        inner: dict[str, Any] = {"name": schema.name, "schema": schema.schema}
+        for key in ("description", "strict"):
+            if (value := getattr(schema, key)) is not None:
+                inner[key] = value
+        return {"type": "json_schema", "json_schema": inner}
+    raise unsupported("text.format", f"'{kind}' output")
+
+
+def feature_arguments(
     tools: tuple[dict[str, Any], ...],
     tool_choice: str | dict[str, Any] | None,
     parallel_tool_calls: bool | None,
+    response_format: dict[str, Any] | None,
     turns: list[ChatTurn],
 ) -> dict[str, Any]:
-    """HOOK(tools): the keyword arguments for Gateway.prepare() that carry tools.
+    """HOOK(tools, json modes): the keyword arguments for Gateway.prepare() beyond plain text.
 
-    The chat pipeline does not take tools yet (GenerationRequest.tools exists; prepare() has no
-    parameter and no engine declares the "tools" capability), so any use of them, including tool
-    history in `input`, is refused here as the chat path refuses it. Once prepare() takes them,
-    return {"tools": tools, "tool_choice": tool_choice, "parallel_tool_calls": ...} and let its
-    capability check refuse deployments without "tools"; the output side (ResponseAssembler)
-    already maps Delta.tool_calls to function_call items."""
+    The chat pipeline does not take tools or constrained output yet (GenerationRequest has the
+    fields; prepare() has no parameters and no engine declares the capabilities), so any use of
+    them, tool history in `input` included, is refused here as the chat path refuses it. Once
+    prepare() takes them, return {"tools": list(tools), "tool_choice": tool_choice,
+    "parallel_tool_calls": parallel_tool_calls is not False, "response_format": response_format}
+    and let its capability check refuse a deployment that lacks one; the output side
+    (ResponseAssembler) already maps Delta.tool_calls to function_call items."""
     if tools:
         raise unsupported("tools", "function tools")
     if tool_choice not in (None, "none", "auto"):
         raise unsupported("tool_choice", "a required tool call")
     if any(t.tool_calls or t.role == "tool" for t in turns):
         raise unsupported("input", "function_call and function_call_output items")
+    if response_format is not None:
+        raise unsupported("text.format", f"{response_format['type']} output")
     return {}
 
 
@@ -389,7 +414,7 @@ def response_usage(call: Call) -> rp.ResponseUsage:
     )
 
 
-def in_progress(call: Call, req: rp.ResponsesRequest) -> rp.ResponseObject:
+def in_progress(call: Call, req: rp.ResponsesRequest, fmt: dict[str, Any]) -> rp.ResponseObject:
     """The response before any output: its id, model and the parameters it echoes."""
     return rp.ResponseObject(
         id=call.request_id,
@@ -405,6 +430,7 @@ def in_progress(call: Call, req: rp.ResponsesRequest) -> rp.ResponseObject:
         top_p=call.generation.top_p,
         tool_choice=req.tool_choice or "auto",
         tools=req.tools or [],
+        text={**(req.text or {}), "format": fmt},
         user=req.user,
     )
 
@@ -440,7 +466,14 @@ class ResponsesController(Controller):
         req = await _decode_request(request)
         refuse_unsupported(req)
         turns = input_turns(req.instructions, req.input)
-        tools = tool_arguments(chat_tools(req.tools), chat_tool_choice(req.tool_choice), req.parallel_tool_calls, turns)
+        fmt = text_format(req.text)
+        features = feature_arguments(
+            chat_tools(req.tools),
+            chat_tool_choice(req.tool_choice),
+            req.parallel_tool_calls,
+            chat_response_format(fmt),
+            turns,
+        )
         hints = _hints(request, req)
         hints["task"] = hints["task"] or "chat"  # a Responses request is a chat: the chat task policy applies
         call = await gateway.prepare(
@@ -452,10 +485,10 @@ class ResponsesController(Controller):
             max_tokens=req.max_output_tokens,
             temperature=req.temperature,
             top_p=req.top_p,
-            **tools,
+            **features,
             **hints,
         )
-        assembler = ResponseAssembler(in_progress(call, req), lambda: response_usage(call), stream=req.stream)
+        assembler = ResponseAssembler(in_progress(call, req, fmt), lambda: response_usage(call), stream=req.stream)
 
         def body(deltas: list[Delta]) -> rp.ResponseObject:
             for delta in deltas:

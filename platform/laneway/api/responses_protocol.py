@@ -60,6 +60,16 @@ class FunctionToolIn(Struct, frozen=True):
     strict: bool | None = None
 
 
+class JsonSchemaFormat(Struct, frozen=True):
+    """`text.format` asking for JSON that matches `schema`."""
+
+    name: Annotated[str, Meta(min_length=1, max_length=64)]
+    schema: dict[str, Any]
+    type: Literal["json_schema"] = "json_schema"
+    description: str | None = None
+    strict: bool | None = None
+
+
 class ResponsesRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     model: Annotated[str, Meta(min_length=1)]
     # A string, or a list of items; items are dispatched on `type` (a message may omit it) by
