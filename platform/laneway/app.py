@@ -27,6 +27,7 @@ from laneway.api.errors import gateway_error_handler, http_exception_handler, in
 from laneway.api.health import live, metrics, ready, require_metrics_token
 from laneway.api.openapi import add_wire_schemas, openapi_config
 from laneway.api.request_ids import stamp_request_id
+from laneway.api.responses_api import ResponsesController
 from laneway.api.routes import OpenAIController
 from laneway.bootstrap import bootstrap_admin, bootstrap_demo, bootstrap_first_admin
 from laneway.core.accounting import UsageRecorder
@@ -188,6 +189,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         route_handlers=[
             OpenAIController,
             EmbeddingsController,
+            ResponsesController,
             AdminAPI,
             AdminUI,
             AdminPages,

@@ -44,6 +44,13 @@ class Collected:
     def __init__(self, n: int) -> None:
         self.choices = [CollectedChoice() for _ in range(n)]
 
+    @classmethod
+    def of(cls, n: int, deltas: list[Delta]) -> Collected:
+        collected = cls(n)
+        for d in deltas:
+            collected.add(d)
+        return collected
+
     def add(self, d: Delta) -> None:
         if 0 <= d.index < len(self.choices):
             self.choices[d.index].add(d)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 from litestar import Controller, MediaType, Request, Response, get, post
@@ -82,8 +82,6 @@ def _refuse_unsupported(req: p.ChatCompletionRequest | p.CompletionRequest) -> N
 
 
 def _common_checks(req: p.ChatCompletionRequest | p.CompletionRequest) -> list[str]:
-    if req.user is not None and "\x00" in req.user:  # stored on the usage row: PostgreSQL text can't hold NUL
-        raise invalid_request("`user` must not contain NUL (\\u0000) characters.", param="user")
     _refuse_unsupported(req)
     if req.stream_options is not None and not req.stream:
         raise invalid_request("stream_options is only allowed when stream is true.", param="stream_options")
@@ -139,8 +137,20 @@ def _chat_features(req: p.ChatCompletionRequest) -> dict[str, Any]:
     }
 
 
-def _hints(request: Request, req: p.ChatCompletionRequest | p.CompletionRequest) -> dict[str, Any]:  # type: ignore[type-arg]
-    """Task, lane and priority (headers win over request metadata); the client's X-Request-Id."""
+class _Hinted(Protocol):
+    """What _hints reads from a request body (chat, completions, responses)."""
+
+    @property
+    def metadata(self) -> dict[str, str] | None: ...
+    @property
+    def user(self) -> str | None: ...
+
+
+def _hints(request: Request, req: _Hinted) -> dict[str, Any]:  # type: ignore[type-arg]
+    """Task, lane and priority (headers win over request metadata), the end user and the
+    client's X-Request-Id."""
+    if req.user is not None and "\x00" in req.user:  # stored on the usage row: PostgreSQL text can't hold NUL
+        raise invalid_request("`user` must not contain NUL (\\u0000) characters.", param="user")
     meta = req.metadata or {}
     task = request.headers.get("x-laneway-task") or meta.get("laneway_task") or None
     lane = request.headers.get("x-laneway-lane") or meta.get("laneway_lane") or None
@@ -251,7 +261,8 @@ class OpenAIController(Controller):
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         want_logprobs = features["logprobs"] is not None
 
-        def body(collected: Collected) -> p.ChatCompletion:
+        def body(deltas: list[Delta]) -> p.ChatCompletion:
+            collected = Collected.of(call.generation.n, deltas)
             return p.ChatCompletion(
                 id=call.request_id,
                 created=int(time.time()),
@@ -295,7 +306,8 @@ class OpenAIController(Controller):
         echo = prompt if req.echo else ""
         want_logprobs = req.logprobs is not None
 
-        def body(collected: Collected) -> p.Completion:
+        def body(deltas: list[Delta]) -> p.Completion:
+            collected = Collected.of(call.generation.n, deltas)
             return p.Completion(
                 id=call.request_id,
                 created=int(time.time()),
@@ -314,7 +326,7 @@ class OpenAIController(Controller):
         )
 
 
-async def _admit_and_collect(gateway: Gateway, lease: Lease) -> Collected:
+async def _admit_and_collect(gateway: Gateway, lease: Lease) -> list[Delta]:
     """A non-streaming answer: wait for a slot, then the whole generation, in this task (an
     interruption - a shutdown - cancels it and surfaces as the interrupting error)."""
     current = asyncio.current_task()
@@ -328,10 +340,7 @@ async def _admit_and_collect(gateway: Gateway, lease: Lease) -> Collected:
     lease.interrupter = interrupt
     try:
         await gateway.acquire(lease)
-        collected = Collected(lease.call.generation.n)
-        async for d in gateway.run(lease):
-            collected.add(d)
-        return collected
+        return [d async for d in gateway.run(lease)]
     except asyncio.CancelledError:
         if interrupted and current.cancelling():
             current.uncancel()
@@ -346,7 +355,7 @@ async def _respond(
     gateway: Gateway,
     call: Call,
     events: Callable[[Lease], AsyncIterator[bytes]],
-    body: Callable[[Collected], Any],
+    body: Callable[[list[Delta]], Any],
 ) -> Response[bytes] | Stream:
     """Admit (queueing as needed) while watching for the client to leave, then answer.
 
@@ -358,8 +367,8 @@ async def _respond(
     owned = True
     try:
         if not call.stream:
-            collected = await until_disconnect(request, _admit_and_collect(gateway, lease), call)
-            return Response(p.encode(body(collected)), media_type=MediaType.JSON, headers=headers)
+            deltas = await until_disconnect(request, _admit_and_collect(gateway, lease), call)
+            return Response(p.encode(body(deltas)), media_type=MediaType.JSON, headers=headers)
         await until_disconnect(request, gateway.acquire(lease), call)
         settings = request.app.state.settings
         response = LeasedStream(
@@ -391,9 +400,13 @@ async def _stream_events(
     head: bytes | None,
     render: Callable[[Delta], list[bytes]],
     usage: Callable[[], bytes] | None,
+    *,
+    fail: Callable[[GatewayError], bytes] | None = None,
+    done: bytes = DONE,
 ) -> AsyncIterator[bytes]:
-    """The SSE body both endpoints share: head, a chunk per delta, usage if asked, [DONE];
-    a failure mid-stream ends it with an error event (the SDKs raise it as APIError)."""
+    """The SSE body every endpoint shares: head, a chunk per delta, usage if asked, `done`
+    ([DONE]); a failure mid-stream ends it with `fail`'s frames, by default an error event
+    (the SDKs raise it as APIError)."""
     if head:
         yield head
     try:
@@ -403,11 +416,12 @@ async def _stream_events(
             if data:
                 yield data
     except GatewayError as exc:
-        yield error_event(exc.status, exc.message, code=exc.code)
+        yield fail(exc) if fail is not None else error_event(exc.status, exc.message, code=exc.code)
         return
     if usage is not None:
         yield usage()
-    yield DONE
+    if done:
+        yield done
 
 
 def _framer(call: Call, kind: Callable[..., Any]) -> Callable[..., bytes]:

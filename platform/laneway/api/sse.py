@@ -16,3 +16,8 @@ def event(obj: Any) -> bytes:
 def error_event(status: int, message: str, *, code: str | None, type_: str = "server_error") -> bytes:
     """A mid-stream failure: the SDKs raise APIError when a data line carries an `error` key."""
     return event(ErrorEnvelope(ErrorBody(message=message, type=type_, code=code)))
+
+
+def named_event(name: str, obj: Any) -> bytes:
+    """An event with an `event:` line (the Responses API names each one after its `type`)."""
+    return b"event: " + name.encode() + b"\ndata: " + encode(obj) + b"\n\n"

@@ -55,6 +55,8 @@ CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
 # client written for OpenAI already batches within it.
 MAX_EMBEDDING_TOKENS = 300_000
 Scheduler = DeploymentScheduler | SharedScheduler
+# A request's id is the id of the object it answers with (the Responses API's are resp_...).
+_ID_PREFIX = {"responses": "resp_"}
 
 
 @dataclass(eq=False)
@@ -318,7 +320,7 @@ class Gateway:
         )
         stops = snapshot.stops(task=task, model_stops=deployment.spec.config.get("stop", ()), requested=stop)
         # The body's id, whatever X-Request-Id the client sent: OpenAI's shape, unique per completion.
-        request_id = ("chatcmpl-" if messages is not None else "cmpl-") + uuid.uuid4().hex
+        request_id = _ID_PREFIX.get(endpoint, "chatcmpl-" if messages is not None else "cmpl-") + uuid.uuid4().hex
         capabilities.check(deployment.engine.info, alias, generation)
         # The client's id reaches the engine (and its logs), made unique by the gateway's:
         # engines key running requests by it.
