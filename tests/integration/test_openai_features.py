@@ -264,3 +264,38 @@ def test_penalties_change_what_is_decoded(client: openai.OpenAI) -> None:
     plain = client.chat.completions.create(**args).choices[0].message.content
     penalised = client.chat.completions.create(**args, frequency_penalty=2.0, presence_penalty=2.0)
     assert penalised.choices[0].message.content != plain
+
+
+# ---- parameters: unknown ones are not ignored --------------------------------------------------
+
+
+def test_an_unknown_parameter_is_a_400_naming_it_as_openai_answers(client: openai.OpenAI) -> None:
+    for make in (
+        lambda **kw: client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=2, **kw),
+        lambda **kw: client.completions.create(model="tiny", prompt="hi", max_tokens=2, **kw),
+    ):
+        with pytest.raises(openai.BadRequestError) as info:
+            make(extra_body={"top_k": 5})  # a vLLM extension: ignoring it would quietly sample differently
+        assert (info.value.body["code"], info.value.body["param"]) == ("unknown_parameter", "top_k")  # type: ignore[index]
+
+
+def test_parameters_that_change_nothing_in_the_answer_are_accepted(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=2, store=False, service_tier="auto",
+                                       prompt_cache_key="k", safety_identifier="u1")  # fmt: skip
+    assert r.choices[0].message.content is not None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"web_search_options": {}}, "web_search_options"),
+        ({"reasoning_effort": "high"}, "reasoning_effort"),
+    ],
+)
+def test_parameters_that_would_change_the_answer_and_cannot_are_refused(
+    client: openai.OpenAI, kwargs: dict, param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=2, **kwargs)
+    assert (info.value.body["code"], info.value.body["param"]) == ("unsupported_parameter", param)  # type: ignore[index]

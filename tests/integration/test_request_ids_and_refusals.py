@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serving import Gateway, sim_model, start_gateway
+from serving import Gateway, sim_model, start_gateway, wait_for
 
 FRESH = re.compile(r"req_[0-9a-f]{32}")
 MSGS: list[Any] = [{"role": "user", "content": "hello"}]
@@ -88,7 +88,13 @@ def test_a_client_id_is_kept_end_to_end_and_the_body_id_stays_openai_shaped(gw: 
         assert stream.headers["x-request-id"] == "trace-8"
         chunks = list(stream.parse())
     assert chunks[0].id.startswith("cmpl-")
-    rows = {r.request_id: r for r in gw.usage_rows("acme")}
+    rows: dict[str, Any] = {}
+
+    def both_written() -> bool:  # a stream's row follows its last byte: the lease is released after it
+        rows.update({r.request_id: r for r in gw.usage_rows("acme")})
+        return {"trace-7", "trace-8"} <= rows.keys()
+
+    wait_for(both_written, what="the usage rows of trace-7 and trace-8")
     assert rows["trace-7"].status == 200 and rows["trace-8"].stream
 
 

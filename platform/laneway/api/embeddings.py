@@ -14,6 +14,7 @@ from litestar import Controller, MediaType, Request, Response, post
 from msgspec import Meta, Struct
 from numpy.typing import NDArray
 
+from laneway.api import openapi
 from laneway.api.disconnect import ClientDisconnected, until_disconnect
 from laneway.api.protocol import encode
 from laneway.api.request_ids import bind_call, client_request_id
@@ -135,7 +136,11 @@ async def _admit_and_embed(gateway: Gateway, lease: Lease) -> Embeddings:
 class EmbeddingsController(Controller):
     path = "/v1"
 
-    @post("/embeddings", status_code=200)
+    @post(
+        "/embeddings",
+        status_code=200,
+        operation_class=openapi.generation(CreateEmbeddingResponse, CreateEmbeddingRequest),
+    )
     async def create_embeddings(self, request: Request) -> Response[bytes]:  # type: ignore[type-arg]
         state = request.app.state
         gateway: Gateway = state.gateway

@@ -28,6 +28,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.openapi.spec import (
     Components,
+    Discriminator,
     OpenAPIHeader,
     OpenAPIMediaType,
     OpenAPIResponse,
@@ -50,8 +51,9 @@ ADMIN_SESSION: list[SecurityRequirement] = [{"adminSession": []}]
 ADMIN_CHANGE: list[SecurityRequirement] = [{"adminSession": [], "csrfToken": []}]
 METRICS_TOKEN: list[SecurityRequirement] = [{"metricsToken": []}, {}]  # {}: open when no token is set
 
-# The Structs on the wire; their schemas become components named after them.
-WIRE_TYPES: tuple[type[Any], ...] = (
+# The Structs on the wire; their schemas become components named after them (the modules of
+# other endpoints add theirs with register_wire_types).
+WIRE_TYPES: list[type[Any]] = [
     p.ChatCompletionRequest,
     p.ChatCompletion,
     p.ChatCompletionChunk,
@@ -60,7 +62,12 @@ WIRE_TYPES: tuple[type[Any], ...] = (
     p.ModelList,
     p.ModelCard,
     p.ErrorEnvelope,
-)
+]
+
+
+def register_wire_types(*types: type[Any]) -> None:
+    WIRE_TYPES.extend(t for t in types if t not in WIRE_TYPES)
+
 
 _ERRORS = {
     400: "The request is invalid, or asks for what laneway cannot do (`param` names it).",
@@ -106,6 +113,21 @@ def _ref(kind: type[Any]) -> Reference:
     return Reference(ref=f"#/components/schemas/{kind.__name__}")
 
 
+def named_sse_event(events: Sequence[type[Any]]) -> Schema:
+    """One server-sent event of a stream of named events (the Responses API's): `event` names
+    it and `data` is that event's JSON; no [DONE] ends it."""
+    json_data = Schema(
+        type=OpenAPIType.STRING,
+        content_media_type="application/json",
+        content_schema=Schema(one_of=[_ref(e) for e in events]),
+    )
+    return Schema(
+        type=OpenAPIType.OBJECT,
+        required=["event", "data"],
+        properties={"event": Schema(type=OpenAPIType.STRING), "data": json_data},
+    )
+
+
 def sse_event(chunk: type[Any]) -> Schema:
     """One server-sent event of a stream (OpenAPI 3.1 reads a text/event-stream schema per
     event): data is a chunk's JSON, an error's (a failure mid-stream), or the last [DONE]."""
@@ -128,6 +150,7 @@ class Wire:
     response: type[Any] | None  # the 200 JSON body; None: keep what Litestar derived
     request: type[Any] | None = None
     stream_chunk: type[Any] | None = None  # with `stream: true`: server-sent events of these
+    stream_events: Sequence[type[Any]] = ()  # or: named events of these types
     errors: Sequence[int] = V1_ERRORS
     parameters: Sequence[Parameter] = (REQUEST_ID_PARAM,)
     headers: dict[str, OpenAPIHeader] | None = None  # on the 200 beyond X-Request-Id
@@ -158,6 +181,12 @@ class _WireOperation(Operation):
                     f"The {wire.response.__name__}; with `stream: true`, server-sent events instead: one "
                     f"`data: <{name} JSON>` per chunk, then `data: [DONE]` (a failure mid-stream is a last "
                     '`data: {"error": ...}` event).'
+                )
+            if wire.stream_events:
+                content["text/event-stream"] = OpenAPIMediaType(schema=named_sse_event(wire.stream_events))
+                description = (
+                    f"The {wire.response.__name__}; with `stream: true`, named server-sent events instead "
+                    "(`event: <type>` and `data: <its JSON>`), in OpenAI's order."
                 )
             ok = OpenAPIResponse(description=description, content=content)
         if isinstance(ok, OpenAPIResponse):
@@ -200,6 +229,24 @@ COMPLETION = operation(
         headers={"X-Laneway-Lane": _LANE},
     )
 )
+
+
+def generation(response: type[Any], request: type[Any], **stream: Any) -> type[Operation]:
+    """The operation of an endpoint that runs a request through the pipeline."""
+    register_wire_types(request, response, *([stream["stream_chunk"]] if "stream_chunk" in stream else ()),
+                        *stream.get("stream_events", ()))  # fmt: skip
+    return operation(
+        Wire(
+            response,
+            request=request,
+            errors=COMPLETION_ERRORS,
+            parameters=(REQUEST_ID_PARAM, *ROUTING_PARAMS),
+            headers={"X-Laneway-Lane": _LANE},
+            **stream,
+        )
+    )
+
+
 MODEL_LIST = operation(Wire(p.ModelList))
 MODEL = operation(Wire(p.ModelCard, errors=(401, 403, 404, 500, 503)))
 METRICS = operation(Wire(None, errors=(401,), parameters=(), why={401: "A metrics token is set, and not sent."}))
@@ -219,6 +266,8 @@ def json_schema_to_spec(node: dict[str, Any]) -> Schema | Reference:
             value = {k: json_schema_to_spec(v) for k, v in value.items()}
         elif key == "type":
             value = OpenAPIType(value) if isinstance(value, str) else [OpenAPIType(v) for v in value]
+        elif key == "discriminator":  # a tagged union's: its mapping names schemas, it is not one
+            value = Discriminator(property_name=value["propertyName"], mapping=value.get("mapping"))
         elif isinstance(value, dict) and key not in ("default", "const"):
             value = json_schema_to_spec(value)
         fields[aliases.get(key, key)] = value

@@ -94,7 +94,12 @@ class _SamplingFields(Struct, kw_only=True):
     logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
 
 
-class ChatCompletionRequest(_SamplingFields, kw_only=True):
+class ChatCompletionRequest(_SamplingFields, kw_only=True, forbid_unknown_fields=True):
+    """Every parameter OpenAI's API takes is declared: an unknown one is a 400 (as OpenAI
+    answers it), one that would change the output and cannot be honoured is refused by name
+    (api/routes.py), and those that change nothing in the answer (store, service_tier,
+    prompt_cache_key, safety_identifier, prediction) are accepted and have no effect."""
+
     messages: Annotated[list[ChatMessageIn], Meta(min_length=1)]
     max_completion_tokens: PositiveInt | None = None
     tools: Annotated[list[ToolDef], Meta(max_length=128)] | None = None
@@ -106,9 +111,21 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     function_call: Any = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    # Refused unless they ask for nothing.
+    audio: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    web_search_options: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    # Accepted, with no effect on the answer: hints for OpenAI's own storage, billing and caching.
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    prediction: dict[str, Any] | None = None  # predicted output only speeds OpenAI up
 
 
-class CompletionRequest(_SamplingFields, kw_only=True):
+class CompletionRequest(_SamplingFields, kw_only=True, forbid_unknown_fields=True):
     prompt: str | list[str]
     echo: bool = False
     logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None

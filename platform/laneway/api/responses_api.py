@@ -12,8 +12,8 @@ prompts are refused (400 unsupported_parameter), and every response says `store:
 
 from __future__ import annotations
 
-import re
 import time
+import typing
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -23,6 +23,7 @@ import msgspec
 from litestar import Controller, Request, Response, post
 from litestar.response import Stream
 
+from laneway.api import openapi
 from laneway.api import responses_protocol as rp
 from laneway.api.errors import validation_error
 from laneway.api.routes import _decode, _hints, _respond, _services, _stream_events, unsupported
@@ -429,18 +430,9 @@ def in_progress(call: Call, req: rp.ResponsesRequest, fmt: dict[str, Any]) -> rp
 
 # ---- the route -------------------------------------------------------------------------------
 
-_UNKNOWN_FIELD = re.compile(r"Object contains unknown field `([^`]+)`$")
-
 
 async def _decode_request(request: Request) -> rp.ResponsesRequest:  # type: ignore[type-arg]
-    try:
-        return await _decode(request, rp.ResponsesRequest)
-    except GatewayError as exc:
-        unknown = _UNKNOWN_FIELD.search(exc.message) if exc.param is None else None
-        if unknown is None:
-            raise
-        name = unknown.group(1)  # as OpenAI answers it: a parameter it does not know is not ignored
-        raise invalid_request(f"Unknown parameter: '{name}'.", param=name, code="unknown_parameter") from None
+    return await _decode(request, rp.ResponsesRequest)  # an unknown parameter is a 400 naming it
 
 
 # Chat Completions parameter -> the Responses API's name for it.
@@ -455,7 +447,13 @@ def _events(gateway: Gateway, lease: Lease, assembler: ResponseAssembler) -> Asy
 class ResponsesController(Controller):
     path = "/v1"
 
-    @post("/responses", status_code=200)
+    @post(
+        "/responses",
+        status_code=200,
+        operation_class=openapi.generation(
+            rp.ResponseObject, rp.ResponsesRequest, stream_events=typing.get_args(rp.StreamEvent)
+        ),
+    )
     async def create_response(self, request: Request) -> Response[bytes] | Stream:  # type: ignore[type-arg]
         gateway, auth = _services(request)
         tenant = await auth.authenticate(request.headers.get("authorization"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, TypeVar
@@ -42,13 +43,23 @@ def _services(request: Request) -> tuple[Gateway, KeyAuthenticator]:  # type: ig
     return state.gateway, state.authenticator
 
 
+# msgspec's words for a top-level field the struct does not declare (nested ones say where).
+_UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `([^`]+)`$")
+
+
 async def _decode(request: Request, kind: type[T]) -> T:  # type: ignore[type-arg]
     body = await request.body()
     if not body:
         raise invalid_request("Request body is empty; expected a JSON object.", code="invalid_json")
     try:
         return msgspec.json.decode(body, type=kind)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+    except msgspec.ValidationError as exc:
+        unknown = _UNKNOWN_FIELD.match(str(exc))
+        if unknown is not None:  # as OpenAI answers it: a parameter it does not know is not ignored
+            name = unknown.group(1)
+            raise invalid_request(f"Unknown parameter: '{name}'.", param=name, code="unknown_parameter") from None
+        raise validation_error(exc) from None
+    except msgspec.DecodeError as exc:
         raise validation_error(exc) from None
     except RecursionError:  # msgspec stops at the interpreter's recursion limit (~1000 levels)
         raise invalid_request("Request body is nested too deeply.", code="invalid_json") from None
@@ -68,6 +79,14 @@ def _refuse_unsupported(req: p.ChatCompletionRequest | p.CompletionRequest) -> N
     default. What only some engines can do is checked against the chosen engine later
     (core/capabilities.py)."""
     if isinstance(req, p.ChatCompletionRequest):
+        if req.audio is not None or (req.modalities is not None and req.modalities != ["text"]):
+            raise unsupported("audio" if req.audio is not None else "modalities", "audio output")
+        if req.web_search_options is not None:
+            raise unsupported("web_search_options", "web search")
+        if req.reasoning_effort is not None:
+            raise unsupported("reasoning_effort", "reasoning models' effort")
+        if req.verbosity not in (None, "medium"):
+            raise unsupported("verbosity", "a requested answer length")
         if req.functions:
             raise unsupported("functions", "the deprecated function calling; use `tools`")
         if req.function_call not in (None, "none", "auto"):
