@@ -140,7 +140,6 @@ def test_a_vllm_started_without_a_tool_parser_refuses_tools(client: openai.OpenA
         ({"logprobs": True}, "logprobs"),
         ({"n": 2}, "n"),
         ({"logit_bias": {"1": 1}}, "logit_bias"),
-        ({"presence_penalty": 1}, "presence_penalty"),
     ],
 )
 def test_triton_refuses_what_its_ensemble_does_not_do(client: openai.OpenAI, kwargs: dict, param: str) -> None:
@@ -150,11 +149,17 @@ def test_triton_refuses_what_its_ensemble_does_not_do(client: openai.OpenAI, kwa
     assert "trtllm" in info.value.body["message"]  # type: ignore[index]
 
 
+def test_triton_is_handed_the_penalties_as_the_ensembles_tensors(client: openai.OpenAI, triton: TritonStandIn) -> None:
+    client.chat.completions.create(model="t", messages=MSGS, max_tokens=2, presence_penalty=0.5, frequency_penalty=1)
+    sent = triton.requests[-1]
+    assert (sent["presence_penalty"], sent["frequency_penalty"]) == ([0.5], [1.0])
+
+
 def test_models_list_each_engines_capabilities(client: openai.OpenAI) -> None:
     cards = {m.id: m for m in client.models.list()}
     assert "tools" in cards["v"].capabilities  # type: ignore[attr-defined]
     assert "tools" not in cards["v-no-tools"].capabilities  # type: ignore[attr-defined]
-    assert cards["t"].capabilities == []  # type: ignore[attr-defined]
+    assert cards["t"].capabilities == ["penalties"]  # type: ignore[attr-defined]
 
 
 def test_swapping_an_aliass_engine_changes_what_it_accepts(

@@ -52,6 +52,10 @@ class TritonTRTLLMEngine:
             gpu_type=gpu_type,
             max_model_len=int(max_model_len or config.get("max_model_len", 4096)),
             max_concurrency=int(config.get("max_concurrency", 64)),
+            # The ensemble's optional presence_penalty / frequency_penalty tensors. Not declared:
+            # tools and JSON output (no guided decoding in the ensemble), n (beam_width is beam
+            # search, not n samples), logprobs (only the chosen tokens', no alternatives), logit_bias.
+            capabilities=frozenset({"penalties"}),
         )
         self._client: Any = None
         self._active = 0
@@ -118,6 +122,9 @@ class TritonTRTLLMEngine:
             inputs.append(tensor("bad_words", words(self.bad_words), "BYTES"))
         if req.seed is not None:
             inputs.append(tensor("random_seed", np.array([[req.seed]], dtype=np.uint64), "UINT64"))
+        for name, penalty in (("presence_penalty", req.presence_penalty), ("frequency_penalty", req.frequency_penalty)):
+            if penalty:
+                inputs.append(tensor(name, np.array([[penalty]], dtype=np.float32), "FP32"))
         for name, value in (("end_id", self.end_id), ("pad_id", self.pad_id)):
             if value is not None:
                 inputs.append(tensor(name, np.array([[int(value)]], dtype=np.int32), "INT32"))
