@@ -35,6 +35,64 @@ def _with_db(fn: Callable[..., Awaitable[Any]]) -> Callable[[Settings, argparse.
     return run
 
 
+class _NotServing:
+    """This process serves nothing: no auth cache to drop, no policies to reload (the
+    replicas that serve hear of the change through NOTIFY, or their next poll)."""
+
+    def invalidate(self) -> None:
+        pass
+
+    async def reload(self) -> None:
+        pass
+
+
+def _actor() -> str:
+    import getpass
+
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):  # no passwd entry (a container's arbitrary uid)
+        return "cli:unknown"
+
+
+def _with_service(fn: Callable[..., Awaitable[Any]]) -> Callable[[Settings, argparse.Namespace], Any]:
+    """Run fn(state, actor, args) with the admin service's state - the same validation, audit
+    rows and NOTIFY to the replicas as the admin API and UI - against the configured database,
+    migrated first. A refusal is one line on stderr and exit status 1 (argparse's usage
+    errors are 2)."""
+
+    def run(settings: Settings, args: argparse.Namespace) -> Any:
+        async def go() -> Any:
+            from litestar.datastructures import State
+
+            from laneway.core.config_watch import ConfigChanges
+            from laneway.core.errors import GatewayError
+            from laneway.db import migrate
+            from laneway.db.session import make_engine, make_sessionmaker
+
+            async def nothing_to_apply() -> None:
+                pass
+
+            settings.data_dir.mkdir(parents=True, exist_ok=True)
+            engine = make_engine(settings.resolved_database_url)
+            try:
+                await migrate.upgrade(engine)
+                local = _NotServing()
+                changes = ConfigChanges(engine, nothing_to_apply)
+                state = State({"sessions": make_sessionmaker(engine), "config_changes": changes,
+                               "authenticator": local, "policies": local, "gateway": None})  # fmt: skip
+                return await fn(state, _actor(), args)
+            except GatewayError as exc:
+                print(f"laneway: {exc.message}", file=sys.stderr)
+                raise SystemExit(1) from None
+            finally:
+                await engine.dispose()
+
+        return asyncio.run(go())
+
+    return run
+
+
 def preflight(settings: Settings) -> str | None:
     """What would stop `serve` from starting, said in one line before anything starts (inside
     the lifespan it would be an ExceptionGroup traceback); None when all is well."""
@@ -109,15 +167,11 @@ async def _import_policies(sessions: Any, args: argparse.Namespace) -> None:
 
 
 def _valid(raw: dict[str, Any], kind: Any) -> Any:
-    """`raw` as the admin API's input struct (the same rules as the API and the UI), or exit
-    with the rule, one line on stderr."""
+    """`raw` as the admin API's input struct (the same rules as the API and the UI); a
+    refusal is a GatewayError, said in one line by _with_service."""
     from laneway.admin.validation import convert
-    from laneway.core.errors import GatewayError
 
-    try:
-        return convert({k: v for k, v in raw.items() if v is not None}, kind)
-    except GatewayError as exc:
-        raise SystemExit(f"laneway: {exc.message}") from None
+    return convert({k: v for k, v in raw.items() if v is not None}, kind)
 
 
 def _comma_list(text: str | None) -> list[str] | None:
@@ -125,73 +179,71 @@ def _comma_list(text: str | None) -> list[str] | None:
     return items or None
 
 
-async def _tenant_create(sessions: Any, args: argparse.Namespace) -> None:
-    import msgspec
-
-    from laneway.admin.service import TenantIn
+async def _tenant_id(state: Any, name: str) -> int:
+    from laneway.core.errors import GatewayError
     from laneway.db.repositories import TenantRepository
+
+    async with state.sessions() as session:
+        tenant = await TenantRepository(session).get_by_name(name)
+    if tenant is None:
+        raise GatewayError(404, f"no tenant named '{name}'", code="not_found")
+    return int(tenant.id)
+
+
+async def _tenant_create(state: Any, actor: str, args: argparse.Namespace) -> None:
+    from laneway.admin import service
 
     raw = {"name": args.name, "weight": args.weight, "rpm": args.rpm, "tpm": args.tpm,
            "max_concurrency": args.max_concurrency, "allowed_models": _comma_list(args.models),
            "allowed_lanes": _comma_list(args.lanes), "priority_floor": args.priority_floor}  # fmt: skip
-    data = _valid(raw, TenantIn)
-    fields = {k: v for k, v in msgspec.structs.asdict(data).items() if v is not None and k != "name"}
-    async with sessions() as session, session.begin():
-        if await TenantRepository(session).get_by_name(data.name) is not None:
-            raise SystemExit(f"laneway: a tenant named '{data.name}' exists")
-        tenant = await TenantRepository(session).create(data.name, **fields)
-        print(f"created tenant {tenant.name} (id {tenant.id})")
+    tenant = await service.create_tenant(state, actor, _valid(raw, service.TenantIn))
+    print(f"created tenant {tenant['name']} (id {tenant['id']})")
 
 
-async def _key_issue(sessions: Any, args: argparse.Namespace) -> None:
-    from laneway.admin.service import KeyIn, expires_at
-    from laneway.bootstrap import issue_key
+async def _key_issue(state: Any, actor: str, args: argparse.Namespace) -> None:
+    from laneway.admin import service
 
-    data = _valid({"name": args.name, "expires_days": args.expires_days}, KeyIn)
+    data = _valid({"name": args.name, "expires_days": args.expires_days}, service.KeyIn)
+    key = await service.issue_api_key(state, actor, await _tenant_id(state, args.tenant), data)
+    print(f"key id {key['id']} for tenant {args.tenant}; the secret is shown only once:", file=sys.stderr)
+    print(key["secret"])
+
+
+async def _key_revoke(state: Any, actor: str, args: argparse.Namespace) -> None:
+    from laneway.admin import service
+
+    key = await service.revoke_api_key(state, actor, args.key_id)
+    print(f"revoked key {key['id']} ({key['prefix']}...)")
+
+
+async def _model_set(state: Any, actor: str, args: argparse.Namespace) -> None:
+    from laneway.admin import service
+    from laneway.core.errors import invalid_request
+
     try:
-        key_id, secret = await issue_key(sessions, args.tenant, name=data.name, expires_at=expires_at(data))
-    except LookupError:
-        raise SystemExit(f"laneway: no tenant named '{args.tenant}'") from None
-    print(f"key id {key_id} for tenant {args.tenant}; the secret is shown only once:", file=sys.stderr)
-    print(secret)
-
-
-async def _key_revoke(sessions: Any, args: argparse.Namespace) -> None:
-    from laneway.db.repositories import TenantRepository
-
-    async with sessions() as session, session.begin():
-        ok = await TenantRepository(session).revoke_key(args.key_id)
-    print("revoked" if ok else "no such active key")
-    if not ok:
-        raise SystemExit(1)
-
-
-async def _model_set(sessions: Any, args: argparse.Namespace) -> None:
-    from laneway.db.repositories import ModelRepository
-
+        config = json.loads(args.config)
+    except ValueError as exc:
+        raise invalid_request(f"--config is not JSON: {exc}") from None
     deployment = {
         "name": args.deployment or f"{args.alias}-{args.engine}",
         "engine_kind": args.engine,
-        "config": json.loads(args.config),
+        "config": config,
         "quantization": args.quantization,
         "gpu_type": args.gpu_type,
         "max_model_len": args.max_model_len,
     }
-    async with sessions() as session, session.begin():
-        await ModelRepository(session).upsert(args.alias, deployments=[deployment])
+    await service.put_model(state, actor, args.alias, _valid({"deployments": [deployment]}, service.ModelIn))
     print(f"model {args.alias} -> {args.engine}")
 
 
-async def _admin_create(sessions: Any, args: argparse.Namespace) -> None:
+async def _admin_create(state: Any, actor: str, args: argparse.Namespace) -> None:
     import getpass
     import os
 
-    from laneway.admin.security import hash_password
-    from laneway.db.repositories import AdminRepository
+    from laneway.admin import service
 
     password = os.environ.get("LANEWAY_NEW_ADMIN_PASSWORD") or getpass.getpass(f"password for {args.username}: ")
-    async with sessions() as session, session.begin():
-        await AdminRepository(session).create(args.username, hash_password(password))
+    await service.create_admin(state, actor, args.username, password)
     print(f"created admin {args.username}")
 
 
@@ -231,25 +283,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--models", help="comma-separated aliases this tenant may use (default: all)")
     s.add_argument("--lanes", help="comma-separated lanes it may pick with X-Laneway-Lane (default: none)")
     s.add_argument("--priority-floor", type=int, help="the most urgent X-Laneway-Priority it may ask for (default 0)")
-    s.set_defaults(fn=_with_db(_tenant_create))
+    s.set_defaults(fn=_with_service(_tenant_create))
 
     key = sub.add_parser("key", help="manage API keys").add_subparsers(dest="action", required=True)
     s = key.add_parser("issue")
     s.add_argument("tenant")
     s.add_argument("--name", default="default")
     s.add_argument("--expires-days", type=float, help="days until the key expires (> 0; default: never)")
-    s.set_defaults(fn=_with_db(_key_issue))
+    s.set_defaults(fn=_with_service(_key_issue))
     s = key.add_parser("revoke")
     s.add_argument("key_id", type=int)
-    s.set_defaults(fn=_with_db(_key_revoke))
+    s.set_defaults(fn=_with_service(_key_revoke))
 
     admin = sub.add_parser("admin", help="manage admin accounts").add_subparsers(dest="action", required=True)
     s = admin.add_parser("create", help="password from LANEWAY_NEW_ADMIN_PASSWORD or a prompt")
     s.add_argument("username")
-    s.set_defaults(fn=_with_db(_admin_create))
+    s.set_defaults(fn=_with_service(_admin_create))
 
     model = sub.add_parser("model", help="manage model aliases").add_subparsers(dest="action", required=True)
-    s = model.add_parser("set", help="point an alias at one deployment")
+    s = model.add_parser(
+        "set", help="point an alias at one deployment (the serving replicas start it when they hear of the change)"
+    )
     s.add_argument("alias")
     s.add_argument("--engine", required=True, choices=["llamacpp", "sim", "vllm", "trtllm"])
     s.add_argument("--config", default="{}", help="engine config as JSON")
@@ -257,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quantization", default="unknown")
     s.add_argument("--gpu-type", default="none")
     s.add_argument("--max-model-len", type=int, default=2048)
-    s.set_defaults(fn=_with_db(_model_set))
+    s.set_defaults(fn=_with_service(_model_set))
     return ap
 
 

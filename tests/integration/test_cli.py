@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from serving import EXE, free_port, serve, sim_model, start_gateway
+from serving import EXE, free_port, serve, sim_model, start_gateway, wait_for
 
 
 @pytest.fixture
@@ -65,7 +65,7 @@ def test_tenant_key_model_and_serve(cli, tmp_path: Path) -> None:  # type: ignor
         )
         assert r.status_code == 200 and r.json()["model"] == "mine"
         key_id = "1"
-        assert cli("key", "revoke", key_id).stdout.strip() == "revoked"
+        assert cli("key", "revoke", key_id).stdout.startswith(f"revoked key {key_id} (lw-")
         deadline = time.monotonic() + 5
         while (
             httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {secret}"}).status_code
@@ -161,3 +161,59 @@ def test_with_no_admin_at_all_the_login_page_says_how_to_make_one(tmp_path: Path
         assert 'id="first-login"' in page and "laneway admin create" in page
     finally:
         gw.stop()
+
+
+def test_cli_refusals_are_one_line_with_status_1_and_usage_errors_status_2(cli) -> None:  # type: ignore[no-untyped-def]
+    cli("tenant", "create", "acme")
+    env = {**cli.env, "LANEWAY_NEW_ADMIN_PASSWORD": "a-long-enough-password"}
+    cases = [
+        (["tenant", "create", "acme"], "laneway: A tenant named 'acme' exists.", cli.env),
+        (["admin", "create", "root"], None, env),
+        (["admin", "create", "root"], "laneway: An admin named 'root' exists.", env),
+        (["admin", "create", "short"], "laneway: An admin password needs at least 10 characters.",
+         {**cli.env, "LANEWAY_NEW_ADMIN_PASSWORD": "short"}),
+        (["key", "revoke", "999"], "laneway: No api_key with id 999.", cli.env),
+        (["model", "set", "m", "--engine", "sim", "--config", "{nope"], "laneway: --config is not JSON", cli.env),
+    ]  # fmt: skip
+    for args, said, run_env in cases:
+        out = subprocess.run([EXE, *args], env=run_env, capture_output=True, text=True, timeout=60)
+        if said is None:
+            assert out.returncode == 0, out.stderr
+            continue
+        assert out.returncode == 1, (args, out.stderr)
+        assert out.stderr.strip().startswith(said) and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert "Traceback" not in out.stderr
+    usage = cli("tenant", "create", check=False)
+    assert usage.returncode == 2 and "usage:" in usage.stderr
+
+
+def test_cli_changes_are_audited_as_the_cli_user(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import getpass
+    import sqlite3
+
+    cli("tenant", "create", "audited", "--rpm", "7")
+    key_id = cli("key", "issue", "audited").stderr.split()[2]
+    cli("key", "revoke", key_id)
+    cli("model", "set", "m", "--engine", "sim")
+    with sqlite3.connect(tmp_path / "laneway.db") as db:
+        rows = db.execute("SELECT actor, action, entity FROM audit_log ORDER BY id").fetchall()
+    actor = f"cli:{getpass.getuser()}"
+    assert rows == [(actor, "create", "tenant"), (actor, "issue", "api_key"), (actor, "revoke", "api_key"),
+                    (actor, "create", "model")]  # fmt: skip
+
+
+def test_a_cli_change_reaches_a_running_replica_through_notify(cli, pg_database: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The gateway polls once an hour here: only the CLI's NOTIFY can bring the new model in time."""
+    replica = start_gateway(tmp_path / "replica", database_url=pg_database, policy_poll_interval_s=3600,
+                            seed_with={"models": {"old": sim_model("old")}, "tenants": {"acme": {}}})  # fmt: skip
+    try:
+        wait_for(lambda: replica.server.app.state.config_changes.connected, what="the replica's LISTEN")
+        env = {**cli.env, "LANEWAY_DATABASE_URL": pg_database}
+        subprocess.run([EXE, "model", "set", "fresh", "--engine", "sim", "--config", '{"max_concurrency": 2}'],
+                       env=env, check=True, capture_output=True, timeout=60)  # fmt: skip
+        wait_for(lambda: "fresh" in replica.gateway.registry.aliases(), within=10, what="the model set by the CLI")
+        client = openai.OpenAI(base_url=replica.api_url, api_key=replica.keys["acme"], max_retries=0)
+        assert client.chat.completions.create(model="fresh", messages=[{"role": "user", "content": "hi"}],
+                                              max_tokens=2).choices[0].message.content  # fmt: skip
+    finally:
+        replica.stop()

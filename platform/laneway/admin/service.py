@@ -12,6 +12,7 @@ from msgspec import Meta, Struct
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from laneway.admin.security import MIN_PASSWORD_CHARS, hash_password
 from laneway.admin.validation import (
     DeploymentName,
     Description,
@@ -30,7 +31,13 @@ from laneway.admin.validation import (
 from laneway.bootstrap import issue_key
 from laneway.core.errors import GatewayError
 from laneway.db.models import ApiKey, Deployment, Lane, Model, TaskPolicy, Tenant
-from laneway.db.repositories import AuditRepository, DeploymentSpec, ModelRepository, PolicyRepository
+from laneway.db.repositories import (
+    AdminRepository,
+    AuditRepository,
+    DeploymentSpec,
+    ModelRepository,
+    PolicyRepository,
+)
 from laneway.engines.registry import ENGINE_KINDS, EngineStartError
 
 TENANT_FIELDS = ("id", "name", "weight", "rpm", "tpm", "max_concurrency", "allowed_models", "allowed_lanes",
@@ -247,6 +254,35 @@ async def _put_policy(
     return after
 
 
+async def _commit_model(state: State, actor: str, alias: str, data: ModelIn, deployments: list[dict[str, Any]]) -> bool:
+    """Write the alias's rows and their audit row; whether the model is enabled."""
+    async with state.sessions() as session, session.begin():
+        repo = ModelRepository(session)
+        old = await repo.get(alias)
+        before = {"deployments": [row(d, DEPLOYMENT_FIELDS) for d in old.deployments]} if old else None
+        model = await repo.upsert(alias, description=data.description, deployments=deployments)
+        after = {"deployments": deployments}
+        await AuditRepository(session).add(actor, "update" if old else "create", "model", alias, before, after)
+        return bool(model.enabled)
+
+
+async def create_admin(state: State, actor: str, username: str, password: str) -> dict[str, Any]:
+    """A new admin account (the password's rules as at first start), audited."""
+    check_text("username", username, max_length=100)
+    if len(password) < MIN_PASSWORD_CHARS:
+        raise GatewayError(400, f"An admin password needs at least {MIN_PASSWORD_CHARS} characters.",
+                           code="invalid_request", param="password")  # fmt: skip
+    async with state.sessions() as session, session.begin():
+        admins = AdminRepository(session)
+        if await admins.get_by_username(username) is not None:
+            raise GatewayError(409, f"An admin named '{username}' exists.", code="conflict", param="username")
+        admin = await admins.create(username, hash_password(password))
+        await session.flush()
+        after = {"id": admin.id, "username": username}
+        await AuditRepository(session).add(actor, "create", "admin", str(admin.id), None, after)
+    return after
+
+
 async def put_model(state: State, actor: str, alias: str, data: ModelIn) -> dict[str, Any]:
     """Point `alias` at `data.deployments`, all or nothing: the new engines start and warm up
     first; if one cannot, the answer is 400 with its reason and nothing changed (rows, the
@@ -271,6 +307,10 @@ async def put_model(state: State, actor: str, alias: str, data: ModelIn) -> dict
                                code="conflict", param=f"deployments[{names.index(name)}].name")  # fmt: skip
     deployments = [msgspec.structs.asdict(d) for d in data.deployments]
     specs = [DeploymentSpec(0, alias=alias, **d) for d in deployments]
+    if state.gateway is None:  # the CLI: no engines here; the serving replicas start them on NOTIFY
+        await _commit_model(state, actor, alias, data, deployments)
+        await state.config_changes.notify()
+        return {"alias": alias, "deployments": names}
     registry = state.gateway.registry
     try:
         started = await registry.start(specs)
@@ -280,14 +320,7 @@ async def put_model(state: State, actor: str, alias: str, data: ModelIn) -> dict
                            code="engine_start_failed", param=param) from None  # fmt: skip
 
     async def commit() -> bool:
-        async with state.sessions() as session, session.begin():
-            repo = ModelRepository(session)
-            old = await repo.get(alias)
-            before = {"deployments": [row(d, DEPLOYMENT_FIELDS) for d in old.deployments]} if old else None
-            model = await repo.upsert(alias, description=data.description, deployments=deployments)
-            after = {"deployments": deployments}
-            await AuditRepository(session).add(actor, "update" if old else "create", "model", alias, before, after)
-            return bool(model.enabled)
+        return await _commit_model(state, actor, alias, data, deployments)
 
     await registry.install(alias, started, commit)
     await state.config_changes.notify()
