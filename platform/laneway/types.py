@@ -67,6 +67,7 @@ class GenerationRequest:
     priority: int = 0
     stream: bool = True  # whether the client streams (an HTTP engine then streams too)
     # Beyond plain text; the gateway has checked the deployment's capabilities for each.
+    prompt_ids: tuple[int, ...] | None = None  # the prompt's token ids, when measuring produced them
     n: int = 1  # choices; deltas carry their choice's index
     tools: tuple[dict[str, Any], ...] = ()  # OpenAI function tools: {"type": "function", "function": {...}}
     tool_choice: str | dict[str, Any] | None = None  # "auto" | "none" | "required" | a named function
@@ -97,6 +98,7 @@ class Delta:
 class PromptMeasure:
     text: str
     tokens: int
+    ids: tuple[int, ...] | None = None  # an engine with a local tokenizer: the ids (not tokenized twice)
 
 
 @dataclass(frozen=True, slots=True)

@@ -292,6 +292,7 @@ class Gateway:
             request_id="",
             prompt=measured.text,
             prompt_tokens=measured.tokens,
+            prompt_ids=measured.ids,
             max_tokens=0,
             n=n,
             tools=tuple(tools),

@@ -35,6 +35,7 @@ import numpy as np
 from laneway.engines.base import EngineError, EngineRequestError, run_embedding_warmup, run_warmup, unit_rows
 from laneway.engines.chat_template import CHATML, render_chat
 from laneway.engines.demo_model import BANNED_BYTE_TOKENS
+from laneway.engines.llamacpp_batch import BatchDecoder, BatchSequence
 from laneway.engines.slots import SlotPool
 from laneway.engines.tool_calls import call_schema, offered, output_schema, parse_calls, with_tools
 from laneway.types import (
@@ -99,7 +100,9 @@ class _EmbeddingCancelled(Exception):
 class LlamaCppEngine:
     """Config keys: model_path (required), parallel, n_ctx, n_threads, demo (ban invalid-UTF-8
     byte tokens), ban_tokens (list of ids), logit_bias ({id: bias}), embedding (serve
-    embeddings only), pooling (mean | cls | last; with embedding)."""
+    embeddings only), pooling (mean | cls | last; with embedding), batching (one context of
+    `parallel` sequences decoded together: engines/llamacpp_batch.py; otherwise one context
+    per slot, each decoding one sequence), n_batch (tokens per batched step)."""
 
     def __init__(
         self,
@@ -135,6 +138,12 @@ class LlamaCppEngine:
             capabilities=CAPABILITIES,
         )
         self.embedding = bool(config.get("embedding", False))
+        self.batching = bool(config.get("batching", True)) and not self.embedding
+        self.n_batch = max(16, int(config.get("n_batch", 512)))
+        if self.batching and "n_threads" not in config:  # one context decodes for every slot: all cores
+            self.n_threads = os.cpu_count() or 1
+        self._decoder: BatchDecoder | None = None
+        self._batch_ctx: Any = None
         pooling = config.get("pooling")
         if pooling is not None and str(pooling) not in POOLING_TYPES:
             raise EngineError(f"llama.cpp config: pooling must be one of {', '.join(POOLING_TYPES)}, not {pooling!r}")
@@ -185,6 +194,8 @@ class LlamaCppEngine:
                 elif declared == _POOLING_RANK:
                     contexts[0].close()
                     raise ValueError("the model pools for ranking (a reranker); set `pooling` to embed with it")
+            if self.batching:  # the Llama is for tokenizing and metadata; decoding is the batch context's
+                return contexts
             return contexts + [context(pooling) for _ in range(self.parallel - 1)]
 
         try:
@@ -197,10 +208,38 @@ class LlamaCppEngine:
         vocab = first._model.vocab
         self._eog = lambda tok: bool(llama_vocab_is_eog(vocab, tok))
         self._n_vocab = int(first.n_vocab())
+        if self.batching:
+            try:
+                self._batch_ctx = await asyncio.to_thread(self._batch_context, first)
+            except Exception as exc:
+                raise EngineError(f"llama.cpp could not make a context of {self.parallel} sequences: {exc}") from exc
+            self._decoder = BatchDecoder(first._model, self._batch_ctx, n_batch=self.n_batch, n_vocab=self._n_vocab,
+                                         eog=self._eog, name=f"llamacpp-batch-{self.alias}")  # fmt: skip
+            self._free = SlotPool(list(range(self.parallel)))  # sequence ids
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llamacpp-{self.alias}")
+            return
         self._free = SlotPool(self._contexts)
         self._pool = ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix=f"llamacpp-{self.alias}")
 
+    def _batch_context(self, llama: Any) -> Any:
+        """One context on the loaded model with a sequence per slot, each `n_ctx` cells."""
+        import llama_cpp
+        from llama_cpp._internals import LlamaContext
+
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = self.n_ctx * self.parallel
+        params.n_seq_max = self.parallel
+        params.n_batch = params.n_ubatch = self.n_batch
+        params.n_threads = params.n_threads_batch = self.n_threads
+        return LlamaContext(model=llama._model, params=params, verbose=False)
+
     async def close(self) -> None:
+        if self._decoder is not None:
+            await asyncio.to_thread(self._decoder.stop)
+            self._decoder = None
+        if self._batch_ctx is not None:
+            self._batch_ctx.close()
+            self._batch_ctx = None
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         for ctx in self._contexts:
@@ -238,7 +277,7 @@ class LlamaCppEngine:
             text = prompt or ""
         # special=True so the ChatML markers count as the single tokens the model sees.
         ids = self._contexts[0].tokenize(text.encode("utf-8"), add_bos=True, special=True)
-        return PromptMeasure(text=text, tokens=len(ids))
+        return PromptMeasure(text=text, tokens=len(ids), ids=tuple(ids))
 
     async def health(self) -> bool:
         return bool(self._contexts) and self._free is not None
@@ -454,6 +493,59 @@ class LlamaCppEngine:
         raw = ctx.detokenize([tok])
         return TopLogprob(raw.decode("utf-8", "replace"), logprob, tuple(raw))
 
+    async def _generate_batched(self, req: GenerationRequest, plan: _Plan) -> AsyncGenerator[Delta, None]:
+        """A sequence of the batch context: its id is the slot, given back when the decoder
+        thread has cleared its cells (however the stream ends)."""
+        assert self._free is not None and self._decoder is not None
+        loop = asyncio.get_running_loop()
+        if req.prompt_ids is not None:
+            prompt = list(req.prompt_ids)
+        elif len(req.prompt) > OFF_LOOP_PROMPT_CHARS:
+            prompt = await asyncio.to_thread(self._tokenize, req.prompt)
+        else:
+            prompt = self._tokenize(req.prompt)
+        seq_id = await self._free.acquire()
+        self._active += 1
+        out: asyncio.Queue[Any] = asyncio.Queue()
+
+        def exited() -> None:  # on the loop
+            self._active -= 1
+            assert self._free is not None
+            self._free.release(seq_id)
+            out.put_nowait(_DONE)
+
+        def emit(item: Any) -> None:  # from the decoder thread
+            loop.call_soon_threadsafe(out.put_nowait, item)
+
+        def on_exit() -> None:  # from the decoder thread
+            loop.call_soon_threadsafe(exited)
+
+        seq = BatchSequence(seq_id, req, plan, prompt, emit=emit, on_exit=on_exit)
+        try:
+            self._decoder.submit(seq)
+        except BaseException:
+            exited()
+            raise
+        left = req.n
+        try:
+            while True:
+                item = await out.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise EngineError(f"llama.cpp generation failed: {item}") from item
+                yield item
+                if item.finish_reason is not None:
+                    left -= 1
+                    if left == 0:
+                        return
+        finally:
+            seq.cancel.set()
+            self._decoder.wake()
+
+    def _tokenize(self, text: str) -> list[int]:
+        return list(self._contexts[0].tokenize(text.encode("utf-8"), add_bos=True, special=True))
+
     async def generate(self, req: GenerationRequest) -> AsyncGenerator[Delta, None]:
         if self.embedding:  # the registry never routes generation here (info.generates is False)
             raise EngineError(f"deployment for {self.alias} serves embeddings only")
@@ -463,6 +555,10 @@ class LlamaCppEngine:
         # Checked before a slot is taken: a bad token id or schema is the client's error. A
         # schema's grammar is built off the loop (its first conversion costs milliseconds).
         plan = await asyncio.to_thread(self._plan, req) if req.tools or req.response_format else self._plan(req)
+        if self._decoder is not None:
+            async for delta in self._generate_batched(req, plan):
+                yield delta
+            return
         ctx = await self._free.acquire()
         self._active += 1
         cancel = threading.Event()

@@ -1,0 +1,113 @@
+"""llama.cpp with continuous batching (engines/llamacpp_batch.py): one model and one context of
+`parallel` sequences; each step decodes every running sequence's next token together with a
+chunk of a waiting prompt; a cancelled sequence leaves between steps with its cells cleared."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN
+from laneway.engines.llamacpp import LlamaCppEngine
+from laneway.types import Delta, GenerationRequest
+
+
+def engine(path: Path, **config: Any) -> LlamaCppEngine:
+    base = {"model_path": str(path), "parallel": 4, "demo": True, "ban_tokens": [EOS_TOKEN, IM_END_TOKEN]}
+    return LlamaCppEngine("tiny", {**base, **config}, max_model_len=512)
+
+
+@pytest.fixture
+async def batched(demo_model_path: Path) -> AsyncIterator[LlamaCppEngine]:
+    e = engine(demo_model_path, n_batch=16)  # small steps: a prompt is fed in several chunks
+    await e.start()
+    yield e
+    await e.close()
+
+
+async def request(e: LlamaCppEngine, prompt: str = "hello world", **kw: Any) -> GenerationRequest:
+    m = await e.measure(prompt=prompt)
+    return GenerationRequest(request_id="r", prompt=m.text, prompt_tokens=m.tokens, prompt_ids=m.ids,
+                             **{"max_tokens": 24, "seed": 3, **kw})  # fmt: skip
+
+
+async def run(e: LlamaCppEngine, r: GenerationRequest) -> list[Delta]:
+    return [d async for d in e.generate(r)]
+
+
+async def idle(e: LlamaCppEngine) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 5
+    while e.active_slots and loop.time() < deadline:
+        await asyncio.sleep(0.001)
+    assert e.active_slots == 0
+
+
+def text(deltas: list[Delta]) -> str:
+    return "".join(d.text for d in deltas)
+
+
+async def test_one_copy_of_the_weights_and_sequences_decoded_together(batched: LlamaCppEngine) -> None:
+    assert len(batched._contexts) == 1 and batched._decoder is not None  # not one Llama per slot
+    results = await asyncio.gather(*[run(batched, await request(batched, seed=i)) for i in range(4)])
+    assert [sum(d.tokens for d in r) for r in results] == [24] * 4
+    decoder = batched._decoder
+    assert decoder.max_batched_sequences == 4
+    assert decoder.steps < 4 * 24  # far fewer decode calls than tokens: the four shared them
+    await idle(batched)
+
+
+async def test_the_same_seed_decodes_the_same_text_as_one_context_per_slot(demo_model_path: Path) -> None:
+    per_slot = engine(demo_model_path, batching=False)
+    batched = engine(demo_model_path)
+    await per_slot.start()
+    await batched.start()
+    try:
+        for kw in ({"seed": 11, "temperature": 0.9}, {"temperature": 0}, {"seed": 2, "n": 2}):
+            a = await run(per_slot, await request(per_slot, **kw))
+            b = await run(batched, await request(batched, **kw))
+            assert [(d.index, d.text, d.finish_reason) for d in a] == [(d.index, d.text, d.finish_reason) for d in b]
+    finally:
+        await per_slot.close()
+        await batched.close()
+
+
+async def test_a_long_prompt_is_fed_in_chunks_between_the_others_decode_steps(batched: LlamaCppEngine) -> None:
+    decoder = batched._decoder
+    assert decoder is not None
+    short = asyncio.ensure_future(run(batched, await request(batched, max_tokens=200)))
+    while decoder.steps < 3:  # the short one is decoding
+        await asyncio.sleep(0.001)
+    long = await request(batched, prompt="word " * 150, max_tokens=4)
+    assert long.prompt_tokens > 100
+    before = decoder.mixed_steps
+    await run(batched, long)
+    # 16 tokens a step: the long prompt took several steps, each also carrying the short one's token
+    assert decoder.mixed_steps - before >= long.prompt_tokens // 16 - 1
+    assert not short.done()
+    short.cancel()
+
+
+async def test_a_cancelled_sequence_leaves_with_its_cells_cleared_and_its_slot_back(batched: LlamaCppEngine) -> None:
+    import llama_cpp
+
+    stream = batched.generate(await request(batched, max_tokens=400))
+    got = [await stream.__anext__() for _ in range(3)]
+    assert all(d.finish_reason is None for d in got)
+    await stream.aclose()
+    await idle(batched)
+    memory = llama_cpp.llama_get_memory(batched._batch_ctx.ctx)
+    assert all(llama_cpp.llama_memory_seq_pos_max(memory, s) == -1 for s in range(4))  # no cell left behind
+    again = await run(batched, await request(batched, max_tokens=5))
+    assert sum(d.tokens for d in again) == 5
+
+
+async def test_n_choices_reuse_the_prompts_cells_and_differ_by_seed(batched: LlamaCppEngine) -> None:
+    deltas = await run(batched, await request(batched, n=3, max_tokens=8, seed=5))
+    by_choice = {i: text([d for d in deltas if d.index == i]) for i in range(3)}
+    assert len(set(by_choice.values())) == 3
+    assert [d.finish_reason for d in deltas if d.finish_reason] == ["length"] * 3
+    await idle(batched)
