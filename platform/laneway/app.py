@@ -47,6 +47,7 @@ from laneway.db.session import make_engine, make_sessionmaker
 from laneway.engines.registry import EngineRegistry
 from laneway.metrics import GatewayMetrics, Reading
 from laneway.settings import Settings
+from laneway.tracing import build as build_tracing
 
 log = logging.getLogger("laneway")
 
@@ -54,6 +55,8 @@ log = logging.getLogger("laneway")
 def create_app(settings: Settings | None = None) -> Litestar:
     settings = settings or Settings.from_env()
     shedder = LoadShedder(max_delay_s=settings.shed_loop_delay_s)
+    # None when no OTLP endpoint is set: then no middleware, no SDK import, no span anywhere.
+    tracing = build_tracing(settings)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -184,6 +187,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
             await registry.close()
             await loop_lag.stop()
             await db.dispose()
+            if tracing is not None:
+                await tracing.stop()  # last: the drained requests' spans are flushed too
 
     app = Litestar(
         route_handlers=[
@@ -201,7 +206,10 @@ def create_app(settings: Settings | None = None) -> Litestar:
         template_config=TemplateConfig(directory=ADMIN_UI_DIR / "templates", engine=JinjaTemplateEngine),
         lifespan=[lifespan],
         # Admin logins: a throttle and a bounded argon2 pool (closed at shutdown).
-        state=State({"settings": settings, "shedder": shedder, "login_guard": (login_guard := LoginGuard())}),
+        state=State(
+            {"settings": settings, "shedder": shedder, "login_guard": (login_guard := LoginGuard()), "tracing": tracing}
+        ),
+        middleware=[tracing.middleware()] if tracing is not None else [],
         on_shutdown=[login_guard.close],
         # X-Request-Id on every response; security headers on every /admin response; /metrics
         # and /schema behind metrics_token.

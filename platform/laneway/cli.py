@@ -98,7 +98,10 @@ def preflight(settings: Settings) -> str | None:
     the lifespan it would be an ExceptionGroup traceback); None when all is well."""
     from laneway.admin.security import MIN_PASSWORD_CHARS
     from laneway.bootstrap import demo_model_problem, fetch_smollm2
+    from laneway.tracing import problem as tracing_problem
 
+    if (problem := tracing_problem(settings)) is not None:
+        return problem
     if settings.admin_password is not None and len(settings.admin_password) < MIN_PASSWORD_CHARS:
         return f"LANEWAY_ADMIN_PASSWORD must have at least {MIN_PASSWORD_CHARS} characters"
     from laneway.engines.model_fetch import ModelFetchError

@@ -92,6 +92,11 @@ class Settings:
     shed_loop_delay_s: float = 0.02
     # When set, /metrics and /schema need "Authorization: Bearer <token>" (default: open).
     metrics_token: str | None = None
+    # OpenTelemetry traces (laneway/tracing/): the OTLP/HTTP URL spans are POSTed to, from
+    # OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT + "/v1/traces". None
+    # (the default): tracing is off and costs nothing. Needs the `otel` extra when set.
+    otlp_traces_endpoint: str | None = None
+    otel_service_name: str = "laneway"  # OTEL_SERVICE_NAME
 
     @property
     def resolved_database_url(self) -> str:
@@ -124,5 +129,23 @@ class Settings:
                 values[f.name] = Path(raw)
             else:
                 values[f.name] = raw or None if "None" in kind else raw
+        values.update(_otel_from_env(env, values))
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]
+
+
+def _otel_from_env(env: Mapping[str, str], values: Mapping[str, object]) -> dict[str, object]:
+    """The OpenTelemetry variables, as the SDK's spec reads them (LANEWAY_* wins when both are set):
+    the traces endpoint is used as given, the general one gets the signal's path appended;
+    OTEL_SDK_DISABLED=true turns tracing off whatever else is set."""
+    out: dict[str, object] = {}
+    if "otlp_traces_endpoint" not in values:
+        endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or None
+        if endpoint is None and (base := env.get("OTEL_EXPORTER_OTLP_ENDPOINT")):
+            endpoint = base.rstrip("/") + "/v1/traces"
+        out["otlp_traces_endpoint"] = endpoint
+    if _bool(env.get("OTEL_SDK_DISABLED", "")):
+        out["otlp_traces_endpoint"] = None
+    if "otel_service_name" not in values and env.get("OTEL_SERVICE_NAME"):
+        out["otel_service_name"] = env["OTEL_SERVICE_NAME"]
+    return out

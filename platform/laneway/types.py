@@ -77,6 +77,9 @@ class GenerationRequest:
     logit_bias: dict[int, float] | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # W3C trace context (traceparent, tracestate) of the gateway's engine span, when tracing is
+    # on: an HTTP engine sends it as headers, so its own spans join the request's trace.
+    trace_headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +112,7 @@ class EmbeddingRequest:
     inputs: tuple[str, ...]
     prompt_tokens: int
     priority: int = 0
+    trace_headers: tuple[tuple[str, str], ...] = ()  # as GenerationRequest.trace_headers
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,8 @@ class VLLMStandIn:
     def __init__(self, token_delay_s: float = 0.002) -> None:
         self.base_url = ""  # set once it is served
         self.token_delay_s = token_delay_s
-        self.requests: list[dict[str, Any]] = []  # bodies, with the X-Request-Id as "_request_id"
+        # Bodies, with the X-Request-Id as "_request_id" and the W3C traceparent as "_traceparent".
+        self.requests: list[dict[str, Any]] = []
         self.cancelled: list[str] = []
         self.finished: list[str] = []
         self.tokenize_calls = 0
@@ -83,7 +84,8 @@ class VLLMStandIn:
         async def generate(request: Request, chat: bool) -> Response[str] | Stream:  # type: ignore[type-arg]
             body = await request.json()
             rid = request.headers.get("x-request-id", "")
-            standin.requests.append({**body, "_request_id": rid, "_path": request.url.path})
+            standin.requests.append({**body, "_request_id": rid, "_path": request.url.path,
+                                     "_traceparent": request.headers.get("traceparent")})  # fmt: skip
             if standin.fail_generation:
                 return Response(json.dumps({"error": {"message": "engine crashed"}}), status_code=500)
             if not body.get("stream"):  # one JSON answer, as vLLM gives a non-streaming client
@@ -102,7 +104,8 @@ class VLLMStandIn:
         async def embeddings(request: Request) -> Response[str]:  # type: ignore[type-arg]
             body = await request.json()
             rid = request.headers.get("x-request-id", "")
-            standin.requests.append({**body, "_request_id": rid, "_path": request.url.path})
+            standin.requests.append({**body, "_request_id": rid, "_path": request.url.path,
+                                     "_traceparent": request.headers.get("traceparent")})  # fmt: skip
             if standin.fail_generation:
                 return Response(json.dumps({"error": {"message": "engine crashed"}}), status_code=500)
             if standin.embed_delay_s:

@@ -18,7 +18,7 @@ from laneway.api import openapi
 from laneway.api.disconnect import ClientDisconnected, until_disconnect
 from laneway.api.protocol import encode
 from laneway.api.request_ids import bind_call, client_request_id
-from laneway.api.routes import _decode, unsupported
+from laneway.api.routes import _decode, authenticate, unsupported
 from laneway.core.errors import GatewayError, invalid_request
 from laneway.core.pipeline import CLIENT_CLOSED, Call, Gateway, Lease
 from laneway.types import Embeddings
@@ -144,7 +144,7 @@ class EmbeddingsController(Controller):
     async def create_embeddings(self, request: Request) -> Response[bytes]:  # type: ignore[type-arg]
         state = request.app.state
         gateway: Gateway = state.gateway
-        tenant = await state.authenticator.authenticate(request.headers.get("authorization"))
+        tenant = await authenticate(request)
         req = await _decode(request, CreateEmbeddingRequest)
         if req.user is not None and "\x00" in req.user:  # stored on the usage row: PostgreSQL text can't hold NUL
             raise invalid_request("`user` must not contain NUL (\\u0000) characters.", param="user")

@@ -1,12 +1,14 @@
 """Every error a client sees, in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 
 Each handler also counts the answer of a request that never held a lease (metrics.py:
-laneway_requests_refused_total); an admitted one is counted when its lease is released."""
+laneway_requests_refused_total), and gives its code to the request's span when tracing is on;
+an admitted one is counted (and its span ended) when its lease is released."""
 
 from __future__ import annotations
 
 import logging
 import re
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 from litestar import MediaType, Request, Response
@@ -15,6 +17,10 @@ from litestar.exceptions import HTTPException
 from laneway.api.protocol import ErrorBody, ErrorEnvelope, encode
 from laneway.api.request_ids import admitted, request_id
 from laneway.core.errors import GatewayError
+from laneway.tracing import TRACE_KEY
+
+if TYPE_CHECKING:
+    from laneway.tracing.otel import RequestTrace
 
 log = logging.getLogger("laneway.api")
 
@@ -52,6 +58,9 @@ def _count(request: Request, status: int, code: str | None) -> None:  # type: ig
     scope = request.scope
     if admitted(scope):
         return
+    trace: RequestTrace | None = cast("dict[str, Any]", scope).get(TRACE_KEY)
+    if trace is not None:  # tracing is on: the request's span names the code, not only the status
+        trace.refused(status, code)
     gateway = request.app.state.get("gateway")  # None only before start-up finished
     if gateway is not None:
         gateway.metrics.refused(scope.get("path_template") or "unmatched", status, code)

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from litestar.types import Message, Scope
 
+from laneway.tracing import TRACE_KEY
+
 if TYPE_CHECKING:
     from laneway.core.pipeline import Call
 
@@ -44,8 +46,12 @@ def client_request_id(value: str | None) -> str | None:
 
 def bind_call(scope: Scope, call: Call) -> None:
     """The request is admitted as `call`: its responses (errors too) carry the call's id, and
-    its lease, not an error handler, accounts for it."""
-    cast(dict[str, Any], scope)[CALL_KEY] = call
+    its lease, not an error handler, accounts for it (and, when tracing is on, ends its span)."""
+    state = cast(dict[str, Any], scope)
+    state[CALL_KEY] = call
+    trace = state.get(TRACE_KEY)
+    if trace is not None:
+        trace.bind(call)
 
 
 def admitted(scope: Scope) -> bool:

@@ -82,9 +82,14 @@ class _LeasedASGIStream(ASGIStreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._scope = scope
+        trace = self.lease.call.trace
+        if trace is not None:
+            trace.stream_started()
         try:
             await super().__call__(scope, receive, send)
         finally:
+            if trace is not None:
+                trace.stream_ended(self.lease.call)
             self.lease.release()
 
     async def send_body(self, send: Send, receive: Receive) -> None:

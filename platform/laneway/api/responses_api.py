@@ -26,7 +26,7 @@ from litestar.response import Stream
 from laneway.api import openapi
 from laneway.api import responses_protocol as rp
 from laneway.api.errors import validation_error
-from laneway.api.routes import _decode, _hints, _respond, _services, _stream_events, unsupported
+from laneway.api.routes import _decode, _hints, _respond, _services, _stream_events, authenticate, unsupported
 from laneway.api.sse import named_event
 from laneway.core.errors import GatewayError, invalid_request
 from laneway.core.pipeline import Call, Gateway, Lease
@@ -455,8 +455,8 @@ class ResponsesController(Controller):
         ),
     )
     async def create_response(self, request: Request) -> Response[bytes] | Stream:  # type: ignore[type-arg]
-        gateway, auth = _services(request)
-        tenant = await auth.authenticate(request.headers.get("authorization"))
+        gateway, _ = _services(request)
+        tenant = await authenticate(request)
         req = await _decode_request(request)
         refuse_unsupported(req)
         turns = input_turns(req.instructions, req.input)

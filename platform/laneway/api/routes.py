@@ -6,7 +6,7 @@ import asyncio
 import re
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import msgspec
 from litestar import Controller, MediaType, Request, Response, get, post
@@ -32,7 +32,11 @@ from laneway.core.auth import KeyAuthenticator
 from laneway.core.errors import GatewayError, invalid_request
 from laneway.core.pipeline import CLIENT_CLOSED, Call, Gateway, Lease
 from laneway.core.streaming import pumped
+from laneway.tracing import TRACE_KEY
 from laneway.types import ChatTurn, Delta, TenantSnapshot, ToolCall
+
+if TYPE_CHECKING:
+    from laneway.tracing.otel import RequestTrace
 
 T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -41,6 +45,16 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 def _services(request: Request) -> tuple[Gateway, KeyAuthenticator]:  # type: ignore[type-arg]
     state = request.app.state
     return state.gateway, state.authenticator
+
+
+async def authenticate(request: Request) -> TenantSnapshot:  # type: ignore[type-arg]
+    """The tenant of the request's API key (401/403/503 otherwise); an `auth` span when traced."""
+    auth: KeyAuthenticator = request.app.state.authenticator
+    header = request.headers.get("authorization")
+    trace: RequestTrace | None = cast("dict[str, Any]", request.scope).get(TRACE_KEY)
+    if trace is None:  # tracing off: this branch is all it costs
+        return await auth.authenticate(header)
+    return await trace.auth(auth.authenticate(header))
 
 
 # msgspec's words for a top-level field the struct does not declare (nested ones say where).
@@ -226,8 +240,7 @@ class OpenAIController(Controller):
     security = openapi.API_KEY  # the bodies are decoded here, by msgspec: api/openapi.py describes them
 
     async def _tenant(self, request: Request) -> TenantSnapshot:  # type: ignore[type-arg]
-        _, auth = _services(request)
-        return await auth.authenticate(request.headers.get("authorization"))
+        return await authenticate(request)
 
     @get("/models", media_type=MediaType.JSON, operation_class=openapi.MODEL_LIST)
     async def list_models(self, request: Request) -> Response[bytes]:  # type: ignore[type-arg]

@@ -31,8 +31,8 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from laneway.core import capabilities
 from laneway.core.accounting import UsageRecorder
@@ -47,6 +47,9 @@ from laneway.engines.base import EngineError, EngineRequestError, embedder
 from laneway.engines.registry import EngineRegistry, LiveDeployment, NotServed, UnknownModel
 from laneway.metrics import GatewayMetrics
 from laneway.types import ChatTurn, Delta, EmbeddingRequest, Embeddings, FinishReason, GenerationRequest, TenantSnapshot
+
+if TYPE_CHECKING:
+    from laneway.tracing.otel import RequestTrace
 
 log = logging.getLogger("laneway.pipeline")
 
@@ -81,6 +84,7 @@ class Call:
     error_code: str | None = None
     reported_prompt_tokens: int | None = None  # the engine's exact count, when it reports one
     client_request_id: str | None = None  # the client's own X-Request-Id (api/request_ids.py)
+    trace: RequestTrace | None = None  # its spans, when tracing is on (laneway/tracing/): else no tracer call
 
     def fail(self, status: int, code: str | None) -> None:
         """Record why the request did not end well; the first cause stands (a backpressure
@@ -132,6 +136,8 @@ class Lease:
         if self._generation_ended:
             return
         self._generation_ended = True
+        if self.call.trace is not None:
+            self.call.trace.engine_ended(self.call)
         if self.holds_deployment:
             self.call.deployment.outstanding -= 1
         if self.ticket is not None:
@@ -158,6 +164,8 @@ class Lease:
         if self.reservation is not None:
             self.gateway.limiter.settle(self.reservation, call.prompt_tokens + call.completion_tokens)
         self.gateway.account(call)
+        if call.trace is not None:  # the request span ends with the request, whatever ended it
+            call.trace.finish(call)
         self.gateway.forget(self)
 
     async def _close_run(self, run: Any) -> None:
@@ -545,6 +553,8 @@ class Gateway:
             matchers = [StopMatcher(call.generation.stop) for _ in range(n)]
             reasons: list[FinishReason | None] = [None] * n
             left = n
+            if call.trace is not None:  # the engine's own spans join the trace (an HTTP engine sends it)
+                call.generation.trace_headers = call.trace.engine_started(call)
             engine_stream = deployment.engine.generate(call.generation)
             try:
                 async for delta in engine_stream:
@@ -613,7 +623,10 @@ class Gateway:
             engine = embedder(deployment.engine)
             if engine is None:
                 raise EngineError(f"deployment {deployment.spec.name} cannot embed")
-            result = await engine.embed(call.embedding)
+            request = call.embedding
+            if call.trace is not None:
+                request = replace(request, trace_headers=call.trace.engine_started(call))
+            result = await engine.embed(request)
             if result.vectors.shape[0] != len(call.embedding.inputs):
                 raise EngineError(f"{result.vectors.shape[0]} vectors for {len(call.embedding.inputs)} inputs")
             if result.prompt_tokens:

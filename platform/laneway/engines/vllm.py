@@ -3,7 +3,9 @@
 - Chat requests go to /v1/chat/completions with the messages, so vLLM applies the model's
   own chat template; completions go to /v1/completions. laneway's stop sequences, seed,
   sampling and priority (vLLM's `--scheduling-policy priority`) are passed through; the
-  request id travels as X-Request-Id.
+  request id travels as X-Request-Id, and with tracing on the engine span's W3C
+  `traceparent` (and `tracestate`): vLLM run with --otlp-traces-endpoint puts its spans in
+  the request's trace.
 - A streaming client's request streams from vLLM too; a non-streaming one is one plain
   request and one JSON answer (no per-token parsing for an answer nobody watches arrive).
 - Closing the stream closes the HTTP response: vLLM aborts the request when its client
@@ -373,6 +375,7 @@ class VLLMEngine:
         if request.priority:
             body["priority"] = request.priority
         headers = {"X-Request-Id": request.request_id, "Content-Type": "application/json"}
+        headers.update(request.trace_headers)  # vLLM started with --otlp-traces-endpoint joins the trace
         self._active += 1
         try:  # a cancelled await closes the connection: vLLM aborts the request
             async with self._http().post("v1/embeddings", data=_encode(body), headers=headers) as r:
@@ -439,6 +442,7 @@ class VLLMEngine:
         path, body = self._body(req)
         self._active += 1
         headers = {"X-Request-Id": req.request_id, "Content-Type": "application/json"}
+        headers.update(req.trace_headers)  # vLLM started with --otlp-traces-endpoint joins the trace
         try:
             async with self._http().post(path, data=_encode(body), headers=headers) as r:
                 if r.status != 200:
