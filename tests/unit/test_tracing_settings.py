@@ -23,7 +23,7 @@ from laneway.tracing import build
         (
             {"LANEWAY_OTLP_TRACES_ENDPOINT": "http://l:1/v1/traces", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"},
             "http://l:1/v1/traces",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_the_traces_endpoint_comes_from_the_otel_variables(env: dict[str, str], endpoint: str | None) -> None:
