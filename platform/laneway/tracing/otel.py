@@ -191,7 +191,10 @@ class RequestTrace:
 
     def _span(self, name: str, start: int, end: int, *, status: int = 200, code: str | None = None,
               parent: Context | None = None, attributes: dict[str, Any] | None = None) -> None:  # fmt: skip
-        """A finished child span, written after the fact (start and end in epoch ns)."""
+        """A finished child span, written after the fact (start and end in epoch ns); none for a
+        request the sampler left out (OTEL_TRACES_SAMPLER): its children would not be recorded."""
+        if not self._root.is_recording():
+            return
         span = self._tracer.start_span(name, context=parent or self._context, start_time=start, attributes=attributes)
         _outcome(span, status, code, server=False)
         span.end(end_time=end)
@@ -222,7 +225,12 @@ class RequestTrace:
         self._refusal = (status, code)
 
     def engine_started(self, call: Call) -> tuple[tuple[str, str], ...]:
-        """Open the engine span; returns its W3C trace context, for an HTTP engine's headers."""
+        """Open the engine span; returns its W3C trace context, for an HTTP engine's headers (a
+        request left out by the sampler passes on its own context, flagged not sampled)."""
+        carrier: dict[str, str] = {}
+        if not self._root.is_recording():
+            _PROPAGATOR.inject(carrier, context=self._context)
+            return tuple(carrier.items())
         info = call.deployment.engine.info
         op = _OPERATION.get(call.endpoint, call.endpoint)
         attributes: dict[str, Any] = {
@@ -241,7 +249,6 @@ class RequestTrace:
         start = self._ns(call.dispatched_at) if call.dispatched_at is not None else None
         self._engine = span = self._tracer.start_span(f"{op} {call.alias}", context=self._context, start_time=start,
                                                       kind=SpanKind.CLIENT, attributes=attributes)  # fmt: skip
-        carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier, context=set_span_in_context(span))
         return tuple(carrier.items())
 
