@@ -155,9 +155,24 @@ class TenantSnapshot:
     disabled: bool = False
     allowed_lanes: frozenset[str] = frozenset()  # lanes it may ask for by name
     priority_floor: int = 0  # the most urgent priority it may request (lower runs first)
+    # Token quotas over calendar periods in UTC (core/quota.py); None: no quota.
+    tokens_per_day: int | None = None
+    tokens_per_month: int | None = None
+    # The API key's own limits, enforced in addition to the tenant's (each with its own bucket):
+    # a key can only narrow what its tenant may do. None: only the tenant's limit applies.
+    key_rpm: int | None = None
+    key_tpm: int | None = None
+    key_max_concurrency: int | None = None
+    key_allowed_models: frozenset[str] | None = None  # None: every model the tenant may use
+
+    @property
+    def key_limited(self) -> bool:
+        return bool(self.key_rpm or self.key_tpm or self.key_max_concurrency)
 
     def may_use(self, alias: str) -> bool:
-        return self.allowed_models is None or alias in self.allowed_models
+        return (self.allowed_models is None or alias in self.allowed_models) and (
+            self.key_allowed_models is None or alias in self.key_allowed_models
+        )
 
 
 @dataclass(slots=True)

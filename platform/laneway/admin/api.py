@@ -21,6 +21,7 @@ from msgspec import Meta, Struct
 from sqlalchemy import func, select
 
 from laneway.admin import service
+from laneway.admin.limits import KeyLimitsIn, tenant_usage
 from laneway.admin.security import new_session_token, token_digest
 from laneway.admin.service import (
     AUDIT_FIELDS,
@@ -131,6 +132,22 @@ class AdminAPI(Controller):
     async def issue(self, request: Request, tenant_id: FromPath[int]) -> dict[str, Any]:  # type: ignore[type-arg]
         actor = await _admin(request, change=True)
         return await service.issue_api_key(request.app.state, actor, tenant_id, _decode(await request.body(), KeyIn))
+
+    @patch("/keys/{key_id:int}", security=ADMIN_CHANGE)
+    async def edit_key(self, request: Request, key_id: FromPath[int]) -> dict[str, Any]:  # type: ignore[type-arg]
+        """The key's own rpm, tpm, max_concurrency, allowed_models; null clears one."""
+        actor = await _admin(request, change=True)
+        body = await request.body()
+        sent = _sent(body)
+        return await service.edit_api_key(request.app.state, actor, key_id, _decode(body, KeyLimitsIn), sent)
+
+    @get("/tenants/{tenant_id:int}/usage", security=ADMIN_SESSION)
+    async def usage(self, request: Request, tenant_id: FromPath[int]) -> dict[str, Any]:  # type: ignore[type-arg]
+        """Tokens used today and this month (UTC) next to the tenant's quotas, and when each resets."""
+        await _admin(request)
+        async with request.app.state.sessions() as session:
+            tenant = await service.get_or_404(session, Tenant, tenant_id)
+            return await tenant_usage(request.app.state.gateway.limiter, session, tenant)
 
     @delete("/keys/{key_id:int}", status_code=200, security=ADMIN_CHANGE)
     async def revoke(self, request: Request, key_id: FromPath[int]) -> dict[str, Any]:  # type: ignore[type-arg]

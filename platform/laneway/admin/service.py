@@ -12,6 +12,7 @@ from msgspec import Meta, Struct
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from laneway.admin.limits import KEY_LIMIT_FIELDS, KeyLimitsIn, KeyModels, check_key_limits
 from laneway.admin.security import MIN_PASSWORD_CHARS, hash_password
 from laneway.admin.validation import (
     DeploymentName,
@@ -26,6 +27,7 @@ from laneway.admin.validation import (
     Positive,
     Quantization,
     TenantName,
+    TokenQuota,
     check_text,
 )
 from laneway.bootstrap import issue_key
@@ -41,8 +43,9 @@ from laneway.db.repositories import (
 from laneway.engines.registry import ENGINE_KINDS, EngineStartError
 
 TENANT_FIELDS = ("id", "name", "weight", "rpm", "tpm", "max_concurrency", "allowed_models", "allowed_lanes",
-                 "priority_floor", "disabled")  # fmt: skip
-KEY_FIELDS = ("id", "tenant_id", "name", "prefix", "created_at", "expires_at", "revoked_at", "last_used_at")
+                 "priority_floor", "tokens_per_day", "tokens_per_month", "disabled")  # fmt: skip
+KEY_FIELDS = ("id", "tenant_id", "name", "prefix", "created_at", "expires_at", "revoked_at", "last_used_at",
+              *KEY_LIMIT_FIELDS)  # fmt: skip
 PRIORITY_FLOOR_RANGE = (-1000, 1000)
 
 
@@ -57,12 +60,20 @@ class TenantIn(Struct, omit_defaults=True, forbid_unknown_fields=True):
     allowed_lanes: Annotated[list[LaneName], Meta(max_length=100)] | None = None
     # The most urgent X-Laneway-Priority it may ask for (lower runs first; more urgent is clamped).
     priority_floor: Annotated[int, Meta(ge=PRIORITY_FLOOR_RANGE[0], le=PRIORITY_FLOOR_RANGE[1])] | None = None
+    # Tokens (prompt + completion) per UTC day / calendar month; null: no quota.
+    tokens_per_day: TokenQuota | None = None
+    tokens_per_month: TokenQuota | None = None
     disabled: bool | None = None
 
 
 class KeyIn(Struct, forbid_unknown_fields=True):
     name: KeyName = "default"
     expires_days: ExpiresDays | None = None
+    # The key's own limits, in addition to the tenant's (admin/limits.py); null: the tenant's only.
+    rpm: Positive | None = None
+    tpm: Positive | None = None
+    max_concurrency: Positive | None = None
+    allowed_models: KeyModels | None = None
 
 
 class LaneIn(Struct, omit_defaults=True, forbid_unknown_fields=True):
@@ -178,13 +189,37 @@ def expires_at(data: KeyIn) -> datetime | None:
 
 async def issue_api_key(state: State, actor: str, tenant_id: int, data: KeyIn) -> dict[str, Any]:
     expires = expires_at(data)
+    limits = {f: getattr(data, f) for f in KEY_LIMIT_FIELDS if getattr(data, f) is not None}
     async with state.sessions() as session:
-        name = (await get_or_404(session, Tenant, tenant_id)).name
+        tenant = await get_or_404(session, Tenant, tenant_id)
+        check_key_limits(tenant, limits)  # before the key exists: refused means nothing issued
+        name = tenant.name
     key_id, secret = await issue_key(state.sessions, name, name=data.name, expires_at=expires)
     async with state.sessions() as session, session.begin():
-        after = row(await get_or_404(session, ApiKey, key_id), KEY_FIELDS)
+        key = await get_or_404(session, ApiKey, key_id)
+        for field, value in limits.items():  # nobody holds the secret yet: no request saw it without them
+            setattr(key, field, value)
+        await session.flush()
+        after = row(key, KEY_FIELDS)
         await AuditRepository(session).add(actor, "issue", "api_key", str(key_id), None, after)
     return {**after, "secret": secret}  # shown once; only its sha256 is stored
+
+
+async def edit_api_key(state: State, actor: str, key_id: int, data: KeyLimitsIn, fields: set[str]) -> dict[str, Any]:
+    """Set the key's own limits named in `fields` (null clears one: the tenant's applies)."""
+    changes = {f: getattr(data, f) for f in fields & set(KEY_LIMIT_FIELDS)}
+    async with state.sessions() as session, session.begin():
+        key = await get_or_404(session, ApiKey, key_id)
+        check_key_limits(await get_or_404(session, Tenant, key.tenant_id), changes)
+        before = row(key, KEY_FIELDS)
+        for field, value in changes.items():
+            setattr(key, field, value)
+        await session.flush()
+        after = row(key, KEY_FIELDS)
+        await AuditRepository(session).add(actor, "update", "api_key", str(key_id), before, after)
+    state.authenticator.invalidate()  # the key's next request has them
+    await state.config_changes.notify()
+    return after
 
 
 async def revoke_api_key(state: State, actor: str, key_id: int) -> dict[str, Any]:

@@ -36,6 +36,9 @@ GpuType = Annotated[str, Meta(min_length=1, max_length=60, pattern=NO_CONTROL_CH
 Description = Annotated[str, Meta(max_length=500, pattern=NO_CONTROL_CHARS)]
 Positive = Annotated[int, Meta(ge=1, le=INT32_MAX)]
 Int32 = Annotated[int, Meta(ge=-INT32_MAX, le=INT32_MAX)]
+# Quotas are BIGINT columns, and Redis's Lua counts in doubles: exact well past this.
+MAX_TOKEN_QUOTA = 10**15
+TokenQuota = Annotated[int, Meta(ge=1, le=MAX_TOKEN_QUOTA)]
 MAX_EXPIRES_DAYS = 36_500  # 100 years; beyond, the expiry date overflows
 ExpiresDays = Annotated[float, Meta(gt=0, le=MAX_EXPIRES_DAYS)]
 
@@ -44,6 +47,10 @@ FIELD_RULES = {
     "expires_days": f"expires_days must be a number of days greater than 0 (at most {MAX_EXPIRES_DAYS}).",
     "priority_floor": "priority_floor must be a whole number from -1000 to 1000 (lower numbers run first).",
     "weight": "weight must be a number greater than 0 and at most 100.",
+    "tokens_per_day": f"tokens_per_day must be a whole number of tokens from 1 to {MAX_TOKEN_QUOTA:,} per UTC day "
+    "(empty or null: no daily quota).",
+    "tokens_per_month": f"tokens_per_month must be a whole number of tokens from 1 to {MAX_TOKEN_QUOTA:,} per "
+    "calendar month in UTC (empty or null: no monthly quota).",
 }
 
 

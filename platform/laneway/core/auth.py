@@ -179,6 +179,12 @@ class KeyAuthenticator:
                 allowed_models=frozenset(t.allowed_models) if t.allowed_models is not None else None,
                 allowed_lanes=frozenset(t.allowed_lanes or ()),
                 priority_floor=t.priority_floor,
+                tokens_per_day=t.tokens_per_day,
+                tokens_per_month=t.tokens_per_month,
+                key_rpm=key.rpm,
+                key_tpm=key.tpm,
+                key_max_concurrency=key.max_concurrency,
+                key_allowed_models=frozenset(key.allowed_models) if key.allowed_models is not None else None,
             )
 
 

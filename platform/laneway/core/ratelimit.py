@@ -1,11 +1,18 @@
-"""Per-tenant limits: RPM and TPM token buckets, and max concurrent requests.
+"""Per-tenant and per-key limits: RPM and TPM token buckets, max concurrent requests, and
+token quotas per UTC day and month.
 
 At admission a request reserves 1 request and prompt + max_tokens tokens; when it ends the
 tokens it did not use are refunded. A bucket of capacity C refills at C per minute, so the
-Retry-After of a refusal is exactly when the bucket can hold the request.
+Retry-After of a refusal is exactly when the bucket can hold the request. An API key's own
+limits (TenantSnapshot.key_*) are enforced in addition to its tenant's, in buckets of its own.
+
+Quotas (core/quota.py) count the tokens of every tenant per calendar period (so a quota set
+mid-month applies to the month's real use, and admins see it); a request that would take a
+tenant past a quota is refused until the period resets. Reserved like TPM, refunded like TPM.
 
 Two backends with one contract: process memory (one gateway), and Redis (one atomic Lua
-script per decision, on Redis's clock, so any number of replicas enforce one limit).
+script per decision, on Redis's clock, so any number of replicas enforce one limit; the
+quota periods come from the limiter's wall clock, which tests inject).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from redis.exceptions import RedisError
 
 from laneway.core.dependencies import DependencyHealth
 from laneway.core.errors import GatewayError, dependency_unavailable
+from laneway.core.quota import PERIOD_KINDS, Period, period, quota_exceeded, quota_limit, quota_too_small, quotas
 from laneway.core.redis_batch import ScriptBatcher, run_scripts
 from laneway.types import TenantSnapshot
 
@@ -57,6 +65,43 @@ def too_many_concurrent(tenant: TenantSnapshot) -> GatewayError:
     )
 
 
+def key_rate_limited(tenant: TenantSnapshot, wait_s: float) -> GatewayError:
+    return GatewayError(
+        429,
+        f"Rate limit reached for this API key of tenant '{tenant.name}' (key RPM {tenant.key_rpm or 'unlimited'}, "
+        f"key TPM {tenant.key_tpm or 'unlimited'}). Retry in {wait_s:.1f} s.",
+        code="rate_limit_exceeded",
+        retry_after=wait_s,
+    )
+
+
+def key_too_many_concurrent(tenant: TenantSnapshot) -> GatewayError:
+    return GatewayError(
+        429,
+        f"This API key of tenant '{tenant.name}' already has {tenant.key_max_concurrency} requests in flight.",
+        code="concurrency_limit_exceeded",
+        retry_after=1,
+    )
+
+
+def check_size(tenant: TenantSnapshot, tokens: int) -> None:
+    """Refuse a request no wait would let through: larger than a TPM bucket or a whole quota."""
+    if tenant.tpm and tokens > tenant.tpm:
+        raise too_large(tenant, tokens)
+    if tenant.key_tpm and tokens > tenant.key_tpm:
+        raise GatewayError(
+            429,
+            f"Request too large: it needs {tokens} tokens (prompt + max_tokens) and this API key may use "
+            f"{tenant.key_tpm} tokens per minute. Lower max_tokens or shorten the prompt.",
+            code="request_too_large",
+            type="rate_limit_error",
+        )
+    for kind in PERIOD_KINDS:
+        limit = quota_limit(tenant, kind)
+        if limit and tokens > limit:
+            raise quota_too_small(tenant, kind, limit, tokens)
+
+
 @dataclass(slots=True)
 class Reservation:
     """What one request took from its tenant's limits; settled once when it ends."""
@@ -65,12 +110,16 @@ class Reservation:
     request_id: str
     tokens: int  # reserved: prompt + max_tokens
     local: bool = True  # held by process memory (the memory limiter, or Redis's fallback)
+    # The quota periods it was counted in ("day:2026-03-31", "month:2026-03"): the refund goes
+    # back to them even when it lands after the boundary.
+    periods: tuple[str, ...] = ()
 
 
 class RateLimiter(Protocol):
     # True when reserve() crosses the network: the caller then protects it from cancellation
     # (a reservation made while the client left must still be given back).
     remote: bool
+    wall_clock: Callable[[], float]  # epoch seconds: which quota period is current (injectable)
 
     async def reserve(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
         """Take 1 request and `tokens` tokens, and a concurrency slot; raise GatewayError(429) if not."""
@@ -78,6 +127,10 @@ class RateLimiter(Protocol):
     def settle(self, reservation: Reservation, used_tokens: int) -> None:
         """The request ended: give back its concurrency slot and the tokens it did not use.
         Never blocks and never raises: a remote settle happens in the background."""
+
+    async def quota_used(self, tenant_id: int) -> dict[str, int]:
+        """Tokens counted against the tenant in the current day and month ({"day": n, "month": n}),
+        reservations in flight included. For admins: never called on the request path."""
 
     async def close(self) -> None: ...
 
@@ -103,11 +156,18 @@ class TokenBucket:
 class MemoryRateLimiter:
     remote = False
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time
+    ) -> None:
         self._clock = clock
+        self.wall_clock = wall_clock  # epoch seconds: which quota period is current
         self._rpm: dict[int, TokenBucket] = {}
         self._tpm: dict[int, TokenBucket] = {}
         self._in_flight: dict[int, set[str]] = {}
+        self._key_rpm: dict[int, TokenBucket] = {}  # by API key id
+        self._key_tpm: dict[int, TokenBucket] = {}
+        self._key_in_flight: dict[int, set[str]] = {}
+        self._used: dict[int, dict[str, int]] = {}  # tenant -> period name -> tokens counted
 
     def _bucket(self, table: dict[int, TokenBucket], tenant_id: int, capacity: int, now: float) -> TokenBucket:
         bucket = table.get(tenant_id)
@@ -128,63 +188,125 @@ class MemoryRateLimiter:
         return self.reserve_now(tenant, tokens, request_id)
 
     def reserve_now(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
-        if tenant.tpm and tokens > tenant.tpm:
-            raise too_large(tenant, tokens)
+        check_size(tenant, tokens)
+        wall = self.wall_clock()
+        periods = [period(kind, wall) for kind in PERIOD_KINDS]
+        used = self._used.setdefault(tenant.id, {})
+        for p, limit in quotas(tenant, wall):  # past a quota only its reset helps: said first
+            if used.get(p.name, 0) + tokens > limit:
+                raise quota_exceeded(tenant, p, limit, used.get(p.name, 0), wall)
         holders = self._in_flight.setdefault(tenant.id, set())
         if tenant.max_concurrency and len(holders) >= tenant.max_concurrency:
             raise too_many_concurrent(tenant)
+        key = tenant.api_key_id
+        key_holders = self._key_in_flight.get(key, set())
+        if tenant.key_max_concurrency and len(key_holders) >= tenant.key_max_concurrency:
+            raise key_too_many_concurrent(tenant)
         now = self._clock()
         rpm = self._bucket(self._rpm, tenant.id, tenant.rpm, now) if tenant.rpm else None
         tpm = self._bucket(self._tpm, tenant.id, tenant.tpm, now) if tenant.tpm else None
+        key_rpm = self._bucket(self._key_rpm, key, tenant.key_rpm, now) if tenant.key_rpm else None
+        key_tpm = self._bucket(self._key_tpm, key, tenant.key_tpm, now) if tenant.key_tpm else None
         wait = max(rpm.wait_for(1) if rpm else 0.0, tpm.wait_for(tokens) if tpm else 0.0)
-        if wait > 0:
-            raise rate_limited(tenant, wait)
-        if rpm:
-            rpm.level -= 1
-        if tpm:
-            tpm.level -= tokens
+        key_wait = max(key_rpm.wait_for(1) if key_rpm else 0.0, key_tpm.wait_for(tokens) if key_tpm else 0.0)
+        if wait > 0 or key_wait > 0:
+            raise key_rate_limited(tenant, key_wait) if key_wait > wait else rate_limited(tenant, wait)
+        for bucket, amount in ((rpm, 1), (tpm, tokens), (key_rpm, 1), (key_tpm, tokens)):
+            if bucket is not None:
+                bucket.level -= amount
         holders.add(request_id)
-        return Reservation(tenant, request_id, tokens)
+        self._key_in_flight.setdefault(key, set()).add(request_id)
+        self._count(used, periods, tokens)
+        return Reservation(tenant, request_id, tokens, periods=tuple(p.name for p in periods))
+
+    @staticmethod
+    def _count(used: dict[str, int], periods: list[Period], tokens: int) -> None:
+        for p in periods:
+            if p.name not in used:  # a new period: the last one's count is not needed any more
+                for name in [n for n in used if n.startswith(p.kind + ":")]:
+                    del used[name]
+            used[p.name] = used.get(p.name, 0) + tokens
+
+    def seed_used(self, tenant_id: int, period_name: str, tokens: int) -> None:
+        """Start a period's count from what the usage table says (after a restart)."""
+        used = self._used.setdefault(tenant_id, {})
+        used[period_name] = used.get(period_name, 0) + tokens
+
+    async def quota_used(self, tenant_id: int) -> dict[str, int]:
+        wall = self.wall_clock()
+        used = self._used.get(tenant_id, {})
+        return {kind: used.get(period(kind, wall).name, 0) for kind in PERIOD_KINDS}
 
     def settle(self, reservation: Reservation, used_tokens: int) -> None:
         tenant = reservation.tenant
-        holders = self._in_flight.get(tenant.id)
-        if holders is not None:
-            holders.discard(reservation.request_id)
-            if not holders:
-                del self._in_flight[tenant.id]
+        for flights, ident in ((self._in_flight, tenant.id), (self._key_in_flight, tenant.api_key_id)):
+            holders = flights.get(ident)
+            if holders is not None:
+                holders.discard(reservation.request_id)
+                if not holders:
+                    del flights[ident]
         unused = reservation.tokens - used_tokens
-        if tenant.tpm and unused > 0:
-            bucket = self._bucket(self._tpm, tenant.id, tenant.tpm, self._clock())
-            bucket.level = min(bucket.capacity, bucket.level + unused)
+        if unused <= 0:
+            return
+        now = self._clock()
+        for table, ident, capacity in ((self._tpm, tenant.id, tenant.tpm),
+                                       (self._key_tpm, tenant.api_key_id, tenant.key_tpm)):  # fmt: skip
+            if capacity:
+                bucket = self._bucket(table, ident, capacity, now)
+                bucket.level = min(bucket.capacity, bucket.level + unused)
+        counted = self._used.get(tenant.id, {})
+        for name in reservation.periods:
+            if name in counted:  # else its period is over and forgotten: nothing to give back to
+                counted[name] = max(0, counted[name] - unused)
 
     async def close(self) -> None:
         return None
 
 
+# KEYS: the tenant's rpm, tpm, inflight; its API key's rpm, tpm, inflight; the tenant's token
+# counters of the current day and month. ARGV: rpm, tpm, need, maxc, request id, stale, the
+# key's rpm, tpm, maxc, the day's and the month's quota (0: none) and each counter's TTL.
+# Verdicts: 0 taken; 1 tenant rate (wait ms); 2 tenant concurrency; 3 key rate (wait ms);
+# 4 key concurrency; 5 day quota, 6 month quota (tokens used).
 _RESERVE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local rpm, tpm, need = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local maxc, stale = tonumber(ARGV[4]), tonumber(ARGV[6])
+local krpm, ktpm, kmaxc = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local quota = {tonumber(ARGV[10]), tonumber(ARGV[11])}
+for i = 1, 2 do
+  if quota[i] > 0 then
+    local used = tonumber(redis.call('GET', KEYS[6 + i]) or '0')
+    if used + need > quota[i] then return {4 + i, used} end
+  end
+end
 local function level(key, cap)
   local v = redis.call('HMGET', key, 'level', 'ts')
   local l, ts = tonumber(v[1]) or cap, tonumber(v[2]) or now
   return math.min(cap, l + math.max(0, now - ts) * cap / 60)
 end
-if maxc > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - stale)
-  if redis.call('ZCARD', KEYS[3]) >= maxc then return {2, 1000} end
+local function full(key, cap)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - stale)
+  return redis.call('ZCARD', key) >= cap
 end
-local wait, lr, lt = 0, 0, 0
-if rpm > 0 then
-  lr = level(KEYS[1], rpm)
-  if lr < 1 then wait = math.max(wait, (1 - lr) * 60 / rpm) end
+if maxc > 0 and full(KEYS[3], maxc) then return {2, 1000} end
+if kmaxc > 0 and full(KEYS[6], kmaxc) then return {4, 1000} end
+local function waits(rk, tk, r, tt)
+  local wait, lr, lt = 0, 0, 0
+  if r > 0 then
+    lr = level(rk, r)
+    if lr < 1 then wait = math.max(wait, (1 - lr) * 60 / r) end
+  end
+  if tt > 0 then
+    lt = level(tk, tt)
+    if lt < need then wait = math.max(wait, (need - lt) * 60 / tt) end
+  end
+  return wait, lr, lt
 end
-if tpm > 0 then
-  lt = level(KEYS[2], tpm)
-  if lt < need then wait = math.max(wait, (need - lt) * 60 / tpm) end
-end
+local wait, lr, lt = waits(KEYS[1], KEYS[2], rpm, tpm)
+local kwait, klr, klt = waits(KEYS[4], KEYS[5], krpm, ktpm)
+if kwait > wait then return {3, math.ceil(kwait * 1000)} end
 if wait > 0 then return {1, math.ceil(wait * 1000)} end
 local function store(key, l)
   redis.call('HSET', key, 'level', tostring(l), 'ts', tostring(now))
@@ -192,24 +314,47 @@ local function store(key, l)
 end
 if rpm > 0 then store(KEYS[1], lr - 1) end
 if tpm > 0 then store(KEYS[2], lt - need) end
+if krpm > 0 then store(KEYS[4], klr - 1) end
+if ktpm > 0 then store(KEYS[5], klt - need) end
 if maxc > 0 then redis.call('ZADD', KEYS[3], now, ARGV[5]); redis.call('EXPIRE', KEYS[3], stale) end
+if kmaxc > 0 then redis.call('ZADD', KEYS[6], now, ARGV[5]); redis.call('EXPIRE', KEYS[6], stale) end
+for i = 1, 2 do
+  -- every tenant is counted (admins see it; a quota set mid-month applies to the month's use)
+  if redis.call('INCRBY', KEYS[6 + i], need) == need then redis.call('EXPIRE', KEYS[6 + i], ARGV[11 + i]) end
+end
 return {0, 0}
 """
 
+# KEYS as _RESERVE's (the reservation's periods). ARGV: request id, tpm, tokens to give back,
+# the key's tpm. A counter whose period is over has expired: it is not brought back.
 _SETTLE = """
 redis.call('ZREM', KEYS[3], ARGV[1])
-local tpm, give = tonumber(ARGV[2]), tonumber(ARGV[3])
-if tpm > 0 and give > 0 then
+redis.call('ZREM', KEYS[6], ARGV[1])
+local tpm, give, ktpm = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]) or 0
+if give > 0 then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-  local v = redis.call('HMGET', KEYS[2], 'level', 'ts')
-  local l, ts = tonumber(v[1]) or tpm, tonumber(v[2]) or now
-  l = math.min(tpm, l + math.max(0, now - ts) * tpm / 60 + give)
-  redis.call('HSET', KEYS[2], 'level', tostring(l), 'ts', tostring(now))
-  redis.call('EXPIRE', KEYS[2], 120)
+  local function refund(key, cap)
+    local v = redis.call('HMGET', key, 'level', 'ts')
+    local l, ts = tonumber(v[1]) or cap, tonumber(v[2]) or now
+    l = math.min(cap, l + math.max(0, now - ts) * cap / 60 + give)
+    redis.call('HSET', key, 'level', tostring(l), 'ts', tostring(now))
+    redis.call('EXPIRE', key, 120)
+  end
+  if tpm > 0 then refund(KEYS[2], tpm) end
+  if ktpm > 0 then refund(KEYS[5], ktpm) end
+  for i = 7, 8 do
+    if redis.call('EXISTS', KEYS[i]) == 1 and redis.call('DECRBY', KEYS[i], give) < 0 then
+      redis.call('SET', KEYS[i], 0, 'KEEPTTL')
+    end
+  end
 end
 return 0
 """
+
+# A period's counter outlives its period by this much (a settle that lands just after the
+# boundary still finds it; admins can read yesterday's for a while).
+COUNTER_GRACE_S = 3600
 
 
 class RedisRateLimiter:
@@ -241,6 +386,7 @@ class RedisRateLimiter:
         retry_after_s: float = 1.0,
         health: DependencyHealth | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         import redis.asyncio as redis
         from redis.asyncio.retry import Retry
@@ -267,7 +413,8 @@ class RedisRateLimiter:
         self._retry_after = retry_after_s
         self._health = health or DependencyHealth()
         self._clock = clock
-        self.fallback = MemoryRateLimiter(clock)
+        self.wall_clock = wall_clock  # epoch seconds: which quota period is current
+        self.fallback = MemoryRateLimiter(clock, lambda: self.wall_clock())
         self._open_until = 0.0  # breaker: Redis is not asked before this time
         self._probing = False
         self._settles: deque[tuple[list[str], list[int | str]]] = deque(maxlen=100_000)
@@ -279,6 +426,22 @@ class RedisRateLimiter:
         base = f"{self._prefix}rl:{{{tenant_id}}}:"  # one hash slot per tenant (Redis Cluster)
         return [base + "rpm", base + "tpm", base + "inflight"]
 
+    def _counter(self, tenant_id: int, period_name: str) -> str:
+        return f"{self._prefix}rl:{{{tenant_id}}}:used:{period_name}"
+
+    def _all_keys(self, tenant: TenantSnapshot, periods: tuple[str, ...]) -> list[str]:
+        """_RESERVE's and _SETTLE's KEYS; the key's buckets share its tenant's hash slot."""
+        key_base = f"{self._prefix}rl:{{{tenant.id}}}:key:{tenant.api_key_id}:"
+        return [*self._keys(tenant.id), key_base + "rpm", key_base + "tpm", key_base + "inflight",
+                *(self._counter(tenant.id, name) for name in periods)]  # fmt: skip
+
+    async def quota_used(self, tenant_id: int) -> dict[str, int]:
+        """From Redis (an admin read, one round trip); raises RedisError when it is down."""
+        wall = self.wall_clock()
+        names = [self._counter(tenant_id, period(kind, wall).name) for kind in PERIOD_KINDS]
+        values = await self._redis.mget(names)
+        return {kind: int(v or 0) for kind, v in zip(PERIOD_KINDS, values, strict=True)}
+
     @property
     def degraded(self) -> bool:
         return self._clock() < self._open_until
@@ -289,12 +452,13 @@ class RedisRateLimiter:
         self._health.failed("redis", exc, what)
 
     async def reserve(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
-        if tenant.tpm and tokens > tenant.tpm:
-            raise too_large(tenant, tokens)
+        check_size(tenant, tokens)
         if self._clock() < self._open_until or self._probing:
             return self._without_redis(tenant, tokens, request_id)
         probe = self._open_until > 0  # the breaker was open: this request is its probe
         self._probing = probe
+        wall = self.wall_clock()
+        periods = [period(kind, wall) for kind in PERIOD_KINDS]
         args: list[int | str] = [
             tenant.rpm or 0,
             tenant.tpm or 0,
@@ -302,14 +466,20 @@ class RedisRateLimiter:
             tenant.max_concurrency or 0,
             request_id,
             STALE_HOLDER_S,
+            tenant.key_rpm or 0,
+            tenant.key_tpm or 0,
+            tenant.key_max_concurrency or 0,
+            *(quota_limit(tenant, p.kind) or 0 for p in periods),
+            *(int(p.seconds_left(wall)) + COUNTER_GRACE_S for p in periods),
         ]
-        keys = self._keys(tenant.id)
+        names = tuple(p.name for p in periods)
+        keys = self._all_keys(tenant, names)
         try:
             verdict, wait_ms = await self._batch.call(self._reserve, keys, args)
         except (RedisError, OSError) as exc:  # redis' TimeoutError is a RedisError; OSError: refused
             self._trip(exc)
             # The script may have run before the answer was lost: forget its holder later.
-            self._queue_settle(keys, [request_id, 0, 0])
+            self._queue_settle(keys, [request_id, 0, 0, 0])
             return self._without_redis(tenant, tokens, request_id)
         finally:
             if probe:
@@ -321,7 +491,14 @@ class RedisRateLimiter:
             raise too_many_concurrent(tenant)
         if verdict == 1:
             raise rate_limited(tenant, int(wait_ms) / 1000.0)
-        return Reservation(tenant, request_id, tokens, local=False)
+        if verdict == 4:
+            raise key_too_many_concurrent(tenant)
+        if verdict == 3:
+            raise key_rate_limited(tenant, int(wait_ms) / 1000.0)
+        if verdict in (5, 6):  # the second number is the tokens the period has used
+            p = periods[verdict - 5]
+            raise quota_exceeded(tenant, p, quota_limit(tenant, p.kind) or 0, int(wait_ms), wall)
+        return Reservation(tenant, request_id, tokens, local=False, periods=names)
 
     def _without_redis(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
         if self.failure_mode == "closed":
@@ -334,7 +511,8 @@ class RedisRateLimiter:
             return
         tenant = reservation.tenant
         unused = max(0, reservation.tokens - used_tokens)
-        self._queue_settle(self._keys(tenant.id), [reservation.request_id, tenant.tpm or 0, unused])
+        keys = self._all_keys(tenant, reservation.periods)
+        self._queue_settle(keys, [reservation.request_id, tenant.tpm or 0, unused, tenant.key_tpm or 0])
 
     def _queue_settle(self, keys: list[str], args: list[int | str]) -> None:
         self._settles.append((keys, args))

@@ -30,6 +30,10 @@ class Tenant(Base):
     allowed_lanes: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     # The most urgent X-Laneway-Priority it may ask for (lower runs first); below is clamped.
     priority_floor: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Token quotas per calendar period in UTC (a day from 00:00, a month from the 1st); None: none.
+    # BIGINT: a large tenant's month is past 2**31 tokens.
+    tokens_per_day: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    tokens_per_month: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     disabled: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     keys: Mapped[list[ApiKey]] = relationship(back_populates="tenant", cascade="all, delete-orphan")
@@ -46,6 +50,11 @@ class ApiKey(Base):
     expires_at: Mapped[datetime | None] = mapped_column(nullable=True)
     revoked_at: Mapped[datetime | None] = mapped_column(nullable=True)
     last_used_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    # The key's own limits, enforced in addition to its tenant's (None: the tenant's only).
+    rpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_concurrency: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    allowed_models: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)  # None: the tenant's
     tenant: Mapped[Tenant] = relationship(back_populates="keys")
 
 

@@ -1,0 +1,91 @@
+"""Token quotas over calendar periods in UTC: a day (resets at 00:00 UTC) and a month (resets
+at 00:00 UTC on the 1st).
+
+A period is named by its kind and start ("day:2026-03-31", "month:2026-03"); a counter of the
+tokens used in it lives under that name (process memory, or a Redis key), so a new period
+starts from zero without anyone resetting anything, and a settle gives its refund back to
+the period its reservation was taken from, even after the boundary.
+
+The limiter's wall clock (seconds since the epoch) says which period is current: injectable,
+so a test crosses midnight without waiting for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from laneway.core.errors import GatewayError
+from laneway.types import TenantSnapshot
+
+PERIOD_KINDS = ("day", "month")
+_WORDS = {"day": "daily", "month": "monthly"}
+
+
+@dataclass(frozen=True, slots=True)
+class Period:
+    kind: str  # "day" | "month"
+    name: str  # "day:2026-03-31" | "month:2026-03": the counter's name
+    start: datetime  # UTC
+    resets_at: datetime  # the next period's start (UTC)
+
+    def seconds_left(self, now: float) -> float:
+        return max(0.0, self.resets_at.timestamp() - now)
+
+
+def period(kind: str, now: float) -> Period:
+    """The `kind` period that contains `now` (epoch seconds)."""
+    at = datetime.fromtimestamp(now, UTC)
+    if kind == "day":
+        start = at.replace(hour=0, minute=0, second=0, microsecond=0)
+        return Period(kind, f"day:{start:%Y-%m-%d}", start, start + timedelta(days=1))
+    if kind == "month":
+        start = at.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        nxt = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
+        return Period(kind, f"month:{start:%Y-%m}", start, nxt)
+    raise ValueError(f"unknown quota period {kind!r}")
+
+
+def quota_limit(tenant: TenantSnapshot, kind: str) -> int | None:
+    return tenant.tokens_per_day if kind == "day" else tenant.tokens_per_month
+
+
+def quotas(tenant: TenantSnapshot, now: float) -> list[tuple[Period, int]]:
+    """The tenant's quotas that apply now: (current period, tokens allowed in it)."""
+    out = []
+    for kind in PERIOD_KINDS:
+        limit = quota_limit(tenant, kind)
+        if limit:
+            out.append((period(kind, now), limit))
+    return out
+
+
+def rfc3339(ts: datetime) -> str:
+    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def quota_exceeded(tenant: TenantSnapshot, p: Period, limit: int, used: int, now: float) -> GatewayError:
+    """429 quota_exceeded: which quota, how much of it is used, and when it resets (Retry-After
+    and X-Laneway-Quota-Reset both say so)."""
+    reset = rfc3339(p.resets_at)
+    error = GatewayError(
+        429,
+        f"Tenant '{tenant.name}' has used {used} of its {_WORDS[p.kind]} quota of {limit} tokens "
+        f"(prompt + max_tokens are reserved per request). The quota resets at {reset} (UTC).",
+        code="quota_exceeded",
+        type="rate_limit_error",
+        retry_after=p.seconds_left(now),
+    )
+    error.headers["X-Laneway-Quota-Reset"] = reset
+    return error
+
+
+def quota_too_small(tenant: TenantSnapshot, kind: str, limit: int, tokens: int) -> GatewayError:
+    """A request that could not fit in a whole fresh period: waiting for the reset would not help."""
+    return GatewayError(
+        429,
+        f"Request too large: it needs {tokens} tokens (prompt + max_tokens) and tenant '{tenant.name}' "
+        f"has a {_WORDS[kind]} quota of {limit} tokens. Lower max_tokens or shorten the prompt.",
+        code="request_too_large",
+        type="rate_limit_error",
+    )
