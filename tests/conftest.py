@@ -76,6 +76,16 @@ def private_redis() -> Iterator[PrivateRedis]:
 @pytest.fixture
 def pg_database() -> Iterator[str]:
     """A throwaway database on the shared PostgreSQL (for several processes to share)."""
+    yield from _throwaway_database()
+
+
+@pytest.fixture(scope="module")
+def pg_database_module() -> Iterator[str]:
+    """pg_database for a module's servers (replicas started once for several tests)."""
+    yield from _throwaway_database()
+
+
+def _throwaway_database() -> Iterator[str]:
     require_service("PostgreSQL", "127.0.0.1", 5432)
     name = f"lw_test_{uuid.uuid4().hex[:12]}"
     asyncio.run(_admin_sql(f'CREATE DATABASE "{name}"'))

@@ -27,6 +27,7 @@ from laneway.admin.api import (
     open_session,
     tenant_page,
 )
+from laneway.admin.limits import KEY_LIMIT_FIELDS, KeyLimitsIn, tenant_usage
 from laneway.admin.service import (
     AUDIT_FIELDS,
     KEY_FIELDS,
@@ -97,7 +98,7 @@ def _tenant_input(form: dict[str, str]) -> tuple[TenantIn, set[str]]:
     """Form strings -> a validated TenantIn: empty number fields clear the limit, comma lists
     (allowed models, allowed lanes) clear when empty, an empty priority floor is 0."""
     raw: dict[str, Any] = {}
-    for field in ("weight", "rpm", "tpm", "max_concurrency", "priority_floor"):
+    for field in ("weight", "rpm", "tpm", "max_concurrency", "priority_floor", "tokens_per_day", "tokens_per_month"):
         if field in form:
             text = form[field].strip()
             raw[field] = (0 if field == "priority_floor" else None) if text == "" else text
@@ -109,6 +110,21 @@ def _tenant_input(form: dict[str, str]) -> tuple[TenantIn, set[str]]:
     if "csrf_token" in form and "name" not in form:  # the edit form: an unticked box is "not disabled"
         raw["disabled"] = form.get("disabled") == "true"
     return convert(raw, TenantIn, strict=False), set(raw)
+
+
+def _key_limits_input(form: dict[str, str]) -> dict[str, Any]:
+    """The key-limit inputs of a form: an empty number clears the limit, the model list is
+    comma separated (empty: every model the tenant may use)."""
+    raw: dict[str, Any] = {}
+    for field in KEY_LIMIT_FIELDS:
+        if field not in form:
+            continue
+        text = form[field].strip()
+        if field == "allowed_models":
+            raw[field] = [m.strip() for m in text.split(",") if m.strip()] or None
+        else:
+            raw[field] = text or None
+    return raw
 
 
 def _page_number(raw: str | None) -> int:
@@ -221,8 +237,10 @@ class AdminUI(Controller):
             tenant = await service.get_or_404(session, Tenant, tenant_id)
             keys = await session.execute(select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.id))
             context = {"admin": current[0], "csrf": current[1], "tenant": row(tenant, TENANT_FIELDS),
-                       "keys": [row(k, KEY_FIELDS) for k in keys.scalars()], **extra}  # fmt: skip
-        failed = extra.get("error") or extra.get("key_error")
+                       "keys": [row(k, KEY_FIELDS) for k in keys.scalars()],
+                       "usage": await tenant_usage(request.app.state.gateway.limiter, session, tenant),
+                       **extra}  # fmt: skip
+        failed = extra.get("error") or extra.get("key_error") or extra.get("key_errors")
         return Template("tenant.html", context=context, status_code=status or (400 if failed else 200))
 
     @get("/tenants/{tenant_id:int}")
@@ -252,13 +270,34 @@ class AdminUI(Controller):
             return _to_login()
         current, form = posted
         raw = {"name": form.get("name", "default").strip() or "default",
-               "expires_days": form.get("expires_days", "").strip() or None}  # fmt: skip
+               "expires_days": form.get("expires_days", "").strip() or None, **_key_limits_input(form)}  # fmt: skip
         try:
             data = convert(raw, KeyIn, strict=False)
+            issued = await service.issue_api_key(request.app.state, current[0], tenant_id, data)
         except GatewayError as exc:
+            if exc.status == 404:
+                raise
             return await self._tenant_page(request, current, tenant_id, key_error=exc.message, status=exc.status)
-        issued = await service.issue_api_key(request.app.state, current[0], tenant_id, data)
         return await self._tenant_page(request, current, tenant_id, secret=issued["secret"])
+
+    @post("/keys/{key_id:int}/limits")
+    async def edit_key_limits(self, request: Request, key_id: FromPath[int]) -> Page:  # type: ignore[type-arg]
+        """The key row's form: its own rpm, tpm, max concurrency and models (empty: the tenant's)."""
+        posted = await _posted_form(request)
+        if posted is None:
+            return _to_login()
+        current, form = posted
+        async with request.app.state.sessions() as session:
+            tenant_id = (await service.get_or_404(session, ApiKey, key_id)).tenant_id
+        raw = _key_limits_input(form)
+        try:
+            await service.edit_api_key(request.app.state, current[0], key_id, convert(raw, KeyLimitsIn, strict=False),
+                                       set(raw))  # fmt: skip
+        except GatewayError as exc:  # shown on the key's row
+            return await self._tenant_page(request, current, tenant_id, key_errors={key_id: exc.message},
+                                           status=exc.status)  # fmt: skip
+        return await self._tenant_page(request, current, tenant_id, notice="Saved the key's limits. The gateway "
+                                       "applies them now.")  # fmt: skip
 
     @post("/keys/{key_id:int}/revoke")
     async def revoke_key(self, request: Request, key_id: FromPath[int]) -> Page:  # type: ignore[type-arg]
