@@ -62,8 +62,13 @@ def _seed() -> dict[str, Any]:
 def replicas(tmp_path_factory: pytest.TempPathFactory, pg_database_module: str) -> Iterator[list[Gateway]]:
     """Two replicas sharing one PostgreSQL database and one Redis prefix."""
     require_service("Redis", "127.0.0.1", 6379)
-    shared: dict[str, Any] = {"database_url": pg_database_module, "redis_url": REDIS_URL, "admin_password": PASSWORD,
-                              "redis_prefix": f"lwtest:{uuid.uuid4().hex}:", "usage_flush_interval_s": 0.05}  # fmt: skip
+    shared: dict[str, Any] = {
+        "database_url": pg_database_module,
+        "redis_url": REDIS_URL,
+        "redis_prefix": f"lwtest:{uuid.uuid4().hex}:",
+        "admin_password": PASSWORD,
+        "usage_flush_interval_s": 0.05,
+    }
     a = start_gateway(tmp_path_factory.mktemp("a"), seed_with=_seed(), **shared)
     try:
         b = start_gateway(tmp_path_factory.mktemp("b"), **shared)  # the schema and rows are a's
