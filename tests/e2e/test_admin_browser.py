@@ -9,6 +9,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -113,10 +114,10 @@ def test_admin_lowers_a_tenants_rpm_and_its_next_request_gets_429(server: Server
         return client.chat.completions.create(model="sim", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
 
     ask()
-    page.fill("input[name=rpm]", "1")
-    page.click("text=Save")
+    page.fill("fieldset input[name=rpm]", "1")
+    page.click("fieldset >> text=Save")
     expect(page.locator("#notice")).to_contain_text("Saved")
-    assert page.locator("input[name=rpm]").input_value() == "1"
+    assert page.locator("fieldset input[name=rpm]").input_value() == "1"
     ask()  # the lowered bucket (capacity 1) still holds one
     with pytest.raises(openai.RateLimitError) as info:
         ask()
@@ -191,6 +192,69 @@ def test_every_page_renders_and_policy_edits_validate_inline(server: ServerThrea
     page.goto("/admin/audit")
     expect(page.locator("#audit")).to_contain_text("update lane interactive")
     page.screenshot(path=SHOTS / "audit.png", full_page=True)
+
+
+def _logged_in(page: Any, path: str) -> None:
+    page.goto(path)
+    if "/login" in page.url:  # a fresh context in isolation: log in first
+        page.fill("input[name=username]", "admin")
+        page.fill("input[name=password]", PASSWORD)
+        page.click("button[type=submit]")
+        page.goto(path)
+
+
+def test_quotas_and_key_limits_save_and_show_usage(server: ServerThread, page: object) -> None:
+    from playwright.sync_api import Page, expect
+
+    assert isinstance(page, Page)
+    import httpx
+
+    admin = httpx.Client(base_url=server.base_url + "/admin/api")
+    csrf = admin.post("/login", json={"username": "admin", "password": PASSWORD}).json()["csrf_token"]
+    admin.headers["X-CSRF-Token"] = csrf
+    tenant = admin.post("/tenants", json={"name": "quota-co", "rpm": 50}).json()
+    secret = admin.post(f"/tenants/{tenant['id']}/keys", json={"name": "ui-key"}).json()["secret"]
+
+    _logged_in(page, f"/admin/tenants/{tenant['id']}")
+    expect(page.locator("#quota-help")).to_contain_text("00:00 UTC")
+    page.fill("fieldset input[name=tokens_per_day]", str(10**16))  # past what the server takes (the browser checks min)
+    page.click("fieldset >> text=Save")
+    expect(page.locator("#edit-error")).to_contain_text("tokens_per_day must be a whole number of tokens from 1 to 1,")
+    page.fill("fieldset input[name=tokens_per_day]", "1000")
+    page.fill("fieldset input[name=tokens_per_month]", "20000")
+    page.click("fieldset >> text=Save")
+    expect(page.locator("#notice")).to_contain_text("Saved")
+    assert page.locator("fieldset input[name=tokens_per_day]").input_value() == "1000"
+    assert server.app.state.gateway is not None
+
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=secret, max_retries=0)
+    used = sum(
+        client.completions.create(model="sim", prompt="hello", max_tokens=5).usage.total_tokens for _ in range(3)
+    )
+    page.reload()
+    expect(page.locator("#usage-day .used")).to_have_text(f"{used:,} tokens")
+    expect(page.locator("#usage-day")).to_contain_text("1,000 tokens")
+    expect(page.locator("#usage-month")).to_contain_text("20,000 tokens")
+    page.screenshot(path=SHOTS / "tenant-quotas.png", full_page=True)
+
+    row = page.locator("#keys tr", has_text="ui-key")
+    row.locator("input[name=rpm]").fill("80")  # above the tenant's 50: refused on the row, in words
+    row.locator("text=Save key limits").click()
+    row = page.locator("#keys tr", has_text="ui-key")
+    expect(row.locator(".key-error")).to_contain_text("above tenant 'quota-co''s RPM of 50")
+    row.locator("input[name=rpm]").fill("2")
+    row.locator("input[name=allowed_models]").fill("sim")
+    row.locator("text=Save key limits").click()
+    expect(page.locator("#notice")).to_contain_text("Saved the key's limits")
+    row = page.locator("#keys tr", has_text="ui-key")
+    assert row.locator("input[name=rpm]").input_value() == "2"
+    assert row.locator("input[name=allowed_models]").input_value() == "sim"
+    page.screenshot(path=SHOTS / "tenant-key-limits.png", full_page=True)
+    client.completions.create(model="sim", prompt="hello", max_tokens=5)
+    client.completions.create(model="sim", prompt="hello", max_tokens=5)
+    with pytest.raises(openai.RateLimitError) as info:  # the key's 2/min, inside the tenant's 50
+        client.completions.create(model="sim", prompt="hello", max_tokens=5)
+    assert "this API key" in info.value.response.json()["error"]["message"]
 
 
 def test_the_browser_reported_no_csp_violations(server: ServerThread, page: object) -> None:
