@@ -98,6 +98,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
             if settings.redis_url
             else MemoryRateLimiter()
         )
+        if isinstance(limiter, MemoryRateLimiter):  # Redis keeps its counters across restarts
+            await limiter.load_used(sessions)
         recorder = UsageRecorder(
             sessions,
             interval_s=settings.usage_flush_interval_s,

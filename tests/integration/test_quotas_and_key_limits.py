@@ -245,6 +245,27 @@ def test_memory_mode_enforces_the_daily_quota(tmp_path: Path) -> None:
         gw.stop()
 
 
+def test_memory_mode_counts_the_day_from_the_usage_table_after_a_restart(tmp_path: Path) -> None:
+    """Real wall clock: the rows of the first process are today's (a run across 00:00 UTC would not be)."""
+    gw = start_gateway(tmp_path, seed_with={"models": {"sim": sim_model("sim", decode_ms_base=0.5)},
+                                            "tenants": {"solo": {"tokens_per_day": 25}}})  # fmt: skip
+    keys = gw.keys
+    try:
+        complete(gw, "solo")
+        complete(gw, "solo")  # 20 of 25 tokens
+    finally:
+        gw.stop()  # drains and writes the usage rows
+    again = start_gateway(tmp_path)
+    again.keys = keys
+    try:
+        with pytest.raises(openai.RateLimitError) as info:
+            complete(again, "solo")  # a fresh process, not a fresh quota
+        assert info.value.response.json()["error"]["code"] == "quota_exceeded"
+        assert "used 20 of its daily quota of 25" in info.value.response.json()["error"]["message"]
+    finally:
+        again.stop()
+
+
 def test_admin_edits_quotas_and_key_limits_with_plain_word_errors(replicas: list[Gateway], wall: Wall) -> None:
     a, _ = replicas
     admin = admin_client(a)

@@ -9,14 +9,14 @@ from typing import Annotated, Any
 
 from msgspec import Meta, Struct
 from redis.exceptions import RedisError
-from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from laneway.admin.validation import ModelAlias, Positive
 from laneway.core.errors import GatewayError
 from laneway.core.quota import PERIOD_KINDS, period, rfc3339
 from laneway.core.ratelimit import RateLimiter
-from laneway.db.models import Tenant, UsageRecord
+from laneway.db.models import Tenant
+from laneway.db.repositories import UsageRepository
 
 KEY_LIMIT_FIELDS = ("rpm", "tpm", "max_concurrency", "allowed_models")
 KeyModels = Annotated[list[ModelAlias], Meta(max_length=1000)]
@@ -68,16 +68,9 @@ def check_key_limits(tenant: Tenant, values: dict[str, Any]) -> None:
 
 
 async def _used_from_records(session: AsyncSession, tenant_id: int, now: float) -> dict[str, int]:
-    out = {}
-    for kind in PERIOD_KINDS:
-        since = period(kind, now).start
-        total = await session.execute(
-            select(func.coalesce(func.sum(UsageRecord.prompt_tokens + UsageRecord.completion_tokens), 0)).where(
-                UsageRecord.tenant_id == tenant_id, UsageRecord.created_at >= since
-            )
-        )
-        out[kind] = int(total.scalar_one())
-    return out
+    repo = UsageRepository(session)
+    return {kind: (await repo.tokens_since(period(kind, now).start, tenant_id)).get(tenant_id, 0)
+            for kind in PERIOD_KINDS}  # fmt: skip
 
 
 async def tenant_usage(limiter: RateLimiter, session: AsyncSession, tenant: Tenant) -> dict[str, Any]:

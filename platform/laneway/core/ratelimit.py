@@ -25,11 +25,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from redis.exceptions import RedisError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from laneway.core.dependencies import DependencyHealth
 from laneway.core.errors import GatewayError, dependency_unavailable
 from laneway.core.quota import PERIOD_KINDS, Period, period, quota_exceeded, quota_limit, quota_too_small, quotas
 from laneway.core.redis_batch import ScriptBatcher, run_scripts
+from laneway.db.repositories import UsageRepository
 from laneway.types import TenantSnapshot
 
 # A concurrency slot whose holder vanished (a replica crashed) is reclaimed after this long.
@@ -227,10 +229,17 @@ class MemoryRateLimiter:
                     del used[name]
             used[p.name] = used.get(p.name, 0) + tokens
 
-    def seed_used(self, tenant_id: int, period_name: str, tokens: int) -> None:
-        """Start a period's count from what the usage table says (after a restart)."""
-        used = self._used.setdefault(tenant_id, {})
-        used[period_name] = used.get(period_name, 0) + tokens
+    async def load_used(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        """Start this day's and month's counts from the usage table (at start-up): in memory
+        mode a restart must not hand every tenant a fresh quota. Rows still unwritten when the
+        last process ended (the spool) are not counted."""
+        wall = self.wall_clock()
+        async with sessions() as session:
+            repo = UsageRepository(session)
+            for kind in PERIOD_KINDS:
+                p = period(kind, wall)
+                for tenant_id, tokens in (await repo.tokens_since(p.start)).items():
+                    self._used.setdefault(tenant_id, {})[p.name] = tokens
 
     async def quota_used(self, tenant_id: int) -> dict[str, int]:
         wall = self.wall_clock()

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
@@ -181,6 +181,16 @@ class UsageRepository:
             groups.setdefault(tuple(r), []).append(r)
         for group in groups.values():
             await self.session.execute(insert(UsageRecord.__table__), group)  # type: ignore[arg-type]
+
+    async def tokens_since(self, since: datetime, tenant_id: int | None = None) -> dict[int, int]:
+        """Prompt + completion tokens per tenant in rows created at or after `since` (one
+        aggregate on the (tenant_id, created_at) index)."""
+        total = func.sum(UsageRecord.prompt_tokens + UsageRecord.completion_tokens)
+        stmt = select(UsageRecord.tenant_id, total).where(UsageRecord.created_at >= since)
+        if tenant_id is not None:
+            stmt = stmt.where(UsageRecord.tenant_id == tenant_id)
+        rows = await self.session.execute(stmt.group_by(UsageRecord.tenant_id))
+        return {int(t): int(n or 0) for t, n in rows.all() if t is not None}
 
     async def for_tenant(self, tenant_id: int) -> list[UsageRecord]:
         stmt = select(UsageRecord).where(UsageRecord.tenant_id == tenant_id).order_by(UsageRecord.id)
