@@ -2,19 +2,29 @@
 
 Speaks the `ensemble` model interface of Triton's TensorRT-LLM backend: inputs text_input,
 max_tokens, stream, stop_words, bad_words, temperature, top_p, top_k, end_id, pad_id,
-random_seed; output text_output, one response per generated step (decoupled mode), and a
-final response flagged `triton_final_response`. Cancelling the gRPC stream cancels the
-request on the server. Readiness is ServerReady + ModelReady.
+random_seed, presence_penalty, frequency_penalty; output text_output, one response per
+generated step (decoupled mode). Cancelling the gRPC stream cancels the request on the server.
+Readiness is ServerReady + ModelReady.
+
+How a stream ends: real Triton flags the last token's response COMPLETE_FINAL and, unless the
+client asked for `triton_enable_empty_final_response` (which tritonclient's aio client refuses
+to send: it rejects every `triton_`-prefixed parameter), puts no marker on the wire; the server
+closes the gRPC stream once every request on it is final (the client half-closes after its one
+request). So a cleanly closed stream is the end; an empty response flagged
+`triton_final_response` (what some servers send) ends it too. A stream broken by the server
+(killed, restarted, network gone) is an EngineError, never a raw gRPC error.
 
 The ensemble takes text, so there is no tokenizer on this side: prompt tokens are
 estimated at 4 characters a token (the DESIGN's rule where no tokenizer exists).
 
 Config: url (host:port, required), model (default "ensemble"), max_concurrency, end_id,
-pad_id, top_k, bad_words (list), ssl (bool).
+pad_id, top_k, bad_words (list), ssl (bool), probe_timeout_s (each readiness call at start()
+and in health checks; default 2).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
@@ -57,16 +67,38 @@ class TritonTRTLLMEngine:
             # search, not n samples), logprobs (only the chosen tokens', no alternatives), logit_bias.
             capabilities=frozenset({"penalties"}),
         )
+        self.probe_timeout_s = float(config.get("probe_timeout_s", 2.0))
         self._client: Any = None
         self._active = 0
 
     async def start(self) -> None:
         import tritonclient.grpc.aio as triton
 
-        self._client = triton.InferenceServerClient(self.url, ssl=self.ssl)
-        if not await self.health():
-            await self._client.close()
-            raise EngineError(f"Triton at {self.url} is not ready to serve model '{self.model}'")
+        client = triton.InferenceServerClient(self.url, ssl=self.ssl)
+        try:
+            reason = await self._unready_reason(client)
+        except BaseException:
+            await client.close()
+            raise
+        if reason is not None:
+            await client.close()
+            raise EngineError(reason)
+        self._client = client
+
+    async def _unready_reason(self, client: Any) -> str | None:
+        """Why Triton cannot serve the model now, in one line; None when it can."""
+        timeout = self.probe_timeout_s
+        try:
+            server_ready = await asyncio.wait_for(client.is_server_ready(client_timeout=timeout), timeout + 1)
+            if not server_ready:
+                return f"Triton at {self.url} is up but not ready"
+            if not await asyncio.wait_for(client.is_model_ready(self.model, client_timeout=timeout), timeout + 1):
+                return f"model '{self.model}' is not ready on Triton at {self.url} (not loaded, or failed to load)"
+        except TimeoutError:
+            return f"Triton at {self.url} did not answer within {timeout:g} s"
+        except Exception as exc:  # InferenceServerException: the gRPC status, e.g. UNAVAILABLE
+            return f"Triton at {self.url} is unreachable: {_one_line(exc)}"
+        return None
 
     async def close(self) -> None:
         if self._client is not None:
@@ -77,10 +109,9 @@ class TritonTRTLLMEngine:
         return self._active
 
     async def health(self) -> bool:
-        try:
-            return bool(await self._client.is_server_ready()) and bool(await self._client.is_model_ready(self.model))
-        except Exception:
+        if self._client is None:
             return False
+        return await self._unready_reason(self._client) is None
 
     async def measure(
         self,
@@ -130,45 +161,69 @@ class TritonTRTLLMEngine:
                 inputs.append(tensor(name, np.array([[int(value)]], dtype=np.int32), "INT32"))
         return inputs
 
-    async def generate(self, req: GenerationRequest) -> AsyncGenerator[Delta, None]:
+    def request(self, req: GenerationRequest) -> dict[str, Any]:
+        """What stream_infer sends for `req`. No request parameters: Triton reserves the
+        `triton_` prefix and the aio client refuses it; the ensemble reads everything from tensors."""
         import tritonclient.grpc as grpcclient
 
-        if self._client is None:
-            raise EngineError(f"deployment for {self.alias} is not started")
-        request = {
+        return {
             "model_name": self.model,
             "inputs": self._inputs(req),
             "outputs": [grpcclient.InferRequestedOutput("text_output")],
             "request_id": req.request_id,
         }
 
+    async def generate(self, req: GenerationRequest) -> AsyncGenerator[Delta, None]:
+        import grpc
+        from tritonclient.utils import InferenceServerException
+
+        if self._client is None:
+            raise EngineError(f"deployment for {self.alias} is not started")
+        request = self.request(req)
+
         async def requests() -> AsyncIterator[dict[str, Any]]:
             yield request
 
         self._active += 1
-        responses = self._client.stream_infer(requests())
+        responses: Any = None
         produced = 0
         try:
-            async for result, error in responses:
-                if error is not None:
-                    raise EngineError(f"Triton error: {error}")
-                out = result.as_numpy("text_output")
-                text = (
-                    b"".join(x if isinstance(x, bytes) else str(x).encode() for x in out.reshape(-1)).decode(
-                        "utf-8", "replace"
-                    )
-                    if out is not None
-                    else ""
-                )
-                params = result.get_response().parameters
-                final = "triton_final_response" in params and params["triton_final_response"].bool_param
-                if text:
-                    produced += 1
-                    yield Delta(text=text, tokens=1)
-                if final:
-                    break
+            try:
+                responses = self._client.stream_infer(requests())
+                async for result, error in responses:
+                    if error is not None:
+                        raise EngineError(f"Triton error: {_one_line(error)}")
+                    text = _text(result.as_numpy("text_output"))
+                    params = result.get_response().parameters
+                    final = "triton_final_response" in params and params["triton_final_response"].bool_param
+                    if text:
+                        produced += 1
+                        yield Delta(text=text, tokens=1)
+                    if final:
+                        break
+            except grpc.aio.AioRpcError as exc:  # the stream broke: server killed, restarted, unreachable
+                raise EngineError(
+                    f"Triton at {self.url} broke the stream after {produced} tokens: "
+                    f"{exc.code().name}: {_one_line(exc.details() or '')}"
+                ) from None
+            except InferenceServerException as exc:  # the client refused the request before sending it
+                raise EngineError(f"Triton client error: {_one_line(exc)}") from None
+            # The stream closed cleanly: every request on it reached its final response.
             yield Delta(text="", tokens=0, finish_reason="length" if produced >= req.max_tokens else "stop")
         finally:
             self._active -= 1
-            with contextlib.suppress(Exception):
-                responses.cancel()  # cancels the gRPC stream: Triton cancels the request
+            if responses is not None:
+                with contextlib.suppress(Exception):
+                    responses.cancel()  # cancels the gRPC stream: Triton cancels the request
+
+
+def _text(out: Any) -> str:
+    """text_output (a BYTES tensor of any shape; None when the response carries none) as text."""
+    if out is None:
+        return ""
+    return b"".join(x if isinstance(x, bytes) else str(x).encode() for x in out.reshape(-1)).decode("utf-8", "replace")
+
+
+def _one_line(exc: object) -> str:
+    text = " ".join(str(exc).split())
+    return text[:300] + ("..." if len(text) > 300 else "")
