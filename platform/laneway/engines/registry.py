@@ -93,6 +93,7 @@ class EngineRegistry:
         self._by_alias: dict[str, list[LiveDeployment]] = {}
         self.failed: dict[str, str] = {}  # deployment name -> why it could not start
         self.rejected: dict[str, str] = {}  # live edits that could not start (old engines kept)
+        self._logged_failure: dict[str, str] = {}  # deployment -> the start failure last logged at ERROR
         self.warm: set[str] = set()  # deployments whose warm-up has finished
         self._retiring: set[asyncio.Task[None]] = set()
         self._changing = asyncio.Lock()
@@ -116,10 +117,16 @@ class EngineRegistry:
             try:
                 d = await self._start_one(spec)
             except Exception as exc:
-                log.error("deployment %s (%s) failed to start: %s", spec.name, spec.engine_kind, exc)
-                self.failed[spec.name] = str(exc)
+                # Every sync retries a deployment that is down: one ERROR line per new reason, not one a poll.
+                reason = str(exc)
+                repeated = self._logged_failure.get(spec.name) == reason
+                log.log(logging.DEBUG if repeated else logging.ERROR, "deployment %s (%s) failed to start: %s",
+                        spec.name, spec.engine_kind, reason)  # fmt: skip
+                self._logged_failure[spec.name] = reason
+                self.failed[spec.name] = reason
                 continue
             self.failed.pop(spec.name, None)
+            self._logged_failure.pop(spec.name, None)
             started.append(d)
             log.info("deployment %s serves %s via %s", spec.name, spec.alias, spec.engine_kind)
         return started
@@ -201,15 +208,20 @@ class EngineRegistry:
             await self._swap(alias, specs)
 
     async def _swap(self, alias: str, specs: Sequence[DeploymentSpec]) -> None:
+        # Deployments that have failed since start-up (an engine down when the gateway started)
+        # stay failed, and the replica unready, until a sync starts them: the retry is no edit.
+        down_since_load = {spec.name for spec in specs if spec.name in self.failed}
+        logged = dict(self._logged_failure)
         fresh = await self._start_all(specs)
         if specs and not fresh:
             # None of the new engines could start: keep serving with the old ones (the next
             # sync retries) rather than turn a bad edit into an outage. The failure is
             # reported, but it does not make this replica unready: it still serves.
             for spec in specs:
-                if spec.name in self.failed:
+                if spec.name in self.failed and spec.name not in down_since_load:
                     self.rejected[spec.name] = self.failed.pop(spec.name)
-            log.error("model %s: no new deployment started; keeping the current ones", alias)
+            if not down_since_load and any(self._logged_failure.get(s.name) != logged.get(s.name) for s in specs):
+                log.error("model %s: no new deployment started; keeping the current ones", alias)
             return
         for d in fresh:
             await d.engine.warmup(await warmup_prompts(d))
