@@ -1,0 +1,206 @@
+"""Real engines for the test suite, installed by scripts/install-engines into .engines/.
+
+RealTriton: the tritonserver binary (from nvidia-pytriton) on free loopback ports, serving
+tests/triton_model/model.py under TensorRT-LLM's `ensemble` interface from a model repository
+written into a temp dir. Start it, read what the model recorded, kill it mid-stream, stop it.
+
+When .engines/triton is missing, the fixture runs the install script (cached: a no-op once
+done); when that cannot install, the tests skip with its reason, or fail under CI=true.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from services import IN_CI, _free_port
+
+REPO = Path(__file__).resolve().parent.parent
+ENGINES = REPO / ".engines"
+TRITON_HOME = ENGINES / "triton"
+MODEL_SOURCE = Path(__file__).resolve().parent / "triton_model" / "model.py"
+INSTALL = REPO / "scripts" / "install-engines"
+
+_TENSORS = [  # TensorRT-LLM's ensemble: (name, data_type, dims, optional)
+    ("text_input", "TYPE_STRING", "[ 1 ]", False),
+    ("max_tokens", "TYPE_INT32", "[ 1 ]", False),
+    ("bad_words", "TYPE_STRING", "[ -1 ]", True),
+    ("stop_words", "TYPE_STRING", "[ -1 ]", True),
+    ("end_id", "TYPE_INT32", "[ 1 ]", True),
+    ("pad_id", "TYPE_INT32", "[ 1 ]", True),
+    ("top_k", "TYPE_INT32", "[ 1 ]", True),
+    ("top_p", "TYPE_FP32", "[ 1 ]", True),
+    ("temperature", "TYPE_FP32", "[ 1 ]", True),
+    ("random_seed", "TYPE_UINT64", "[ 1 ]", True),
+    ("stream", "TYPE_BOOL", "[ 1 ]", True),
+    ("presence_penalty", "TYPE_FP32", "[ 1 ]", True),
+    ("frequency_penalty", "TYPE_FP32", "[ 1 ]", True),
+]
+
+
+def _unavailable(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: the real engines are required)")
+    pytest.skip(reason)
+
+
+def ensure_triton() -> Path:
+    """TRITON_HOME, installing it first when missing; skip (fail under CI) when it cannot be."""
+    if not (TRITON_HOME / "bin" / "tritonserver").exists():
+        try:
+            done = subprocess.run([str(INSTALL)], capture_output=True, text=True, timeout=1200)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            _unavailable(f"scripts/install-engines did not run: {exc}")
+        else:
+            if done.returncode != 0:
+                reason = (done.stderr.strip().splitlines() or ["no reason given"])[-1]
+                _unavailable(f"real Triton is not installed: {reason}")
+    return TRITON_HOME
+
+
+def model_config(name: str, *, token_delay_s: float, record_path: Path) -> str:
+    tensors = ",\n".join(
+        f'  {{ name: "{n}" data_type: {t} dims: {d}{" optional: true" if opt else ""} }}' for n, t, d, opt in _TENSORS
+    )
+    return f"""name: "{name}"
+backend: "python"
+max_batch_size: 64
+model_transaction_policy {{ decoupled: true }}
+input [
+{tensors}
+]
+output [
+  {{ name: "text_output" data_type: TYPE_STRING dims: [ -1 ] }}
+]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+parameters {{ key: "token_delay_s" value: {{ string_value: "{token_delay_s}" }} }}
+parameters {{ key: "record_path" value: {{ string_value: "{record_path}" }} }}
+"""
+
+
+class RealTriton:
+    """One tritonserver process serving the ensemble stand-in model on a free gRPC port."""
+
+    def __init__(self, workdir: Path, *, model: str = "ensemble", token_delay_s: float = 0.01) -> None:
+        self.home = ensure_triton()
+        self.workdir = workdir
+        self.model = model
+        self.repository = workdir / "models"
+        self.record_path = workdir / "requests.jsonl"
+        self.log_path = workdir / "tritonserver.log"
+        version = self.repository / model / "1"
+        version.mkdir(parents=True, exist_ok=True)
+        (version / "model.py").write_text(MODEL_SOURCE.read_text())
+        config = model_config(model, token_delay_s=token_delay_s, record_path=self.record_path)
+        (self.repository / model / "config.pbtxt").write_text(config)
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _env(self) -> dict[str, str]:
+        settings = dict(line.split("=", 1) for line in (self.home / "env").read_text().splitlines() if "=" in line)
+        env = dict(os.environ)
+        # The stub links libpython: the interpreter's own LIBDIR first, or it loads a libpython
+        # that does not match the standard library it then imports. Its numpy comes from the
+        # first python3 on PATH: the numpy<2 venv's.
+        libs = [str(self.home / "lib"), settings.get("PYTHON_LIBDIR", "")]
+        env["LD_LIBRARY_PATH"] = ":".join(p for p in [*libs, env.get("LD_LIBRARY_PATH", "")] if p)
+        env["PATH"] = f"{ENGINES / 'triton-venv' / 'bin'}:{env.get('PATH', '')}"
+        return env
+
+    def start(self, *, within: float = 60.0) -> RealTriton:
+        """Start on a fresh free port and wait for ServerReady and ModelReady (with a deadline)."""
+        self.port = _free_port()
+        cmd = [
+            str(self.home / "bin" / "tritonserver"),
+            f"--model-repository={self.repository}",
+            f"--backend-directory={self.home / 'backends'}",
+            f"--cache-directory={self.home / 'caches'}",
+            "--grpc-address=127.0.0.1",
+            f"--grpc-port={self.port}",
+            "--allow-http=false",
+            "--allow-metrics=false",
+            "--exit-timeout-secs=2",
+            "--log-info=true",
+        ]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(cmd, env=self._env(), stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)  # fmt: skip
+        self.wait_ready(within)
+        return self
+
+    def wait_ready(self, within: float) -> None:
+        import tritonclient.grpc as grpcclient
+
+        client = grpcclient.InferenceServerClient(self.url)
+        deadline = time.monotonic() + within
+        try:
+            while True:
+                assert self.proc is not None
+                if self.proc.poll() is not None:
+                    pytest.fail(f"tritonserver exited with {self.proc.returncode}:\n{self.log_tail()}")
+                try:
+                    if client.is_server_ready(client_timeout=1) and client.is_model_ready(self.model, client_timeout=1):
+                        return
+                except Exception:  # not listening yet
+                    pass
+                if time.monotonic() > deadline:
+                    self.kill()
+                    pytest.fail(f"tritonserver not ready within {within} s:\n{self.log_tail()}")
+                time.sleep(0.05)
+        finally:
+            client.close()
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def records(self) -> list[dict[str, Any]]:
+        """What the model recorded: one dict per event (received, completed, cancelled)."""
+        try:
+            text = self.record_path.read_text()
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
+
+    def received(self, request_id: str | None = None) -> list[dict[str, Any]]:
+        return [r for r in self.records() if r["event"] == "received" and request_id in (None, r["id"])]
+
+    def outcome(self, request_id: str) -> dict[str, Any] | None:
+        ends = [r for r in self.records() if r["event"] != "received" and r["id"] == request_id]
+        return ends[-1] if ends else None
+
+    def kill(self) -> None:
+        """SIGKILL the server and its backend stubs (one process group), as a crash would."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            self.kill()  # its stubs may outlive it
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            pass
+        with_group_gone = self.proc.poll() is not None
+        if not with_group_gone:
+            self.kill()
+        else:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the stubs, should any be left
+            except ProcessLookupError:
+                pass
