@@ -53,3 +53,20 @@ async def test_an_error_comes_after_the_deltas_before_it() -> None:
         async for batch in pumped(Engine([Delta("a"), Delta("b")], fail=GatewayError(503, "boom")), lease(), 1000):  # type: ignore[arg-type]
             seen.append([d.text for d in batch])
     assert seen == [["a", "b"]]
+
+
+async def test_an_unexpected_failure_ends_the_stream_with_a_500_not_a_hang() -> None:
+    """An exception that is no GatewayError (a bug, an engine error no adapter mapped) once left
+    the pump task dead and the response waiting on its buffer forever."""
+
+    class Broken(Engine):
+        async def run(self, lease: Any) -> AsyncGenerator[Delta, None]:
+            yield Delta("a")
+            raise RuntimeError("not mapped")
+
+    seen: list[list[str]] = []
+    with pytest.raises(GatewayError) as raised:
+        async with asyncio.timeout(5):
+            async for batch in pumped(Broken([]), lease(), 1000):  # type: ignore[arg-type]
+                seen.append([d.text for d in batch])
+    assert seen == [["a"]] and (raised.value.status, raised.value.code) == (500, "internal_error")

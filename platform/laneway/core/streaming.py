@@ -16,6 +16,7 @@ the client gets an error event, not a silently truncated stream.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -24,6 +25,7 @@ from laneway.core.pipeline import CLIENT_CLOSED, Gateway, Lease
 from laneway.types import Delta
 
 _END = object()
+log = logging.getLogger("laneway.streaming")
 
 
 def backpressure_error(limit: int) -> GatewayError:
@@ -60,6 +62,10 @@ async def pumped(gateway: Gateway, lease: Lease, limit: int | None) -> AsyncGene
             buffer.put_nowait(_END)
         except GatewayError as exc:
             buffer.put_nowait(exc)
+        except Exception:  # a bug, or an engine error no adapter mapped: without this the client would hang
+            log.exception("stream %s failed", lease.call.request_id)
+            buffer.put_nowait(GatewayError(500, "The gateway failed to handle this request; it has been logged.",
+                                           code="internal_error", type="server_error"))  # fmt: skip
         finally:
             await source.aclose()
 
