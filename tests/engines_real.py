@@ -117,9 +117,9 @@ class RealTriton:
         env["PATH"] = f"{ENGINES / 'triton-venv' / 'bin'}:{env.get('PATH', '')}"
         return env
 
-    def start(self, *, within: float = 60.0) -> RealTriton:
-        """Start on a fresh free port and wait for ServerReady and ModelReady (with a deadline)."""
-        self.port = _free_port()
+    def start(self, *, within: float = 60.0, port: int | None = None) -> RealTriton:
+        """Start (on `port`, or a free one) and wait for ServerReady and ModelReady (with a deadline)."""
+        self.port = port or _free_port()
         cmd = [
             str(self.home / "bin" / "tritonserver"),
             f"--model-repository={self.repository}",
@@ -180,6 +180,11 @@ class RealTriton:
     def outcome(self, request_id: str) -> dict[str, Any] | None:
         ends = [r for r in self.records() if r["event"] != "received" and r["id"] == request_id]
         return ends[-1] if ends else None
+
+    def restart(self, *, within: float = 60.0) -> RealTriton:
+        """Kill it and start again on the same port (what a deployment's url names)."""
+        self.kill()
+        return self.start(within=within, port=self.port)
 
     def kill(self) -> None:
         """SIGKILL the server and its backend stubs (one process group), as a crash would."""
