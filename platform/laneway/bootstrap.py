@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import secrets
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,13 @@ from laneway.core.auth import new_api_key
 from laneway.db.repositories import AdminRepository, ModelRepository, PolicyRepository, TenantRepository
 from laneway.engines.demo_model import write_demo_model
 from laneway.engines.model_fetch import SMOLLM2, ModelFetchError, fetch_model
+from laneway.resources import POLICIES, package_data
 from laneway.settings import Settings
 
 log = logging.getLogger("laneway.bootstrap")
 
-POLICIES_DIR = Path(__file__).resolve().parents[2] / "policies"
+# The default lanes and task policies: package data, read from any working directory.
+POLICIES_DIR = package_data(POLICIES)
 
 
 SMOLLM2_ALIAS = "smollm2"
@@ -48,8 +51,11 @@ def demo_deployment(settings: Settings) -> dict[str, Any]:
     }
 
 
-async def import_policies(sessions: async_sessionmaker[AsyncSession], directory: Path = POLICIES_DIR) -> int:
-    """Upsert lanes and task policies from YAML; returns how many rows were written."""
+async def import_policies(
+    sessions: async_sessionmaker[AsyncSession], directory: Traversable | Path = POLICIES_DIR
+) -> int:
+    """Upsert lanes and task policies from YAML (lanes.yaml, tasks.yaml in `directory`: the
+    packaged defaults or an operator's own); returns how many rows were written."""
     count = 0
     async with sessions() as session, session.begin():
         repo = PolicyRepository(session)
