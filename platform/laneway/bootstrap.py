@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from laneway.core.auth import new_api_key
 from laneway.db.repositories import AdminRepository, ModelRepository, PolicyRepository, TenantRepository
+from laneway.engines import extras
 from laneway.engines.demo_model import write_demo_model
 from laneway.engines.model_fetch import SMOLLM2, ModelFetchError, fetch_model
 from laneway.resources import POLICIES, package_data
@@ -117,13 +118,25 @@ async def demo_model(settings: Settings) -> tuple[str, str, dict[str, Any]]:
 
 
 async def bootstrap_demo(settings: Settings, sessions: async_sessionmaker[AsyncSession]) -> None:
-    alias, description, deployment = await demo_model(settings)
+    # The base install (no llama.cpp extra) serves remote engines: it still gets its policies,
+    # demo tenant and admin, and no model until one is added. SmolLM2, asked for by name,
+    # fails in preflight instead.
+    unavailable = extras.missing_extra(extras.DEMO_MODEL)
+    if unavailable is not None:
+        log.warning("no demo model: %s; add a model (a vLLM deployment, say) at /admin/models or with "
+                    "`laneway model set`", unavailable)  # fmt: skip
+    else:
+        alias, description, deployment = await demo_model(settings)
     async with sessions() as session, session.begin():
         models = ModelRepository(session)
         # The tiny model only into an empty registry; a model asked for by name (SmolLM2) also
         # next to what is there (a data directory that served the tiny model before).
         asked = settings.demo_model != "tiny"
-        if (asked or not await models.enabled_deployments()) and await models.get(alias) is None:
+        if (
+            unavailable is None
+            and (asked or not await models.enabled_deployments())
+            and await models.get(alias) is None
+        ):
             await models.upsert(alias, description=description, deployments=[deployment])
         has_lanes = bool(await PolicyRepository(session).lanes())
         has_tenants = await TenantRepository(session).count() > 0
