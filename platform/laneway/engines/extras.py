@@ -41,8 +41,8 @@ def missing_extra(extra: Extra) -> MissingExtra | None:
     for module in extra.modules:
         try:
             importlib.import_module(module)
-        except ModuleNotFoundError as exc:  # exc.name: grpcio, say, when tritonclient lacks [grpc]
-            return MissingExtra(extra, exc.name or module)
+        except ModuleNotFoundError as exc:  # exc.name: grpc, say, when tritonclient lacks [grpc]
+            return MissingExtra(extra, (exc.name or module).partition(".")[0])
         except Exception:
             return None
     return None
