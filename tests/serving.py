@@ -154,16 +154,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def serve(env: dict[str, str], *, log: Path | None = None) -> tuple[subprocess.Popen[bytes], int]:
+def serve(
+    env: dict[str, str], *, log: Path | None = None, exe: str = EXE, cwd: Path | None = None
+) -> tuple[subprocess.Popen[bytes], int]:
     """Start `laneway serve` on a free port and wait for /health/ready; `log`: a file for its
-    output (stdout and stderr) instead of this process's stderr."""
+    output (stdout and stderr) instead of this process's stderr; `exe`: another install's
+    `laneway` (a wheel's), `cwd`: where it runs."""
     port = free_port()
-    cmd, child_env = [EXE, "serve"], {**env, "LANEWAY_PORT": str(port)}
+    cmd, child_env = [exe, "serve"], {**env, "LANEWAY_PORT": str(port)}
     if log is None:
-        proc = subprocess.Popen(cmd, env=child_env, stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, env=child_env, cwd=cwd, stdout=subprocess.DEVNULL)
     else:
         with log.open("w") as sink:  # the child keeps its own copy of the descriptor
-            proc = subprocess.Popen(cmd, env=child_env, stdout=sink, stderr=sink)
+            proc = subprocess.Popen(cmd, env=child_env, cwd=cwd, stdout=sink, stderr=sink)
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -173,7 +176,7 @@ def serve(env: dict[str, str], *, log: Path | None = None) -> tuple[subprocess.P
             pass
         if time.monotonic() > deadline or proc.poll() is not None:
             proc.kill()
-            pytest.fail("gateway did not become ready")
+            pytest.fail("gateway did not become ready" + (f"; its log:\n{log.read_text()[-4000:]}" if log else ""))
         time.sleep(0.05)
 
 

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from laneway.admin.api import SESSION_COOKIE, AdminAPI
 from laneway.admin.headers import admin_security_headers
 from laneway.admin.throttle import LoginGuard
-from laneway.admin.ui import ADMIN_UI_DIR, AdminPages, AdminUI
+from laneway.admin.ui import AdminPages, AdminUI
 from laneway.api.embeddings import EmbeddingsController
 from laneway.api.errors import gateway_error_handler, http_exception_handler, internal_error_handler
 from laneway.api.health import live, metrics, ready, require_metrics_token
@@ -46,6 +46,7 @@ from laneway.db.repositories import DeploymentSpec, ModelRepository
 from laneway.db.session import make_engine, make_sessionmaker
 from laneway.engines.registry import EngineRegistry
 from laneway.metrics import GatewayMetrics, Reading
+from laneway.resources import ADMIN_STATIC, ADMIN_TEMPLATES, package_dir
 from laneway.settings import Settings
 from laneway.tracing import build as build_tracing
 
@@ -200,12 +201,12 @@ def create_app(settings: Settings | None = None) -> Litestar:
             AdminAPI,
             AdminUI,
             AdminPages,
-            create_static_files_router(path="/admin/static", directories=[ADMIN_UI_DIR / "static"]),
+            create_static_files_router(path="/admin/static", directories=[package_dir(ADMIN_STATIC)]),
             live,
             ready,
             metrics,
         ],
-        template_config=TemplateConfig(directory=ADMIN_UI_DIR / "templates", engine=JinjaTemplateEngine),
+        template_config=TemplateConfig(directory=package_dir(ADMIN_TEMPLATES), engine=JinjaTemplateEngine),
         lifespan=[lifespan],
         # Admin logins: a throttle and a bounded argon2 pool (closed at shutdown).
         state=State(

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import secrets
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +15,16 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from laneway.core.auth import new_api_key
 from laneway.db.repositories import AdminRepository, ModelRepository, PolicyRepository, TenantRepository
+from laneway.engines import extras
 from laneway.engines.demo_model import write_demo_model
 from laneway.engines.model_fetch import SMOLLM2, ModelFetchError, fetch_model
+from laneway.resources import POLICIES, package_data
 from laneway.settings import Settings
 
 log = logging.getLogger("laneway.bootstrap")
 
-POLICIES_DIR = Path(__file__).resolve().parents[2] / "policies"
+# The default lanes and task policies: package data, read from any working directory.
+POLICIES_DIR = package_data(POLICIES)
 
 
 SMOLLM2_ALIAS = "smollm2"
@@ -48,8 +52,11 @@ def demo_deployment(settings: Settings) -> dict[str, Any]:
     }
 
 
-async def import_policies(sessions: async_sessionmaker[AsyncSession], directory: Path = POLICIES_DIR) -> int:
-    """Upsert lanes and task policies from YAML; returns how many rows were written."""
+async def import_policies(
+    sessions: async_sessionmaker[AsyncSession], directory: Traversable | Path = POLICIES_DIR
+) -> int:
+    """Upsert lanes and task policies from YAML (lanes.yaml, tasks.yaml in `directory`: the
+    packaged defaults or an operator's own); returns how many rows were written."""
     count = 0
     async with sessions() as session, session.begin():
         repo = PolicyRepository(session)
@@ -111,13 +118,25 @@ async def demo_model(settings: Settings) -> tuple[str, str, dict[str, Any]]:
 
 
 async def bootstrap_demo(settings: Settings, sessions: async_sessionmaker[AsyncSession]) -> None:
-    alias, description, deployment = await demo_model(settings)
+    # The base install (no llama.cpp extra) serves remote engines: it still gets its policies,
+    # demo tenant and admin, and no model until one is added. SmolLM2, asked for by name,
+    # fails in preflight instead.
+    unavailable = extras.missing_extra(extras.DEMO_MODEL)
+    if unavailable is not None:
+        log.warning("no demo model: %s; add a model (a vLLM deployment, say) at /admin/models or with "
+                    "`laneway model set`", unavailable)  # fmt: skip
+    else:
+        alias, description, deployment = await demo_model(settings)
     async with sessions() as session, session.begin():
         models = ModelRepository(session)
         # The tiny model only into an empty registry; a model asked for by name (SmolLM2) also
         # next to what is there (a data directory that served the tiny model before).
         asked = settings.demo_model != "tiny"
-        if (asked or not await models.enabled_deployments()) and await models.get(alias) is None:
+        if (
+            unavailable is None
+            and (asked or not await models.enabled_deployments())
+            and await models.get(alias) is None
+        ):
             await models.upsert(alias, description=description, deployments=[deployment])
         has_lanes = bool(await PolicyRepository(session).lanes())
         has_tenants = await TenantRepository(session).count() > 0

