@@ -18,8 +18,8 @@ from laneway.api import openapi
 from laneway.api.disconnect import ClientDisconnected, until_disconnect
 from laneway.api.protocol import encode
 from laneway.api.request_ids import bind_call, client_request_id
-from laneway.api.routes import _decode, authenticate, unsupported
-from laneway.core.errors import GatewayError, invalid_request
+from laneway.api.routes import _decode, admitted, authenticate, unsupported
+from laneway.core.errors import invalid_request
 from laneway.core.pipeline import CLIENT_CLOSED, Call, Gateway, Lease
 from laneway.types import Embeddings
 
@@ -110,27 +110,8 @@ def _body(call: Call, result: Embeddings, encoding_format: str) -> bytes:
 
 
 async def _admit_and_embed(gateway: Gateway, lease: Lease) -> Embeddings:
-    """Wait for a slot, then embed, in this task; an interruption (a shutdown) cancels it and
-    surfaces as the interrupting error."""
-    current = asyncio.current_task()
-    assert current is not None
-    interrupted: list[GatewayError] = []
-
-    def interrupt(error: GatewayError) -> None:
-        interrupted.append(error)
-        current.cancel()
-
-    lease.interrupter = interrupt
-    try:
-        await gateway.acquire(lease)
-        return await gateway.embed(lease)
-    except asyncio.CancelledError:
-        if interrupted and current.cancelling():
-            current.uncancel()
-            raise interrupted[0] from None
-        raise
-    finally:
-        lease.interrupter = None
+    """A slot, then the embeddings (a shutdown interrupts it as it does a generation)."""
+    return await admitted(gateway, lease, lambda: gateway.embed(lease))
 
 
 class EmbeddingsController(Controller):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import msgspec
@@ -358,9 +358,9 @@ class OpenAIController(Controller):
         )
 
 
-async def _admit_and_collect(gateway: Gateway, lease: Lease) -> list[Delta]:
-    """A non-streaming answer: wait for a slot, then the whole generation, in this task (an
-    interruption - a shutdown - cancels it and surfaces as the interrupting error)."""
+async def admitted(gateway: Gateway, lease: Lease, work: Callable[[], Awaitable[T]]) -> T:
+    """Wait for a slot, then do `work`, in this task: an interruption (a shutdown) cancels it
+    and surfaces as the interrupting error. The non-streaming answers' shared body."""
     current = asyncio.current_task()
     assert current is not None
     interrupted: list[GatewayError] = []
@@ -372,7 +372,7 @@ async def _admit_and_collect(gateway: Gateway, lease: Lease) -> list[Delta]:
     lease.interrupter = interrupt
     try:
         await gateway.acquire(lease)
-        return [d async for d in gateway.run(lease)]
+        return await work()
     except asyncio.CancelledError:
         if interrupted and current.cancelling():
             current.uncancel()
@@ -380,6 +380,15 @@ async def _admit_and_collect(gateway: Gateway, lease: Lease) -> list[Delta]:
         raise
     finally:
         lease.interrupter = None
+
+
+async def _admit_and_collect(gateway: Gateway, lease: Lease) -> list[Delta]:
+    """A non-streaming answer: a slot, then the whole generation."""
+
+    async def collect() -> list[Delta]:
+        return [d async for d in gateway.run(lease)]
+
+    return await admitted(gateway, lease, collect)
 
 
 async def _respond(

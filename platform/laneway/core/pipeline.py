@@ -600,12 +600,7 @@ class Gateway:
             raise GatewayError(400, f"The engine serving '{call.alias}' refused the request: {exc}",
                                code="invalid_request") from exc  # fmt: skip
         except EngineError as exc:
-            log.error("engine error on %s (%s): %s", call.generation.request_id, deployment.spec.name, exc)
-            self.registry.record(deployment, ok=False)
-            call.fail(503, "engine_error")
-            raise GatewayError(
-                503, f"The engine serving '{call.alias}' failed: {exc}", code="engine_error", retry_after=1
-            ) from exc
+            raise self._engine_failed(call, exc) from exc
         except BaseException as exc:
             call.fail(*self.outcome_of(exc))
             raise
@@ -634,17 +629,19 @@ class Gateway:
             self.registry.record(deployment, ok=True)
             return result
         except EngineError as exc:
-            log.error("engine error on %s (%s): %s", call.request_id, deployment.spec.name, exc)
-            self.registry.record(deployment, ok=False)
-            call.fail(503, "engine_error")
-            raise GatewayError(
-                503, f"The engine serving '{call.alias}' failed: {exc}", code="engine_error", retry_after=1
-            ) from exc
+            raise self._engine_failed(call, exc) from exc
         except BaseException as exc:
             call.fail(*self.outcome_of(exc))
             raise
         finally:
             lease.end_generation()
+
+    def _engine_failed(self, call: Call, exc: EngineError) -> GatewayError:
+        """An engine fault: logged, counted against the deployment's health, 503 to the client."""
+        log.error("engine error on %s (%s): %s", call.generation.request_id, call.deployment.spec.name, exc)
+        self.registry.record(call.deployment, ok=False)
+        call.fail(503, "engine_error")
+        return GatewayError(503, f"The engine serving '{call.alias}' failed: {exc}", code="engine_error", retry_after=1)
 
     # ---- bookkeeping ----
     def forget(self, lease: Lease) -> None:

@@ -528,19 +528,9 @@ class LlamaCppEngine:
         except BaseException:
             exited()
             raise
-        left = req.n
         try:
-            while True:
-                item = await out.get()
-                if item is _DONE:
-                    return
-                if isinstance(item, BaseException):
-                    raise EngineError(f"llama.cpp generation failed: {item}") from item
-                yield item
-                if item.finish_reason is not None:
-                    left -= 1
-                    if left == 0:
-                        return
+            async for delta in _deltas(out, req.n):
+                yield delta
         finally:
             seq.cancel.set()
             self._decoder.wake()
@@ -585,18 +575,25 @@ class LlamaCppEngine:
             raise
         # The slot is free once the decode thread has returned, whoever stops first.
         future.add_done_callback(lambda _f: release())
-        left = req.n  # choices still decoding
         try:
-            while True:
-                item = await out.get()
-                if item is _DONE:
-                    return
-                if isinstance(item, BaseException):
-                    raise EngineError(f"llama.cpp generation failed: {item}") from item
-                yield item
-                if item.finish_reason is not None:
-                    left -= 1
-                    if left == 0:
-                        return
+            async for delta in _deltas(out, req.n):
+                yield delta
         finally:
             cancel.set()
+
+
+async def _deltas(out: asyncio.Queue[Any], n: int) -> AsyncGenerator[Delta, None]:
+    """What a decode thread sends, until each of the n choices has finished (or the thread is
+    done); an exception from it is the engine's failure."""
+    left = n
+    while True:
+        item = await out.get()
+        if item is _DONE:
+            return
+        if isinstance(item, BaseException):
+            raise EngineError(f"llama.cpp generation failed: {item}") from item
+        yield item
+        if item.finish_reason is not None:
+            left -= 1
+            if left == 0:
+                return
