@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 from litestar import Controller, Request, get, post
 from litestar.datastructures import Cookie
-from litestar.di import Provide
+from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath
 from litestar.response import Redirect, Template
 from sqlalchemy import select
@@ -448,7 +448,7 @@ class AdminPages(Controller):
                 "span": _span_words(view.span_s)}  # fmt: skip
 
     @get("/dashboard", dependencies={"live": Provide(provide_live_figures, sync_to_thread=False)})
-    async def dashboard(self, request: Request, live: LiveFigures) -> Page:  # type: ignore[type-arg]
+    async def dashboard(self, request: Request, live: NamedDependency[LiveFigures]) -> Page:  # type: ignore[type-arg]
         current = await _session(request)
         if current is None:
             return _to_login()
@@ -456,7 +456,7 @@ class AdminPages(Controller):
         return Template("dashboard.html", context=context)
 
     @get("/dashboard/panel", dependencies={"live": Provide(provide_live_figures, sync_to_thread=False)})
-    async def panel(self, request: Request, live: LiveFigures) -> Page:  # type: ignore[type-arg]
+    async def panel(self, request: Request, live: NamedDependency[LiveFigures]) -> Page:  # type: ignore[type-arg]
         if await _session(request) is None:
             return _to_login()
         return Template("dashboard_panel.html", context=self._panel_context(request, live))
