@@ -117,7 +117,7 @@ async def test_export_streams_in_time_order_and_the_index_serves_it(db_engine: A
     by_name = {i["name"]: i["column_names"] for i in indexes}
     assert by_name.get("ix_usage_tenant_created_id") == ["tenant_id", "created_at", "id"]
     assert "ix_usage_tenant_created" not in by_name  # replaced, not doubled
-    await migrate.downgrade(db_engine, "0003")
+    await migrate.downgrade(db_engine, "0004")
     async with db_engine.connect() as conn:
         indexes = await conn.run_sync(lambda c: inspect(c).get_indexes("usage_records"))
     assert {i["name"] for i in indexes} == {"ix_usage_tenant_created"}

@@ -216,16 +216,6 @@ def test_every_page_renders_and_policy_edits_validate_inline(server: ServerThrea
     page.screenshot(path=shots / "audit.png", full_page=True)
 
 
-def _log_in(page: Any) -> None:
-    """A fresh context (a test run alone) logs in first."""
-    page.goto("/admin/dashboard")
-    if "/login" in page.url:
-        page.fill("input[name=username]", "admin")
-        page.fill("input[name=password]", PASSWORD)
-        page.click("button[type=submit]")
-        page.wait_for_url("**/admin/dashboard")
-
-
 def _tenant_with_key(server: ServerThread, name: str, **limits: Any) -> tuple[int, str]:
     import httpx
 
@@ -255,7 +245,7 @@ def test_usage_page_and_csv_match_requests_made_with_the_sdk(
     assert refused == 2
     server.call(server.app.state.recorder.flush())  # the batch writer's next tick, now
 
-    _log_in(page)
+    _logged_in(page, "/admin/dashboard")
     page.goto(f"/admin/tenants/{tenant_id}")
     page.click("#usage-link")
     expect(page.locator("h1")).to_contain_text("Usage of usage-co")
@@ -305,7 +295,7 @@ def test_a_rejected_form_keeps_its_values_and_disabling_asks_first(
     from playwright.sync_api import Page, expect
 
     assert isinstance(page, Page)
-    _log_in(page)
+    _logged_in(page, "/admin/dashboard")
     page.goto("/admin/tenants")
     expect(page.locator("#help-rpm")).to_contain_text("Blank = unlimited")
     expect(page.locator("#field-tpm .unit")).to_have_text("tokens / min")
@@ -324,34 +314,35 @@ def test_a_rejected_form_keeps_its_values_and_disabling_asks_first(
     page.goto(f"/admin/tenants/{tenant_id}")
     # A client that does not validate (or an old browser) sends what the browser would refuse.
     page.evaluate("document.querySelectorAll('form').forEach(f => f.noValidate = true)")
-    page.fill("input[name=rpm]", "0")
-    page.fill("input[name=tpm]", "1234")
-    page.click("text=Save")
+    page.fill("fieldset input[name=rpm]", "0")
+    page.fill("fieldset input[name=tpm]", "1234")
+    page.click("fieldset >> text=Save")
     expect(page.locator("#error-rpm")).to_have_text(
         "Requests per minute must be a whole number from 1 to 2,147,483,647, or blank for unlimited."
     )
-    assert page.locator("input[name=rpm]").input_value() == "0"
-    assert page.locator("input[name=tpm]").input_value() == "1234"
-    assert page.locator("input[name=rpm]").get_attribute("aria-invalid") == "true"
+    assert page.locator("fieldset input[name=rpm]").input_value() == "0"
+    assert page.locator("fieldset input[name=tpm]").input_value() == "1234"
+    assert page.locator("fieldset input[name=rpm]").get_attribute("aria-invalid") == "true"
     page.screenshot(path=shots / "tenant-rejected.png", full_page=True)
 
     page.goto(f"/admin/tenants/{tenant_id}")
-    page.check("input[name=disabled]")
+    page.check("fieldset input[name=disabled]")
     asked: list[str] = []
     page.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
-    page.click("text=Save")
+    page.click("fieldset >> text=Save")
     assert asked and asked[0].startswith("Disable form-co?")
     expect(page.locator("#notice")).to_have_count(0)  # not saved
     page.once("dialog", lambda d: d.accept())
-    page.click("text=Save")
+    page.click("fieldset >> text=Save")
     expect(page.locator("#notice")).to_contain_text("Saved")
-    assert page.locator("input[name=disabled]").is_checked()
+    assert page.locator("fieldset input[name=disabled]").is_checked()
     page.once("dialog", lambda d: pytest.fail(f"asked again: {d.message}"))
-    page.click("text=Save")  # already disabled: a save does not ask
+    page.click("fieldset >> text=Save")  # already disabled: a save does not ask
     expect(page.locator("#notice")).to_contain_text("Saved")
 
     page.goto("/admin/audit")
-    entry = page.locator("#audit tr", has_text=f"update tenant {tenant_id}").first
+    updates = page.locator("#audit tr", has_text=f"update tenant {tenant_id}")
+    entry = updates.filter(has=page.locator("li[data-field=disabled]")).first
     expect(entry.locator(".actor")).to_have_text("admin")
     expect(entry.locator("li[data-field=disabled]")).to_contain_text("no → yes")
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", entry.locator("time").inner_text())
@@ -366,7 +357,7 @@ def test_every_page_fits_a_390px_screen(server: ServerThread, page: object, shot
     from playwright.sync_api import Page
 
     assert isinstance(page, Page)
-    _log_in(page)
+    _logged_in(page, "/admin/dashboard")
     page.set_viewport_size({"width": 390, "height": 844})
     try:
         for name, path in PHONE_PAGES:
@@ -392,7 +383,7 @@ def _logged_in(page: Any, path: str) -> None:
         page.goto(path)
 
 
-def test_quotas_and_key_limits_save_and_show_usage(server: ServerThread, page: object) -> None:
+def test_quotas_and_key_limits_save_and_show_usage(server: ServerThread, page: object, shots: Path) -> None:
     from playwright.sync_api import Page, expect
 
     assert isinstance(page, Page)
@@ -424,7 +415,7 @@ def test_quotas_and_key_limits_save_and_show_usage(server: ServerThread, page: o
     expect(page.locator("#usage-day .used")).to_have_text(f"{used:,} tokens")
     expect(page.locator("#usage-day")).to_contain_text("1,000 tokens")
     expect(page.locator("#usage-month")).to_contain_text("20,000 tokens")
-    page.screenshot(path=SHOTS / "tenant-quotas.png", full_page=True)
+    page.screenshot(path=shots / "tenant-quotas.png", full_page=True)
 
     row = page.locator("#keys tr", has_text="ui-key")
     row.locator("input[name=rpm]").fill("80")  # above the tenant's 50: refused on the row, in words
@@ -438,7 +429,7 @@ def test_quotas_and_key_limits_save_and_show_usage(server: ServerThread, page: o
     row = page.locator("#keys tr", has_text="ui-key")
     assert row.locator("input[name=rpm]").input_value() == "2"
     assert row.locator("input[name=allowed_models]").input_value() == "sim"
-    page.screenshot(path=SHOTS / "tenant-key-limits.png", full_page=True)
+    page.screenshot(path=shots / "tenant-key-limits.png", full_page=True)
     client.completions.create(model="sim", prompt="hello", max_tokens=5)
     client.completions.create(model="sim", prompt="hello", max_tokens=5)
     with pytest.raises(openai.RateLimitError) as info:  # the key's 2/min, inside the tenant's 50

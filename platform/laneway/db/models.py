@@ -135,7 +135,7 @@ class UsageRecord(Base):
     total_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     # A tenant's rows by time (the usage page, the CSV export in (created_at, id) order); on
-    # PostgreSQL the aggregated columns ride along, for an index-only scan (migration 0004).
+    # PostgreSQL the aggregated columns ride along, for an index-only scan (migration 0005).
     __table_args__ = (
         Index(
             "ix_usage_tenant_created_id",

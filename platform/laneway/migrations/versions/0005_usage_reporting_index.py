@@ -6,17 +6,17 @@ The page aggregates a tenant's rows over a time range and the export reads them 
 the index (INCLUDE), so the page is an index-only scan. It replaces ix_usage_tenant_created,
 which it makes redundant: one index fewer to update on the insert-heavy table.
 
-Revision ID: 0004
-Revises: 0003
-Create Date: 2026-12-04
+Revision ID: 0005
+Revises: 0004
+Create Date: 2026-12-10
 """
 
 from __future__ import annotations
 
 from alembic import op
 
-revision = "0004"
-down_revision = "0003"
+revision = "0005"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 
