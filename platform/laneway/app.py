@@ -20,8 +20,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from laneway.admin.api import SESSION_COOKIE, AdminAPI
 from laneway.admin.headers import admin_security_headers
+from laneway.admin.live import LiveFigures
 from laneway.admin.throttle import LoginGuard
 from laneway.admin.ui import AdminPages, AdminUI
+from laneway.admin.usage_ui import UsagePages
 from laneway.api.embeddings import EmbeddingsController
 from laneway.api.errors import gateway_error_handler, http_exception_handler, internal_error_handler
 from laneway.api.health import live, metrics, ready, require_metrics_token
@@ -151,6 +153,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         app.state.authenticator = authenticator
         app.state.policies = policies
         app.state.gateway = gateway
+        app.state.live_figures = LiveFigures(gateway.metrics)  # the dashboard's window over the metrics
         app.state.health = health
         app.state.loop_lag = loop_lag
         app.state.started_at = time.time()
@@ -201,6 +204,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             AdminAPI,
             AdminUI,
             AdminPages,
+            UsagePages,
             create_static_files_router(path="/admin/static", directories=[package_dir(ADMIN_STATIC)]),
             live,
             ready,

@@ -138,9 +138,10 @@ def test_tenant_edits_refuse_bad_bodies_and_change_nothing(admin: httpx.Client, 
     r = browser.post("/admin/tenants", data={"csrf_token": csrf, "name": "bad\x00name"})
     assert r.status_code == 400 and "control characters" in r.text
     r = browser.post(f"/admin{url}", data={"csrf_token": csrf, "rpm": "ten", "weight": "1"})
-    assert r.status_code == 400 and 'id="edit-error"' in r.text and "rpm must be" in r.text
+    # Said next to the field, in the form's words (not the JSON field's).
+    assert r.status_code == 400 and 'id="error-rpm"' in r.text and "Requests per minute must be" in r.text
     r = browser.post(f"/admin{url}", data={"csrf_token": csrf, "weight": "nan"})
-    assert r.status_code == 400 and "weight must be a number greater than 0" in r.text
+    assert r.status_code == 400 and "Weight must be a number greater than 0" in r.text
     assert tenant(admin) == before
 
 

@@ -6,12 +6,12 @@ operations (admin/service.py) as the JSON API; every form carries the session's 
 from __future__ import annotations
 
 import secrets
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
 from litestar import Controller, Request, get, post
 from litestar.datastructures import Cookie
+from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath
 from litestar.response import Redirect, Template
 from sqlalchemy import select
@@ -27,6 +27,8 @@ from laneway.admin.api import (
     tenant_page,
 )
 from laneway.admin.limits import KEY_LIMIT_FIELDS, KeyLimitsIn, tenant_usage
+from laneway.admin.live import LiveFigures, provide_live_figures
+from laneway.admin.presentation import LIMIT_FIELDS, audit_changes, field_message, iso_utc, typed_tenant
 from laneway.admin.service import (
     AUDIT_FIELDS,
     KEY_FIELDS,
@@ -43,7 +45,7 @@ from laneway.admin.service import (
 from laneway.admin.validation import check_text, convert, int_query
 from laneway.bootstrap import admin_password_file
 from laneway.core.errors import GatewayError
-from laneway.db.models import ApiKey, Tenant, UsageRecord
+from laneway.db.models import ApiKey, Tenant
 from laneway.db.repositories import AdminRepository, AuditRepository, ModelRepository, PolicyRepository
 from laneway.engines.registry import ENGINE_KINDS
 from laneway.resources import ADMIN_TEMPLATES, package_dir
@@ -142,7 +144,7 @@ class AdminUI(Controller):
 
     @get("/")
     async def home(self, request: Request) -> Redirect:  # type: ignore[type-arg]
-        return Redirect("/admin/tenants" if await _session(request) else "/admin/login", status_code=303)
+        return Redirect("/admin/dashboard" if await _session(request) else "/admin/login", status_code=303)
 
     @get("/login")
     async def login_page(self, request: Request) -> Template:  # type: ignore[type-arg]
@@ -161,7 +163,7 @@ class AdminUI(Controller):
         except GatewayError as exc:  # 401 wrong, 429 throttled (with Retry-After), 400 bad username
             return Template("login.html", context={"login_csrf": expected, "error": exc.message},
                             status_code=exc.status, headers=exc.headers)  # fmt: skip
-        return Redirect("/admin/tenants", status_code=303, cookies=[cookie])
+        return Redirect("/admin/dashboard", status_code=303, cookies=[cookie])  # the live view first
 
     @post("/logout")
     async def logout(self, request: Request) -> Redirect:  # type: ignore[type-arg]
@@ -202,6 +204,8 @@ class AdminUI(Controller):
         error: str = "",
         list_error: str = "",
         status: int = 200,
+        error_field: str | None = None,
+        typed: dict[str, str] | None = None,
     ) -> Template:
         page = min(page, MAX_PAGE)
         tenants, total = await tenant_page(request, q, page, per_page)
@@ -211,6 +215,8 @@ class AdminUI(Controller):
             tenants, total = await tenant_page(request, q, page, per_page)
         context = {"admin": current[0], "csrf": current[1], "tenants": tenants, "total": total, "q": q,
                    "page": page, "per_page": per_page, "error": error, "list_error": list_error}  # fmt: skip
+        # A rejected create form comes back as typed, its message next to the field.
+        context |= {"typed": typed or {}, "error_field": error_field, "limit_fields": LIMIT_FIELDS}
         return Template("tenants.html", context=context, status_code=status)
 
     @post("/tenants")
@@ -223,7 +229,8 @@ class AdminUI(Controller):
             data, _ = _tenant_input(form)
             created = await service.create_tenant(request.app.state, current[0], data)
         except GatewayError as exc:
-            return await self._tenants_page(request, current, error=exc.message, status=exc.status)
+            return await self._tenants_page(request, current, error=field_message(exc.param, exc.message),
+                                            status=exc.status, error_field=exc.param, typed=form)  # fmt: skip
         return Redirect(f"/admin/tenants/{created['id']}", status_code=303)
 
     async def _tenant_page(
@@ -241,6 +248,9 @@ class AdminUI(Controller):
                        "keys": [row(k, KEY_FIELDS) for k in keys.scalars()],
                        "usage": await tenant_usage(request.app.state.gateway.limiter, session, tenant),
                        **extra}  # fmt: skip
+        context["limit_fields"] = LIMIT_FIELDS
+        if extra.get("typed"):  # a rejected edit: show what was typed, not the stored values
+            context["tenant"] = typed_tenant(context["tenant"], extra["typed"])
         failed = extra.get("error") or extra.get("key_error") or extra.get("key_errors")
         return Template("tenant.html", context=context, status_code=status or (400 if failed else 200))
 
@@ -261,7 +271,8 @@ class AdminUI(Controller):
         except GatewayError as exc:
             if exc.status == 404:
                 raise
-            return await self._tenant_page(request, current, tenant_id, error=exc.message, status=exc.status)
+            return await self._tenant_page(request, current, tenant_id, error=field_message(exc.param, exc.message),
+                                           status=exc.status, error_field=exc.param, typed=form)  # fmt: skip
         return await self._tenant_page(request, current, tenant_id, notice="Saved. The gateway applies it now.")
 
     @post("/tenants/{tenant_id:int}/keys")
@@ -325,11 +336,6 @@ def _policy_input(form: dict[str, str], kind: type[Any]) -> tuple[Any, set[str]]
         else:
             raw[field] = text
     return convert(raw, kind, strict=False), set(raw)
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 class AdminPages(Controller):
@@ -427,37 +433,38 @@ class AdminPages(Controller):
         if current is None:
             return _to_login()
         async with request.app.state.sessions() as session:
-            entries = [row(e, AUDIT_FIELDS) for e in await AuditRepository(session).recent(200)]
+            entries = [{**row(e, AUDIT_FIELDS), "at": iso_utc(e.at), "changes": audit_changes(e.before, e.after)}
+                       for e in await AuditRepository(session).recent(200)]  # fmt: skip
         return Template("audit.html", context={"admin": current[0], "csrf": current[1], "entries": entries})
 
-    async def _panel_context(self, request: Request, minutes: int = 5) -> dict[str, Any]:  # type: ignore[type-arg]
+    def _panel_context(self, request: Request, live: LiveFigures) -> dict[str, Any]:  # type: ignore[type-arg]
+        """Queues now (the schedulers) and the last minutes of this replica's metrics: no
+        database round trip, whatever the traffic."""
         queues = [{"lane": labels["lane"], "deployment": labels["deployment"], "waiting": w, "running": r}
                   for labels, w, r in request.app.state.gateway.queue_stats()]  # fmt: skip
-        since = datetime.now(UTC) - timedelta(minutes=minutes)
-        async with request.app.state.sessions() as session:
-            rows = await session.execute(
-                select(UsageRecord.lane, UsageRecord.ttft_ms).where(
-                    UsageRecord.created_at >= since, UsageRecord.ttft_ms.is_not(None)
-                )
-            )
-            by_lane: dict[str, list[float]] = {}
-            for lane, ttft in rows.all():
-                by_lane.setdefault(lane or "-", []).append(float(ttft))
-        ttft = [{"lane": lane, "n": len(v), "p50": _percentile(v, 0.5), "p95": _percentile(v, 0.95),
-                 "p99": _percentile(v, 0.99)} for lane, v in sorted(by_lane.items())]  # fmt: skip
-        scale = max([t["p99"] for t in ttft] + [1.0])
-        return {"queues": queues, "ttft": ttft, "minutes": minutes, "scale": scale}
+        view = live.read()
+        scale = max([t.ttft_ms[0.99] or 0.0 for t in view.lanes] + [1.0])
+        return {"queues": queues, "view": view, "ttft": [t for t in view.lanes if t.ttft_n], "scale": scale,
+                "span": _span_words(view.span_s)}  # fmt: skip
 
-    @get("/dashboard")
-    async def dashboard(self, request: Request) -> Page:  # type: ignore[type-arg]
+    @get("/dashboard", dependencies={"live": Provide(provide_live_figures, sync_to_thread=False)})
+    async def dashboard(self, request: Request, live: NamedDependency[LiveFigures]) -> Page:  # type: ignore[type-arg]
         current = await _session(request)
         if current is None:
             return _to_login()
-        context = {"admin": current[0], "csrf": current[1], **await self._panel_context(request)}
+        context = {"admin": current[0], "csrf": current[1], **self._panel_context(request, live)}
         return Template("dashboard.html", context=context)
 
-    @get("/dashboard/panel")
-    async def panel(self, request: Request) -> Page:  # type: ignore[type-arg]
+    @get("/dashboard/panel", dependencies={"live": Provide(provide_live_figures, sync_to_thread=False)})
+    async def panel(self, request: Request, live: NamedDependency[LiveFigures]) -> Page:  # type: ignore[type-arg]
         if await _session(request) is None:
             return _to_login()
-        return Template("dashboard_panel.html", context=await self._panel_context(request))
+        return Template("dashboard_panel.html", context=self._panel_context(request, live))
+
+
+def _span_words(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(1, round(seconds))} s"
+    if seconds < 5400:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"

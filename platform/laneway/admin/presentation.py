@@ -1,0 +1,107 @@
+"""How the admin UI says things: the tenant limit fields' labels, units and help, their errors
+in plain words, the audit log's field-by-field changes, and times in UTC (ISO 8601, Z).
+
+The JSON API keeps its own messages (they name the JSON field); these are for a person at a
+form, next to the input they typed into.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from laneway.admin.validation import INT32_MAX
+
+
+@dataclass(frozen=True)
+class FieldHelp:
+    name: str
+    label: str
+    unit: str
+    help: str
+    rule: str  # what a valid value is, said when one is refused
+    step: str = "1"
+    min: str = "1"
+    max: str = str(INT32_MAX)
+    placeholder: str = "unlimited"
+
+
+_WHOLE = f"a whole number from 1 to {INT32_MAX:,}"
+LIMIT_FIELDS: dict[str, FieldHelp] = {
+    f.name: f
+    for f in (
+        FieldHelp("weight", "Weight", "x share",
+                  "Its share of a busy lane against other tenants: weight 2 gets twice the tokens of weight 1 when "
+                  "both are waiting. Required; 1 is the default.",
+                  "Weight must be a number greater than 0 and at most 100, such as 1 or 2.5.",
+                  step="any", min="0.01", max="100", placeholder="1"),
+        FieldHelp("rpm", "Requests per minute", "requests / min",
+                  "Requests it may start per minute, all its keys and gateway replicas together; one over is "
+                  "answered 429 with Retry-After. Blank = unlimited.",
+                  f"Requests per minute must be {_WHOLE}, or blank for unlimited."),
+        FieldHelp("tpm", "Tokens per minute", "tokens / min",
+                  "Tokens per minute, counting each request's prompt + max_tokens when it starts; what it does not "
+                  "use is given back when it ends. Blank = unlimited.",
+                  f"Tokens per minute must be {_WHOLE}, or blank for unlimited."),
+        FieldHelp("max_concurrency", "Max concurrency", "requests at once",
+                  "Requests it may have in flight at the same time (queued or running); one more gets 429 "
+                  "concurrency_limit_exceeded. Blank = unlimited.",
+                  f"Max concurrency must be {_WHOLE}, or blank for unlimited."),
+    )
+}  # fmt: skip
+
+
+def field_message(param: str | None, message: str) -> str:
+    """The plain-words rule for a tenant limit field the gateway refused; other fields keep the
+    validation layer's sentence (already plain: laneway.admin.validation.humane)."""
+    found = LIMIT_FIELDS.get(param or "")
+    return found.rule if found is not None else message
+
+
+def typed_tenant(shown: dict[str, Any], form: dict[str, str]) -> dict[str, Any]:
+    """The tenant as the rejected form had it: what was typed wins over the stored values,
+    so nothing typed is lost. Comma lists become lists again (the template joins them)."""
+    out = dict(shown)
+    for name, value in form.items():
+        if name == "csrf_token":
+            continue
+        out[name] = [x.strip() for x in value.split(",") if x.strip()] if name.startswith("allowed_") else value
+    if "name" not in form:  # the edit form: an unticked box is absent
+        out["disabled"] = form.get("disabled") == "true"
+    return out
+
+
+def iso_utc(value: datetime | None) -> str:
+    """ISO 8601 in UTC with a Z, to the second; SQLite hands back naive times written in UTC."""
+    if value is None:
+        return ""
+    value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "(none)"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value) or "(empty)"
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
+    if isinstance(value, str) and len(value) >= 19 and value[4] == "-" and value[10] == "T":
+        try:
+            return iso_utc(datetime.fromisoformat(value))
+        except ValueError:
+            return value
+    return str(value)
+
+
+def audit_changes(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    """(field, before, after) for each field that differs, in the entity's field order; a
+    created entity lists every field it was created with, a deleted one every field it had."""
+    old, new = before or {}, after or {}
+    fields = list(dict.fromkeys([*old, *new]))
+    return [(f, _shown(old.get(f)) if before is not None else "", _shown(new.get(f)) if after is not None else "")
+            for f in fields if f != "id" and (before is None or after is None or old.get(f) != new.get(f))]  # fmt: skip
