@@ -62,6 +62,12 @@ Scheduler = DeploymentScheduler | SharedScheduler
 _ID_PREFIX = {"responses": "resp_"}
 
 
+def engine_request_id(request_id: str, client_request_id: str | None) -> str:
+    """The id the engine (and its logs) sees: the client's, made unique by the gateway's own,
+    since engines key running requests by it."""
+    return request_id if client_request_id is None else f"{client_request_id}:{request_id}"
+
+
 @dataclass(eq=False)
 class Call:
     request_id: str
@@ -331,9 +337,7 @@ class Gateway:
         # The body's id, whatever X-Request-Id the client sent: OpenAI's shape, unique per completion.
         request_id = _ID_PREFIX.get(endpoint, "chatcmpl-" if messages is not None else "cmpl-") + uuid.uuid4().hex
         capabilities.check(deployment.engine.info, alias, generation)
-        # The client's id reaches the engine (and its logs), made unique by the gateway's:
-        # engines key running requests by it.
-        generation.request_id = request_id if client_request_id is None else f"{client_request_id}:{request_id}"
+        generation.request_id = engine_request_id(request_id, client_request_id)
         generation.max_tokens = budget
         generation.messages = tuple(messages) if messages is not None else None
         generation.temperature = 1.0 if temperature is None else temperature
@@ -438,7 +442,7 @@ class Gateway:
                 param="input",
             )
         request_id = "embd-" + uuid.uuid4().hex
-        engine_id = request_id if client_request_id is None else f"{client_request_id}:{request_id}"
+        engine_id = engine_request_id(request_id, client_request_id)
         generation = GenerationRequest(request_id=engine_id, prompt="", prompt_tokens=total, max_tokens=0,
                                        priority=priority, stream=False)  # fmt: skip
         return Call(
