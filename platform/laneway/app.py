@@ -101,8 +101,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             if settings.redis_url
             else MemoryRateLimiter()
         )
-        if isinstance(limiter, MemoryRateLimiter):  # Redis keeps its counters across restarts
-            await limiter.load_used(sessions)
+        await limiter.load_used(sessions)  # quotas count from the usage rows (Redis: a lost counter's)
         recorder = UsageRecorder(
             sessions,
             interval_s=settings.usage_flush_interval_s,

@@ -176,17 +176,88 @@ async def _import_policies(sessions: Any, args: argparse.Namespace) -> None:
     print(f"imported {n} lanes and task policies")
 
 
-def _valid(raw: dict[str, Any], kind: Any) -> Any:
+def _valid(raw: dict[str, Any], kind: Any, *, strict: bool = True) -> Any:
     """`raw` as the admin API's input struct (the same rules as the API and the UI); a
-    refusal is a GatewayError, said in one line by _with_service."""
+    refusal is a GatewayError, said in one line by _with_service. strict=False: the values
+    are command-line text ("500" is a number, "lots" is refused in the API's words)."""
     from laneway.admin.validation import convert
 
-    return convert({k: v for k, v in raw.items() if v is not None}, kind)
+    return convert({k: v for k, v in raw.items() if v is not None}, kind, strict=strict)
 
 
-def _comma_list(text: str | None) -> list[str] | None:
-    items = [x.strip() for x in (text or "").split(",") if x.strip()]
-    return items or None
+# A limit's value on the command line: a number, or one of these for "no limit" (the tenant's,
+# for a key); an allow-list's: names, or the word that clears it.
+_UNLIMITED = ("none", "unlimited")
+_EVERY_MODEL = "all"  # --models all: no allow-list (every model; a key: every model its tenant may use)
+_NO_LANES = "none"
+
+
+def _limit_flags(args: argparse.Namespace, flags: dict[str, str]) -> dict[str, Any]:
+    """The limits given on the command line, by field: "none" clears one (None), a number is
+    kept as text for _valid to check. Flags left out are absent."""
+    out: dict[str, Any] = {}
+    for dest, field in flags.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            out[field] = None if value.strip().lower() in _UNLIMITED else value
+    return out
+
+
+def _list_flag(text: str, clear_word: str) -> list[str] | None:
+    """A comma-separated allow-list; `clear_word` (or nothing) clears it (None)."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    return None if not items or [x.lower() for x in items] == [clear_word] else items
+
+
+# Tenant flags -> TenantIn fields (tenant create and tenant set).
+_TENANT_LIMITS = {"rpm": "rpm", "tpm": "tpm", "max_concurrency": "max_concurrency", "weight": "weight",
+                  "priority_floor": "priority_floor", "daily_tokens": "tokens_per_day",
+                  "monthly_tokens": "tokens_per_month"}  # fmt: skip
+# Key flags -> KeyIn / KeyLimitsIn fields (key issue and key set).
+_KEY_LIMITS = {"rpm": "rpm", "tpm": "tpm", "max_concurrency": "max_concurrency"}
+
+
+def _tenant_fields(args: argparse.Namespace) -> dict[str, Any]:
+    fields = _limit_flags(args, _TENANT_LIMITS)
+    if args.models is not None:
+        fields["allowed_models"] = _list_flag(args.models, _EVERY_MODEL)
+    if args.lanes is not None:
+        fields["allowed_lanes"] = _list_flag(args.lanes, _NO_LANES)
+    return fields
+
+
+def _tenant_changes(args: argparse.Namespace) -> dict[str, Any]:
+    """What `tenant set` changes: its limits, and its name and state."""
+    fields = _tenant_fields(args)
+    if args.rename is not None:
+        fields["name"] = args.rename
+    if args.disabled is not None:
+        fields["disabled"] = args.disabled
+    return fields
+
+
+def _key_fields(args: argparse.Namespace) -> dict[str, Any]:
+    fields = _limit_flags(args, _KEY_LIMITS)
+    if args.models is not None:
+        fields["allowed_models"] = _list_flag(args.models, _EVERY_MODEL)
+    return fields
+
+
+# What a cleared field means, said back: a tenant's, and a key's (its tenant's limits apply).
+_TENANT_UNSET = {"allowed_models": "all", "allowed_lanes": "none"}
+_KEY_UNSET = "the tenant's"
+
+
+def _said(after: dict[str, Any], fields: list[str], unset: dict[str, str] | str) -> str:
+    """`rpm 100, tokens_per_day unlimited`: what the named fields are now."""
+
+    def word(field: str) -> str:
+        value = after[field]
+        if value is None:
+            return unset if isinstance(unset, str) else unset.get(field, "unlimited")
+        return ",".join(value) if isinstance(value, list) else str(value)
+
+    return ", ".join(f"{f} {word(f)}" for f in fields)
 
 
 async def _tenant_id(state: Any, name: str) -> int:
@@ -203,20 +274,37 @@ async def _tenant_id(state: Any, name: str) -> int:
 async def _tenant_create(state: Any, actor: str, args: argparse.Namespace) -> None:
     from laneway.admin import service
 
-    raw = {"name": args.name, "weight": args.weight, "rpm": args.rpm, "tpm": args.tpm,
-           "max_concurrency": args.max_concurrency, "allowed_models": _comma_list(args.models),
-           "allowed_lanes": _comma_list(args.lanes), "priority_floor": args.priority_floor}  # fmt: skip
-    tenant = await service.create_tenant(state, actor, _valid(raw, service.TenantIn))
+    raw = {"name": args.name, **_tenant_fields(args)}  # "none" is a new tenant's default: left out
+    tenant = await service.create_tenant(state, actor, _valid(raw, service.TenantIn, strict=False))
     print(f"created tenant {tenant['name']} (id {tenant['id']})")
+
+
+async def _tenant_set(state: Any, actor: str, args: argparse.Namespace) -> None:
+    from laneway.admin import service
+
+    fields = _tenant_changes(args)
+    data = _valid(fields, service.TenantIn, strict=False)
+    tenant = await service.edit_tenant(state, actor, await _tenant_id(state, args.name), data, set(fields))
+    print(f"updated tenant {tenant['name']}: {_said(tenant, list(fields), _TENANT_UNSET)}")
 
 
 async def _key_issue(state: Any, actor: str, args: argparse.Namespace) -> None:
     from laneway.admin import service
 
-    data = _valid({"name": args.name, "expires_days": args.expires_days}, service.KeyIn)
+    raw = {"name": args.name, "expires_days": args.expires_days, **_key_fields(args)}
+    data = _valid(raw, service.KeyIn, strict=False)
     key = await service.issue_api_key(state, actor, await _tenant_id(state, args.tenant), data)
     print(f"key id {key['id']} for tenant {args.tenant}; the secret is shown only once:", file=sys.stderr)
     print(key["secret"])
+
+
+async def _key_set(state: Any, actor: str, args: argparse.Namespace) -> None:
+    from laneway.admin import limits, service
+
+    fields = _key_fields(args)
+    data = _valid(fields, limits.KeyLimitsIn, strict=False)
+    key = await service.edit_api_key(state, actor, args.key_id, data, set(fields))
+    print(f"updated key {key['id']} ({key['prefix']}...): {_said(key, list(fields), _KEY_UNSET)}")
 
 
 async def _key_revoke(state: Any, actor: str, args: argparse.Namespace) -> None:
@@ -257,6 +345,29 @@ async def _admin_create(state: Any, actor: str, args: argparse.Namespace) -> Non
     print(f"created admin {args.username}")
 
 
+def _tenant_arguments(s: argparse.ArgumentParser) -> None:
+    """The tenant's limits, quotas and grants; each a number or 'none' (no limit)."""
+    s.add_argument("--weight", metavar="W", help="its share of a contended engine (default 1)")
+    s.add_argument("--rpm", metavar="N", help="requests per minute ('none': no limit)")
+    s.add_argument("--tpm", metavar="N", help="tokens (prompt + max_tokens) per minute ('none': no limit)")
+    s.add_argument("--max-concurrency", metavar="N", help="requests in flight at once ('none': no limit)")
+    s.add_argument("--daily-tokens", metavar="N", help="token quota per UTC day ('none': no quota)")
+    s.add_argument("--monthly-tokens", metavar="N", help="token quota per calendar month in UTC ('none': no quota)")
+    s.add_argument("--models", help="comma-separated aliases this tenant may use ('all', the default: every one)")
+    s.add_argument("--lanes", help="comma-separated lanes it may pick with X-Laneway-Lane ('none', the default)")
+    s.add_argument(
+        "--priority-floor", metavar="N", help="the most urgent X-Laneway-Priority it may ask for (default 0)"
+    )
+
+
+def _key_arguments(s: argparse.ArgumentParser) -> None:
+    """A key's own limits, within its tenant's; each a number or 'none' (the tenant's apply)."""
+    s.add_argument("--rpm", metavar="N", help="the key's requests per minute ('none': the tenant's)")
+    s.add_argument("--tpm", metavar="N", help="the key's tokens per minute ('none': the tenant's)")
+    s.add_argument("--max-concurrency", metavar="N", help="the key's requests in flight ('none': the tenant's)")
+    s.add_argument("--models", help="comma-separated aliases the key may use ('all': every one its tenant may)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="laneway", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -284,23 +395,33 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=_with_db(_import_policies))
 
     tenant = sub.add_parser("tenant", help="manage tenants").add_subparsers(dest="action", required=True)
-    s = tenant.add_parser("create")
+    s = tenant.add_parser("create", help="add a tenant, with its limits and quotas")
     s.add_argument("name")
-    s.add_argument("--weight", type=float, default=1.0)
-    s.add_argument("--rpm", type=int)
-    s.add_argument("--tpm", type=int)
-    s.add_argument("--max-concurrency", type=int)
-    s.add_argument("--models", help="comma-separated aliases this tenant may use (default: all)")
-    s.add_argument("--lanes", help="comma-separated lanes it may pick with X-Laneway-Lane (default: none)")
-    s.add_argument("--priority-floor", type=int, help="the most urgent X-Laneway-Priority it may ask for (default 0)")
+    _tenant_arguments(s)
     s.set_defaults(fn=_with_service(_tenant_create))
+    s = tenant.add_parser(
+        "set", help="change a tenant's limits, quotas or grants (only those named; 'none' removes a limit)"
+    )
+    s.add_argument("name")
+    _tenant_arguments(s)
+    s.add_argument("--rename", metavar="NEW_NAME")
+    on_off = s.add_mutually_exclusive_group()
+    on_off.add_argument("--disable", dest="disabled", action="store_const", const=True,
+                        help="refuse its keys (401) until --enable")  # fmt: skip
+    on_off.add_argument("--enable", dest="disabled", action="store_const", const=False)
+    s.set_defaults(fn=_with_service(_tenant_set), changes=_tenant_changes, usage=s)
 
     key = sub.add_parser("key", help="manage API keys").add_subparsers(dest="action", required=True)
-    s = key.add_parser("issue")
+    s = key.add_parser("issue", help="issue a key (its secret is printed once), optionally with its own limits")
     s.add_argument("tenant")
     s.add_argument("--name", default="default")
     s.add_argument("--expires-days", type=float, help="days until the key expires (> 0; default: never)")
+    _key_arguments(s)
     s.set_defaults(fn=_with_service(_key_issue))
+    s = key.add_parser("set", help="change a key's own limits (only those named; 'none': its tenant's apply)")
+    s.add_argument("key_id", type=int)
+    _key_arguments(s)
+    s.set_defaults(fn=_with_service(_key_set), changes=_key_fields, usage=s)
     s = key.add_parser("revoke")
     s.add_argument("key_id", type=int)
     s.set_defaults(fn=_with_service(_key_revoke))
@@ -327,6 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    if getattr(args, "changes", None) is not None and not args.changes(args):  # a `set` that names nothing
+        args.usage.error("name at least one thing to change (see --help)")
     settings = Settings.from_env()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("alembic", "gguf"):

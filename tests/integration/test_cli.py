@@ -219,3 +219,94 @@ def test_a_cli_change_reaches_a_running_replica_through_notify(cli, pg_database:
                                               max_tokens=2).choices[0].message.content  # fmt: skip
     finally:
         replica.stop()
+
+
+def test_cli_sets_quotas_and_key_limits_through_the_admin_service(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import getpass
+    import sqlite3
+
+    def tenant_row() -> tuple[object, ...]:
+        with sqlite3.connect(tmp_path / "laneway.db") as db:
+            return tuple(db.execute("SELECT rpm, tpm, max_concurrency, tokens_per_day, tokens_per_month "
+                                    "FROM tenants WHERE name = 'q'").fetchone())  # fmt: skip
+
+    def key_row(key_id: str) -> tuple[object, ...]:
+        with sqlite3.connect(tmp_path / "laneway.db") as db:
+            rpm, tpm, maxc, models = db.execute("SELECT rpm, tpm, max_concurrency, allowed_models FROM api_keys "
+                                                "WHERE id = ?", (key_id,)).fetchone()  # fmt: skip
+        return rpm, tpm, maxc, models and json.loads(models)
+
+    cli("tenant", "create", "q", "--rpm", "100", "--daily-tokens", "5000", "--monthly-tokens", "3000000000")
+    assert tenant_row() == (100, None, None, 5000, 3_000_000_000)
+    out = cli("tenant", "set", "q", "--daily-tokens", "none", "--tpm", "900", "--max-concurrency", "4")
+    assert out.stdout.strip() == "updated tenant q: tpm 900, max_concurrency 4, tokens_per_day unlimited"
+    assert tenant_row() == (100, 900, 4, None, 3_000_000_000)  # what was not named is kept
+
+    issued = cli("key", "issue", "q", "--name", "narrow", "--rpm", "10", "--models", "sim, other")
+    key_id = issued.stderr.split()[2]
+    assert issued.stdout.startswith("lw-") and key_row(key_id) == (10, None, None, ["sim", "other"])
+    out = cli("key", "set", key_id, "--rpm", "none", "--tpm", "500", "--max-concurrency", "2", "--models", "all")
+    assert out.stdout.startswith(f"updated key {key_id} (lw-") and "rpm the tenant's, tpm 500" in out.stdout
+    assert key_row(key_id) == (None, 500, 2, None)
+
+    with sqlite3.connect(tmp_path / "laneway.db") as db:
+        rows = db.execute("SELECT actor, action, entity, after FROM audit_log ORDER BY id").fetchall()
+    actor = f"cli:{getpass.getuser()}"
+    assert [r[:3] for r in rows] == [(actor, "create", "tenant"), (actor, "update", "tenant"),
+                                     (actor, "issue", "api_key"), (actor, "update", "api_key")]  # fmt: skip
+    assert json.loads(rows[1][3])["tokens_per_day"] is None and json.loads(rows[3][3])["tpm"] == 500
+
+
+def test_cli_limit_refusals_are_one_line_and_change_nothing(cli) -> None:  # type: ignore[no-untyped-def]
+    cli("tenant", "create", "q", "--rpm", "100")
+    key_id = cli("key", "issue", "q").stderr.split()[2]
+    cases = [
+        (["tenant", "set", "q", "--daily-tokens", "0"], "laneway: tokens_per_day must be a whole number of tokens"),
+        (["tenant", "set", "q", "--monthly-tokens", "lots"], "laneway: tokens_per_month must be a whole number"),
+        (["tenant", "set", "q", "--rpm", "-3"], "laneway: rpm must be a whole number, at least 1"),
+        (["tenant", "create", "r", "--daily-tokens", "12.5"], "laneway: tokens_per_day must be a whole number"),
+        (["tenant", "set", "nobody", "--rpm", "5"], "laneway: no tenant named 'nobody'"),
+        (["key", "set", key_id, "--rpm", "101"], "laneway: rpm 101 is above tenant 'q''s RPM of 100"),
+        (["key", "issue", "q", "--max-concurrency", "0"], "laneway: max_concurrency must be a whole number"),
+        (["key", "set", "999", "--rpm", "5"], "laneway: No api_key with id 999."),
+    ]  # fmt: skip
+    for args, said in cases:
+        out = cli(*args, check=False)
+        assert out.returncode == 1, (args, out.stderr)
+        assert out.stderr.startswith(said) and len(out.stderr.strip().splitlines()) == 1, (args, out.stderr)
+        assert out.stdout == "" and "Traceback" not in out.stderr
+    for args in (["tenant", "set", "q"], ["key", "set", key_id], ["key", "set", "first", "--rpm", "1"]):
+        usage = cli(*args, check=False)  # nothing to change, or not a key id: usage errors
+        assert usage.returncode == 2 and "usage:" in usage.stderr and "Traceback" not in usage.stderr, args
+    assert cli("tenant", "create", "r", check=False).returncode == 0  # the refused create made nothing
+
+
+def test_a_quota_set_by_the_cli_is_enforced_by_a_running_replica(cli, pg_database: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    replica = start_gateway(tmp_path / "replica", database_url=pg_database, policy_poll_interval_s=3600,
+                            seed_with={"models": {"sim": sim_model("sim")}, "tenants": {"acme": {}}})  # fmt: skip
+    client = openai.OpenAI(base_url=replica.api_url, api_key=replica.keys["acme"], max_retries=0)
+
+    def complete() -> int:
+        return client.completions.create(model="sim", prompt="hi", max_tokens=9).usage.total_tokens  # type: ignore[union-attr]
+
+    try:
+        wait_for(lambda: replica.server.app.state.config_changes.connected, what="the replica's LISTEN")
+        used = complete()  # counted before any quota: a quota applies to the day's use
+        env = {**cli.env, "LANEWAY_DATABASE_URL": pg_database}
+        quota = 3 * used
+        subprocess.run([EXE, "tenant", "set", "acme", "--daily-tokens", str(quota)], env=env, check=True,
+                       capture_output=True, timeout=60)  # fmt: skip
+        wait_for(lambda: replica.server.app.state.config_changes.received >= 1, within=10,
+                 what="the replica hearing of the CLI's change")  # fmt: skip
+        used += complete() + complete()  # exactly the quota
+        with pytest.raises(openai.RateLimitError) as info:
+            complete()
+        error = info.value.response.json()["error"]
+        assert error["code"] == "quota_exceeded"
+        assert f"used {used} of its daily quota of {quota} tokens" in error["message"]
+        subprocess.run([EXE, "tenant", "set", "acme", "--daily-tokens", "none"], env=env, check=True,
+                       capture_output=True, timeout=60)  # fmt: skip
+        wait_for(lambda: replica.server.app.state.config_changes.received >= 2, within=10, what="the second change")
+        assert complete() == used // 3  # no quota any more
+    finally:
+        replica.stop()

@@ -191,3 +191,31 @@ async def test_two_redis_limiters_share_one_daily_quota() -> None:
         await a.close()
         await b.close()
     assert outcomes == [True] * 5 + [False] * 3
+
+
+async def test_a_reservation_whose_counter_redis_lost_is_counted_once_and_never_refunded() -> None:
+    """Redis loses the counters (here: their keys deleted) while reservations are in flight;
+    the next reserve begins them again. A settle from before gives nothing back to the new
+    counter (it never held the reservation) and adds what was used when the request ended
+    after the new epoch (its usage row is then not among those the seed adds)."""
+    require_service("Redis", "127.0.0.1", 6379)
+    prefix = f"lwtest:{uuid.uuid4().hex}:"
+    wall = Wall("2026-03-31T12:00:00")
+    limiter = RedisRateLimiter(REDIS_URL, prefix=prefix, wall_clock=wall)
+    try:
+        t = tenant(tokens_per_day=100)
+        early, late = await limiter.reserve(t, 60, "early"), await limiter.reserve(t, 30, "late")
+        await limiter._redis.delete(*await limiter._redis.keys(prefix + "*"))  # as a restart, no persistence
+        wall.set("2026-03-31T12:00:01")
+        fresh = await limiter.reserve(t, 10, "fresh")
+        assert fresh.epochs != early.epochs
+        wall.set("2026-03-31T12:00:00.5")
+        await settle(limiter, early, 25)  # ended before the epoch: the seed's rows hold it
+        assert (await limiter.quota_used(1))["day"] == 10
+        wall.set("2026-03-31T12:00:02")
+        await settle(limiter, late, 5)  # ended after it: counted here, its 25 unused not given back
+        assert (await limiter.quota_used(1))["day"] == 15
+        await settle(limiter, fresh, 0)  # the new counter's own: refunded as ever
+        assert (await limiter.quota_used(1))["day"] == 5
+    finally:
+        await limiter.close()

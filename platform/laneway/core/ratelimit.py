@@ -12,7 +12,9 @@ tenant past a quota is refused until the period resets. Reserved like TPM, refun
 
 Two backends with one contract: process memory (one gateway), and Redis (one atomic Lua
 script per decision, on Redis's clock, so any number of replicas enforce one limit; the
-quota periods come from the limiter's wall clock, which tests inject).
+quota periods come from the limiter's wall clock, which tests inject). Both count quotas from
+the usage table when their counters are gone: memory at start-up, Redis when a counter turns
+out lost (core/quota_recovery.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from laneway.core.dependencies import DependencyHealth
 from laneway.core.errors import GatewayError, dependency_unavailable
 from laneway.core.quota import PERIOD_KINDS, Period, period, quota_exceeded, quota_limit, quota_too_small, quotas
+from laneway.core.quota_recovery import CounterRecovery
 from laneway.core.redis_batch import ScriptBatcher, run_scripts
 from laneway.db.repositories import UsageRepository
 from laneway.types import TenantSnapshot
@@ -115,6 +118,9 @@ class Reservation:
     # The quota periods it was counted in ("day:2026-03-31", "month:2026-03"): the refund goes
     # back to them even when it lands after the boundary.
     periods: tuple[str, ...] = ()
+    # Redis: each period counter's epoch when it was counted (core/quota_recovery.py): a
+    # counter lost and begun again since then never held this reservation.
+    epochs: tuple[str, ...] = ()
 
 
 class RateLimiter(Protocol):
@@ -133,6 +139,10 @@ class RateLimiter(Protocol):
     async def quota_used(self, tenant_id: int) -> dict[str, int]:
         """Tokens counted against the tenant in the current day and month ({"day": n, "month": n}),
         reservations in flight included. For admins: never called on the request path."""
+
+    async def load_used(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        """Count this day's and month's tokens from the usage table, the durable truth: at
+        start-up (memory), or whenever a counter turns out lost (Redis)."""
 
     async def close(self) -> None: ...
 
@@ -273,9 +283,11 @@ class MemoryRateLimiter:
 
 
 # KEYS: the tenant's rpm, tpm, inflight; its API key's rpm, tpm, inflight; the tenant's token
-# counters of the current day and month. ARGV: rpm, tpm, need, maxc, request id, stale, the
-# key's rpm, tpm, maxc, the day's and the month's quota (0: none) and each counter's TTL.
-# Verdicts: 0 taken; 1 tenant rate (wait ms); 2 tenant concurrency; 3 key rate (wait ms);
+# counters of the current day and month, and each counter's epoch hash. ARGV: rpm, tpm, need,
+# maxc, request id, stale, the key's rpm, tpm, maxc, the day's and the month's quota (0: none),
+# each counter's TTL, and the epoch a counter begun now gets (core/quota_recovery.py).
+# Verdicts: 0 taken (then: the counters still to be seeded from the usage rows, bit 1 the
+# day's, 2 the month's, and each counter's epoch); 1 tenant rate (wait ms); 2 tenant concurrency; 3 key rate (wait ms);
 # 4 key concurrency; 5 day quota, 6 month quota (tokens used).
 _RESERVE = """
 local t = redis.call('TIME')
@@ -327,19 +339,51 @@ if krpm > 0 then store(KEYS[4], klr - 1) end
 if ktpm > 0 then store(KEYS[5], klt - need) end
 if maxc > 0 then redis.call('ZADD', KEYS[3], now, ARGV[5]); redis.call('EXPIRE', KEYS[3], stale) end
 if kmaxc > 0 then redis.call('ZADD', KEYS[6], now, ARGV[5]); redis.call('EXPIRE', KEYS[6], stale) end
+local unseeded, epochs = 0, {}
 for i = 1, 2 do
   -- every tenant is counted (admins see it; a quota set mid-month applies to the month's use)
-  if redis.call('INCRBY', KEYS[6 + i], need) == need then redis.call('EXPIRE', KEYS[6 + i], ARGV[11 + i]) end
+  if redis.call('EXISTS', KEYS[6 + i]) == 0 then
+    -- a new period, or Redis lost the counter: begin it; the gateway adds the usage rows
+    redis.call('SET', KEYS[6 + i], need, 'EX', ARGV[11 + i])
+    local epoch = ARGV[14] .. '/' .. t[1] .. '.' .. t[2]  -- unique even on a frozen wall clock
+    redis.call('HSET', KEYS[8 + i], 'epoch', epoch, 'seeded', -1)
+    redis.call('EXPIRE', KEYS[8 + i], ARGV[11 + i])
+    unseeded, epochs[i] = unseeded + i, epoch
+  else
+    redis.call('INCRBY', KEYS[6 + i], need)
+    local e = redis.call('HMGET', KEYS[8 + i], 'epoch', 'seeded')
+    epochs[i] = e[1] or ''
+    if e[1] and e[2] == '-1' then unseeded = unseeded + i end
+  end
 end
-return {0, 0}
+return {0, unseeded, epochs[1], epochs[2]}
 """
 
 # KEYS as _RESERVE's (the reservation's periods). ARGV: request id, tpm, tokens to give back,
-# the key's tpm. A counter whose period is over has expired: it is not brought back.
+# the key's tpm, tokens used, when it ended (the wall clock, as the usage row's created_at),
+# the epochs of the day's and the month's counter it was counted in. A counter whose period is
+# over has expired: it is not brought back. One begun again since the reservation (Redis lost
+# it) never held the reservation: nothing is given back to it, and the tokens used are added
+# when the request ended after the epoch (its usage row is after it, so the rows the gateway
+# adds - those before it - do not hold it); core/quota_recovery.py.
 _SETTLE = """
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[6], ARGV[1])
 local tpm, give, ktpm = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]) or 0
+local used, ended = tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0
+for i = 1, 2 do
+  if redis.call('EXISTS', KEYS[6 + i]) == 1 then
+    local epoch = redis.call('HGET', KEYS[8 + i], 'epoch') or ''
+    if epoch == (ARGV[6 + i] or '') then
+      if give > 0 and redis.call('DECRBY', KEYS[6 + i], give) < 0 then
+        redis.call('SET', KEYS[6 + i], 0, 'KEEPTTL')
+      end
+    elseif used > 0 and epoch ~= '' then
+      local began = tonumber(string.match(epoch, '^[^/]+'))
+      if began and ended >= began then redis.call('INCRBY', KEYS[6 + i], used) end
+    end
+  end
+end
 if give > 0 then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -352,11 +396,6 @@ if give > 0 then
   end
   if tpm > 0 then refund(KEYS[2], tpm) end
   if ktpm > 0 then refund(KEYS[5], ktpm) end
-  for i = 7, 8 do
-    if redis.call('EXISTS', KEYS[i]) == 1 and redis.call('DECRBY', KEYS[i], give) < 0 then
-      redis.call('SET', KEYS[i], 0, 'KEEPTTL')
-    end
-  end
 end
 return 0
 """
@@ -430,6 +469,7 @@ class RedisRateLimiter:
         self._settles_ready = asyncio.Event()
         self._settler: asyncio.Task[None] | None = None
         self._closing = False
+        self.recovery: CounterRecovery | None = None  # set by load_used(): counters from the usage rows
 
     def _keys(self, tenant_id: int) -> list[str]:
         base = f"{self._prefix}rl:{{{tenant_id}}}:"  # one hash slot per tenant (Redis Cluster)
@@ -438,11 +478,22 @@ class RedisRateLimiter:
     def _counter(self, tenant_id: int, period_name: str) -> str:
         return f"{self._prefix}rl:{{{tenant_id}}}:used:{period_name}"
 
+    def _epoch(self, tenant_id: int, period_name: str) -> str:
+        """The counter's epoch hash: when it began counting, and what was added from the usage rows."""
+        return f"{self._prefix}rl:{{{tenant_id}}}:epoch:{period_name}"
+
     def _all_keys(self, tenant: TenantSnapshot, periods: tuple[str, ...]) -> list[str]:
         """_RESERVE's and _SETTLE's KEYS; the key's buckets share its tenant's hash slot."""
         key_base = f"{self._prefix}rl:{{{tenant.id}}}:key:{tenant.api_key_id}:"
         return [*self._keys(tenant.id), key_base + "rpm", key_base + "tpm", key_base + "inflight",
-                *(self._counter(tenant.id, name) for name in periods)]  # fmt: skip
+                *(self._counter(tenant.id, name) for name in periods),
+                *(self._epoch(tenant.id, name) for name in periods)]  # fmt: skip
+
+    async def load_used(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        """The counters live in Redis, shared: nothing to load at start-up. What this replica
+        keeps is the way back to the usage table for a counter Redis turns out to have lost
+        (core/quota_recovery.py), and its fallback's counts for an outage."""
+        self.recovery = CounterRecovery(self._redis, sessions, self._counter, self._epoch, lambda: self.wall_clock())
 
     async def quota_used(self, tenant_id: int) -> dict[str, int]:
         """From Redis (an admin read, one round trip); raises RedisError when it is down."""
@@ -480,15 +531,16 @@ class RedisRateLimiter:
             tenant.key_max_concurrency or 0,
             *(quota_limit(tenant, p.kind) or 0 for p in periods),
             *(int(p.seconds_left(wall)) + COUNTER_GRACE_S for p in periods),
+            repr(wall),  # a counter begun now counts the usage rows before this (quota_recovery)
         ]
         names = tuple(p.name for p in periods)
         keys = self._all_keys(tenant, names)
         try:
-            verdict, wait_ms = await self._batch.call(self._reserve, keys, args)
+            verdict, wait_ms, *epochs = await self._batch.call(self._reserve, keys, args)
         except (RedisError, OSError) as exc:  # redis' TimeoutError is a RedisError; OSError: refused
             self._trip(exc)
             # The script may have run before the answer was lost: forget its holder later.
-            self._queue_settle(keys, [request_id, 0, 0, 0])
+            self._queue_settle(keys, [request_id, 0, 0, 0, 0, 0])
             return self._without_redis(tenant, tokens, request_id)
         finally:
             if probe:
@@ -507,7 +559,12 @@ class RedisRateLimiter:
         if verdict in (5, 6):  # the second number is the tokens the period has used
             p = periods[verdict - 5]
             raise quota_exceeded(tenant, p, quota_limit(tenant, p.kind) or 0, int(wait_ms), wall)
-        return Reservation(tenant, request_id, tokens, local=False, periods=names)
+        unseeded, counted_in = int(wait_ms), tuple(e.decode() if isinstance(e, bytes) else str(e) for e in epochs)
+        if unseeded and self.recovery is not None:  # off the request path: a background task
+            for i, p in enumerate(periods):
+                if unseeded & (1 << i):
+                    self.recovery.schedule(tenant.id, p, counted_in[i])
+        return Reservation(tenant, request_id, tokens, local=False, periods=names, epochs=counted_in)
 
     def _without_redis(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
         if self.failure_mode == "closed":
@@ -521,7 +578,8 @@ class RedisRateLimiter:
         tenant = reservation.tenant
         unused = max(0, reservation.tokens - used_tokens)
         keys = self._all_keys(tenant, reservation.periods)
-        self._queue_settle(keys, [reservation.request_id, tenant.tpm or 0, unused, tenant.key_tpm or 0])
+        self._queue_settle(keys, [reservation.request_id, tenant.tpm or 0, unused, tenant.key_tpm or 0,
+                                  used_tokens, repr(self.wall_clock()), *reservation.epochs])  # fmt: skip
 
     def _queue_settle(self, keys: list[str], args: list[int | str]) -> None:
         self._settles.append((keys, args))
@@ -577,4 +635,6 @@ class RedisRateLimiter:
                     await asyncio.shield(self._settler)
             except TimeoutError:
                 self._settler.cancel()
+        if self.recovery is not None:
+            await self.recovery.close()
         await self._redis.aclose()

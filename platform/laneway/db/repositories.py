@@ -182,11 +182,15 @@ class UsageRepository:
         for group in groups.values():
             await self.session.execute(insert(UsageRecord.__table__), group)  # type: ignore[arg-type]
 
-    async def tokens_since(self, since: datetime, tenant_id: int | None = None) -> dict[int, int]:
-        """Prompt + completion tokens per tenant in rows created at or after `since` (one
-        aggregate on the (tenant_id, created_at) index)."""
+    async def tokens_since(
+        self, since: datetime, tenant_id: int | None = None, *, before: datetime | None = None
+    ) -> dict[int, int]:
+        """Prompt + completion tokens per tenant in rows created at or after `since` (and
+        before `before`, when given): one aggregate on the (tenant_id, created_at) index."""
         total = func.sum(UsageRecord.prompt_tokens + UsageRecord.completion_tokens)
         stmt = select(UsageRecord.tenant_id, total).where(UsageRecord.created_at >= since)
+        if before is not None:
+            stmt = stmt.where(UsageRecord.created_at < before)
         if tenant_id is not None:
             stmt = stmt.where(UsageRecord.tenant_id == tenant_id)
         rows = await self.session.execute(stmt.group_by(UsageRecord.tenant_id))
