@@ -37,7 +37,9 @@ def vllm_model(name: str, server: RealVLLM, **config: Any) -> list[dict[str, Any
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, real_vllm: RealVLLM) -> Iterator[Gateway]:
-    models = {"tiny": vllm_model("tiny-1", real_vllm)}
+    # tiny-wide lets more requests in flight than vLLM runs at once: they wait in vLLM's queue
+    models = {"tiny": vllm_model("tiny-1", real_vllm), "tiny-wide": vllm_model("tiny-wide-1", real_vllm,
+                                                                                 max_concurrency=16)}  # fmt: skip
     gateway = start_gateway(tmp_path_factory.mktemp("gw"), seed_with={"models": models, "tenants": {"acme": {}}},
                             usage_flush_interval_s=0.05)  # fmt: skip
     yield gateway
@@ -182,20 +184,50 @@ def test_n_and_logprobs_come_back_per_choice(client: openai.OpenAI) -> None:
 # ---- priority, metrics, cancellation, request ids ----
 
 
-def test_a_priority_reaches_vllm_and_is_served(client: openai.OpenAI, real_vllm: RealVLLM) -> None:
-    """The server runs --scheduling-policy priority: laneway's hint travels as `priority`."""
-    for priority in ("0", "5"):
-        r = client.with_options(default_headers={"X-Laneway-Priority": priority}).completions.create(
-            model="tiny", prompt="The river", max_tokens=3, temperature=0
+def test_priority_reaches_vllm_which_serves_the_more_urgent_waiting_request_first(
+    gw: Gateway, client: openai.OpenAI, real_vllm: RealVLLM
+) -> None:
+    """With all of vLLM's sequences busy, two requests wait in its queue: `later` (priority 10)
+    and then `urgent` (priority 1; lower runs first). The server runs --scheduling-policy
+    priority, so the first slot to free (the 200-token filler's) goes to `urgent`, which holds
+    it for 100 tokens, and `later` waits for the next (a 500-token filler's). First come, first
+    served would do the opposite: `later` done at once, `urgent` only after the long filler.
+    Meanwhile the adapter's poller reads the two waiting (vllm:num_requests_waiting)."""
+    done: list[str] = []
+
+    def call(name: str, priority: int, max_tokens: int) -> None:
+        r = client.with_options(default_headers={"X-Laneway-Priority": str(priority)}).completions.create(
+            model="tiny-wide", prompt="The river", max_tokens=max_tokens, temperature=0
         )
-        assert r.usage is not None and r.usage.completion_tokens == 3
+        assert r.usage is not None and r.usage.completion_tokens == max_tokens
+        done.append(name)
+
+    lengths = [200] + [500] * (RealVLLM.MAX_NUM_SEQS - 1)
+    threads = [threading.Thread(target=call, args=(f"filler-{i}", 0, n)) for i, n in enumerate(lengths)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: metric(real_vllm, "vllm:num_requests_running") == RealVLLM.MAX_NUM_SEQS, within=30,
+             step=0.05, what="vLLM running every filler")  # fmt: skip
+    for name, priority, max_tokens in (("later", 10, 1), ("urgent", 1, 100)):
+        threads.append(threading.Thread(target=call, args=(name, priority, max_tokens)))
+        threads[-1].start()
+        waiting = len(threads) - RealVLLM.MAX_NUM_SEQS
+        wait_for(lambda n=waiting: metric(real_vllm, "vllm:num_requests_waiting") == n, within=10, step=0.02,
+                 what=f"{waiting} waiting in vLLM")  # fmt: skip
+    wait_for(lambda: gw.engine("tiny-wide").waiting == 2, within=5, step=0.02, what="the adapter reading 2 waiting")
+    assert not done, "a filler finished before both waited: the test proves nothing"
+    for t in threads:
+        t.join(120)
+    assert len(done) == len(threads), done
+    assert done.index("filler-0") < done.index("urgent") < done.index("later"), done
 
 
 def test_the_metrics_the_adapter_reads_are_the_ones_vllm_serves(gw: Gateway, real_vllm: RealVLLM) -> None:
     values = parse_prometheus(real_vllm.metrics())
     assert "vllm:num_requests_waiting" in values and "vllm:kv_cache_usage_perc" in values
     engine = gw.engine("tiny")
-    assert not engine.overloaded and engine.waiting == 0.0
+    wait_for(lambda: engine.waiting == 0.0, within=5, what="the poller reading nothing waiting")
+    assert not engine.overloaded
 
 
 def stream_then_hang_up(gw: Gateway, request_id: str, max_tokens: int, chunks: int) -> list[str]:
