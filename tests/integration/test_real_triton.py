@@ -274,7 +274,7 @@ def test_a_gateway_started_while_triton_is_down_is_unready_says_why_once_then_se
         assert f"Triton at {url} is unreachable" in ready.json()["failed"]["late-1"]
         # Many sync polls retry it while it stays down; it stays unready, and says so once.
         polls = len([r for r in log if "late-1" in r.getMessage()])
-        wait_for(lambda: len([r for r in log if "late-1" in r.getMessage()]) >= polls + 5, within=10,
+        wait_for(lambda: len([r for r in log if "late-1" in r.getMessage()]) >= polls + 5, within=60,
                  what="the sync retrying the deployment")  # fmt: skip
         assert httpx.get(gw.base_url + "/health/ready").status_code == 503
         errors = [r.getMessage() for r in log if r.levelno >= logging.ERROR]
@@ -284,7 +284,7 @@ def test_a_gateway_started_while_triton_is_down_is_unready_says_why_once_then_se
         assert c.completions.create(model="sim", prompt="x", max_tokens=2).choices[0].finish_reason == "length"
 
         server.start(port=server.port)  # Triton comes up: the next sync starts the deployment
-        wait_for(lambda: httpx.get(gw.base_url + "/health/ready").status_code == 200, within=20, step=0.05,
+        wait_for(lambda: httpx.get(gw.base_url + "/health/ready").status_code == 200, within=90, step=0.05,
                  what="the gateway ready")  # fmt: skip
         assert c.completions.create(model="late", prompt="x", max_tokens=3).usage.completion_tokens == 3  # type: ignore[union-attr]
     finally:
