@@ -72,7 +72,7 @@ def wait_free(engine: Any, within: float = 5.0) -> float:
 
 
 def through_gateway(server: EmbeddedServer, key: str, alias: str, n: int) -> list[float]:
-    engine = server.app.state.gateway.registry.resolve(alias).engine
+    engine = server.runtime.gateway.registry.resolve(alias).engine
     body = json.dumps({"model": alias, "prompt": "go", "max_tokens": 1900, "stream": True}).encode()
     head = (
         f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
@@ -92,7 +92,7 @@ def through_gateway(server: EmbeddedServer, key: str, alias: str, n: int) -> lis
 
 
 def direct(server: EmbeddedServer, alias: str, n: int) -> list[float]:
-    engine = server.app.state.gateway.registry.resolve(alias).engine
+    engine = server.runtime.gateway.registry.resolve(alias).engine
 
     async def once(i: int) -> float:
         stream = engine.generate(
@@ -131,7 +131,7 @@ def main() -> None:
                 base = direct(server, alias, args.disconnects)
                 gw = through_gateway(server, key, alias, args.disconnects)
                 time.sleep(0.5)  # let every finish() settle before counting leaks
-                gateway = server.app.state.gateway
+                gateway = server.runtime.gateway
                 deployment = gateway.registry.resolve(alias)
                 leaked = (
                     deployment.engine.active_slots,

@@ -97,14 +97,14 @@ class Gateway:
     @property
     def gateway(self) -> Any:
         """The running app's pipeline (laneway.core.pipeline.Gateway)."""
-        return self.server.app.state.gateway
+        return self.server.runtime.gateway
 
     def engine(self, alias: str):  # type: ignore[no-untyped-def]
         return self.gateway.registry.resolve(alias).engine
 
     def usage_rows(self, tenant_name: str | None = None) -> list[Any]:
         """Usage rows in the database (after flushing what the recorder holds)."""
-        self.server.call(self.server.app.state.recorder.flush())
+        self.server.call(self.server.runtime.recorder.flush())
 
         async def read() -> list[Any]:
             engine = make_engine(self.database_url)

@@ -9,9 +9,12 @@ import logging
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from laneway.settings import Settings
+
+if TYPE_CHECKING:
+    from laneway.admin.service import AdminService
 
 
 def _with_db(fn: Callable[..., Awaitable[Any]]) -> Callable[[Settings, argparse.Namespace], Any]:
@@ -35,17 +38,6 @@ def _with_db(fn: Callable[..., Awaitable[Any]]) -> Callable[[Settings, argparse.
     return run
 
 
-class _NotServing:
-    """This process serves nothing: no auth cache to drop, no policies to reload (the
-    replicas that serve hear of the change through NOTIFY, or their next poll)."""
-
-    def invalidate(self) -> None:
-        pass
-
-    async def reload(self) -> None:
-        pass
-
-
 def _actor() -> str:
     import getpass
 
@@ -56,32 +48,23 @@ def _actor() -> str:
 
 
 def _with_service(fn: Callable[..., Awaitable[Any]]) -> Callable[[Settings, argparse.Namespace], Any]:
-    """Run fn(state, actor, args) with the admin service's state - the same validation, audit
-    rows and NOTIFY to the replicas as the admin API and UI - against the configured database,
+    """Run fn(service, actor, args) with the admin service - the same validation, audit rows
+    and NOTIFY to the replicas as the admin API and UI - against the configured database,
     migrated first. A refusal is one line on stderr and exit status 1 (argparse's usage
     errors are 2)."""
 
     def run(settings: Settings, args: argparse.Namespace) -> Any:
         async def go() -> Any:
-            from litestar.datastructures import State
-
-            from laneway.core.config_watch import ConfigChanges
+            from laneway.admin.service import AdminService
             from laneway.core.errors import GatewayError
             from laneway.db import migrate
-            from laneway.db.session import make_engine, make_sessionmaker
-
-            async def nothing_to_apply() -> None:
-                pass
+            from laneway.db.session import make_engine
 
             settings.data_dir.mkdir(parents=True, exist_ok=True)
             engine = make_engine(settings.resolved_database_url)
             try:
                 await migrate.upgrade(engine)
-                local = _NotServing()
-                changes = ConfigChanges(engine, nothing_to_apply)
-                state = State({"sessions": make_sessionmaker(engine), "config_changes": changes,
-                               "authenticator": local, "policies": local, "gateway": None})  # fmt: skip
-                return await fn(state, _actor(), args)
+                return await fn(AdminService.not_serving(engine), _actor(), args)
             except GatewayError as exc:
                 print(f"laneway: {exc.message}", file=sys.stderr)
                 raise SystemExit(1) from None
@@ -260,61 +243,61 @@ def _said(after: dict[str, Any], fields: list[str], unset: dict[str, str] | str)
     return ", ".join(f"{f} {word(f)}" for f in fields)
 
 
-async def _tenant_id(state: Any, name: str) -> int:
+async def _tenant_id(svc: AdminService, name: str) -> int:
     from laneway.core.errors import GatewayError
     from laneway.db.repositories import TenantRepository
 
-    async with state.sessions() as session:
+    async with svc.sessions() as session:
         tenant = await TenantRepository(session).get_by_name(name)
     if tenant is None:
         raise GatewayError(404, f"no tenant named '{name}'", code="not_found")
     return int(tenant.id)
 
 
-async def _tenant_create(state: Any, actor: str, args: argparse.Namespace) -> None:
+async def _tenant_create(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
     from laneway.admin import service
 
     raw = {"name": args.name, **_tenant_fields(args)}  # "none" is a new tenant's default: left out
-    tenant = await service.create_tenant(state, actor, _valid(raw, service.TenantIn, strict=False))
+    tenant = await service.create_tenant(svc, actor, _valid(raw, service.TenantIn, strict=False))
     print(f"created tenant {tenant['name']} (id {tenant['id']})")
 
 
-async def _tenant_set(state: Any, actor: str, args: argparse.Namespace) -> None:
+async def _tenant_set(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
     from laneway.admin import service
 
     fields = _tenant_changes(args)
     data = _valid(fields, service.TenantIn, strict=False)
-    tenant = await service.edit_tenant(state, actor, await _tenant_id(state, args.name), data, set(fields))
+    tenant = await service.edit_tenant(svc, actor, await _tenant_id(svc, args.name), data, set(fields))
     print(f"updated tenant {tenant['name']}: {_said(tenant, list(fields), _TENANT_UNSET)}")
 
 
-async def _key_issue(state: Any, actor: str, args: argparse.Namespace) -> None:
+async def _key_issue(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
     from laneway.admin import service
 
     raw = {"name": args.name, "expires_days": args.expires_days, **_key_fields(args)}
     data = _valid(raw, service.KeyIn, strict=False)
-    key = await service.issue_api_key(state, actor, await _tenant_id(state, args.tenant), data)
+    key = await service.issue_api_key(svc, actor, await _tenant_id(svc, args.tenant), data)
     print(f"key id {key['id']} for tenant {args.tenant}; the secret is shown only once:", file=sys.stderr)
     print(key["secret"])
 
 
-async def _key_set(state: Any, actor: str, args: argparse.Namespace) -> None:
+async def _key_set(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
     from laneway.admin import limits, service
 
     fields = _key_fields(args)
     data = _valid(fields, limits.KeyLimitsIn, strict=False)
-    key = await service.edit_api_key(state, actor, args.key_id, data, set(fields))
+    key = await service.edit_api_key(svc, actor, args.key_id, data, set(fields))
     print(f"updated key {key['id']} ({key['prefix']}...): {_said(key, list(fields), _KEY_UNSET)}")
 
 
-async def _key_revoke(state: Any, actor: str, args: argparse.Namespace) -> None:
+async def _key_revoke(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
     from laneway.admin import service
 
-    key = await service.revoke_api_key(state, actor, args.key_id)
+    key = await service.revoke_api_key(svc, actor, args.key_id)
     print(f"revoked key {key['id']} ({key['prefix']}...)")
 
 
-async def _model_set(state: Any, actor: str, args: argparse.Namespace) -> None:
+async def _model_set(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
     from laneway.admin import service
     from laneway.core.errors import invalid_request
 
@@ -330,18 +313,18 @@ async def _model_set(state: Any, actor: str, args: argparse.Namespace) -> None:
         "gpu_type": args.gpu_type,
         "max_model_len": args.max_model_len,
     }
-    await service.put_model(state, actor, args.alias, _valid({"deployments": [deployment]}, service.ModelIn))
+    await service.put_model(svc, actor, args.alias, _valid({"deployments": [deployment]}, service.ModelIn))
     print(f"model {args.alias} -> {args.engine}")
 
 
-async def _admin_create(state: Any, actor: str, args: argparse.Namespace) -> None:
+async def _admin_create(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
     import getpass
     import os
 
     from laneway.admin import service
 
     password = os.environ.get("LANEWAY_NEW_ADMIN_PASSWORD") or getpass.getpass(f"password for {args.username}: ")
-    await service.create_admin(state, actor, args.username, password)
+    await service.create_admin(svc, actor, args.username, password)
     print(f"created admin {args.username}")
 
 

@@ -1,7 +1,7 @@
 """Run a laneway app under uvicorn on a loopback port in a background thread.
 
-For benchmarks and tests that need the real HTTP server *and* access to the app's state
-(engine slot counters, schedulers) from the same process.
+For benchmarks and tests that need the real HTTP server *and* access to the app's runtime
+(engine slot counters, schedulers: `server.runtime`) from the same process.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import httpx
 import uvicorn
 from litestar import Litestar
 
+from laneway.runtime import runtime_of
 from laneway.server import server_config
 from laneway.settings import Settings
 
@@ -23,8 +24,9 @@ from laneway.settings import Settings
 class EmbeddedServer:
     def __init__(self, app: Litestar) -> None:
         self.app = app
+        self.runtime = runtime_of(app)  # None for another ASGI app (a test's stand-in engine)
         # The production server configuration (protocol guards, limits), on a loopback port.
-        settings = app.state.get("settings") or Settings()
+        settings = self.runtime.settings if self.runtime is not None else Settings()
         self.server = uvicorn.Server(server_config(app, settings, log_level="warning", lifespan="on"))
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -57,13 +59,14 @@ class EmbeddedServer:
         return self
 
     def call(self, coro: Any, timeout: float = 30) -> Any:
-        """Run a coroutine on the server's loop (to touch app state safely) and return its result."""
+        """Run a coroutine on the server's loop (to touch the runtime safely) and return its result."""
         assert self.loop is not None
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def stop(self, *, drain: bool = True) -> None:
         """Stop like a SIGTERM would: drain the gateway (finish or cut what runs), then exit."""
-        if drain and self.loop is not None and self._thread.is_alive() and hasattr(self.app.state, "drain"):
-            self.call(self.app.state.drain(), timeout=120)
+        runtime = self.runtime
+        if drain and runtime is not None and runtime.running and self.loop is not None and self._thread.is_alive():
+            self.call(runtime.drain(), timeout=120)
         self.server.should_exit = True
         self._thread.join(timeout=30)

@@ -40,6 +40,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from laneway.api.request_ids import fresh_request_id, sent_request_id
 from laneway.api.responses import ABORT_EXTENSION
 from laneway.core.load_shedding import LoadShedder
+from laneway.runtime import runtime_of
 from laneway.settings import Settings
 
 log = logging.getLogger("laneway.server")
@@ -172,7 +173,8 @@ class StartDelay:
 
 
 def server_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Config:
-    shedder = app.state.get("shedder") if hasattr(app, "state") else None
+    runtime = runtime_of(app)  # None: another ASGI app (a test's stand-in engine), no load shedding
+    shedder = runtime.shedder if runtime is not None else None
     options: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
@@ -232,8 +234,8 @@ def serve(app: Any, settings: Settings, **overrides: Any) -> None:
     """Run the gateway until SIGTERM/SIGINT (then drain and stop)."""
     raise_file_limit()
 
-    async def drain() -> None:
-        await app.state.drain()
-
-    server = GatewayServer(server_config(app, settings, **overrides), drain)
+    runtime = runtime_of(app)
+    if runtime is None:
+        raise TypeError("serve() runs a laneway app (create_app)")
+    server = GatewayServer(server_config(app, settings, **overrides), runtime.drain)
     server.run()

@@ -198,11 +198,11 @@ def test_every_page_renders_and_policy_edits_validate_inline(server: ServerThrea
     page.locator("#lane-interactive input[name=max_concurrency]").fill("6")
     page.locator("#lane-interactive button").click()
     expect(page.locator("#notice")).to_contain_text("Saved interactive")
-    assert server.app.state.policies.current.lane("interactive").max_concurrency == 6  # live, no restart
+    assert server.runtime.policies.current.lane("interactive").max_concurrency == 6  # live, no restart
     page.locator("#task-chat input[name=stop]").fill("###,END")
     page.locator("#task-chat button").click()
     expect(page.locator("#notice")).to_contain_text("Saved chat")
-    assert server.app.state.policies.current.tasks["chat"].stop == ("###", "END")
+    assert server.runtime.policies.current.tasks["chat"].stop == ("###", "END")
     page.screenshot(path=shots / "policies.png", full_page=True)
 
     page.goto("/admin/dashboard")
@@ -243,7 +243,7 @@ def test_usage_page_and_csv_match_requests_made_with_the_sdk(
         except openai.RateLimitError:
             refused += 1
     assert refused == 2
-    server.call(server.app.state.recorder.flush())  # the batch writer's next tick, now
+    server.call(server.runtime.recorder.flush())  # the batch writer's next tick, now
 
     _logged_in(page, "/admin/dashboard")
     page.goto(f"/admin/tenants/{tenant_id}")
@@ -261,7 +261,7 @@ def test_usage_page_and_csv_match_requests_made_with_the_sdk(
     # The panel refreshes itself (htmx): a new request shows up without a reload.
     with pytest.raises(openai.RateLimitError):  # refused, and still a usage row
         client.chat.completions.create(model="sim", messages=[{"role": "user", "content": "one more"}], max_tokens=2)
-    server.call(server.app.state.recorder.flush())
+    server.call(server.runtime.recorder.flush())
     expect(page.locator("[data-figure=requests]")).to_have_text("8", timeout=15_000)
     page.screenshot(path=shots / "usage-hour.png", full_page=True)
 
@@ -283,7 +283,7 @@ def _usage_rows(server: ServerThread, tenant_id: int) -> list[Any]:
     from laneway.db.repositories import UsageRepository
 
     async def read() -> list[Any]:
-        async with server.app.state.sessions() as s:
+        async with server.runtime.sessions() as s:
             return await UsageRepository(s).for_tenant(tenant_id)
 
     return list(server.call(read()))
@@ -405,7 +405,7 @@ def test_quotas_and_key_limits_save_and_show_usage(server: ServerThread, page: o
     page.click("fieldset >> text=Save")
     expect(page.locator("#notice")).to_contain_text("Saved")
     assert page.locator("fieldset input[name=tokens_per_day]").input_value() == "1000"
-    assert server.app.state.gateway is not None
+    assert server.runtime.gateway is not None
 
     client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=secret, max_retries=0)
     used = sum(

@@ -175,7 +175,7 @@ def test_a_put_sets_exactly_the_fields_it_names(gw: Gateway, admin: httpx.Client
     before = lane("batch")
     assert admin.put("/lanes/batch", json={"max_concurrency": 3}).status_code == 200
     assert lane("batch") == {**before, "max_concurrency": 3}  # the match rule is still there
-    assert gw.server.app.state.policies.current.lane("batch").max_concurrency == 3
+    assert gw.server.runtime.policies.current.lane("batch").max_concurrency == 3
     refused(admin.put("/lanes/batch", json={"max_concurrency": None}), "max_concurrency")
     refused(admin.put("/lanes/batch", content=b"[]"), None, code="invalid_json")
     refused(admin.put("/lanes/batch", json={"match_taks": ["x"]}), "match_taks")
@@ -221,7 +221,7 @@ def test_nul_in_names_is_refused_everywhere(gw: Gateway, admin: httpx.Client) ->
 
 def _model_rows(gw: Gateway) -> list[Any]:
     async def read() -> list[Any]:
-        async with gw.server.app.state.sessions() as s:
+        async with gw.server.runtime.sessions() as s:
             return [(d.name, d.engine_kind, d.config) for d in (await ModelRepository(s).get("sim")).deployments]
 
     return list(gw.server.call(read()))
@@ -278,7 +278,7 @@ def test_a_good_model_edit_starts_its_engines_once(gw: Gateway, admin: httpx.Cli
     installed = registry.resolve("sim")
 
     async def resync() -> list[str]:
-        async with gw.server.app.state.sessions() as s:
+        async with gw.server.runtime.sessions() as s:
             return list(await registry.sync(await ModelRepository(s).enabled_deployments()))
 
     assert gw.server.call(resync()) == []  # the database's rows equal what was installed: no restart

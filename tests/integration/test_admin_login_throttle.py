@@ -48,7 +48,7 @@ def gw(tmp_path: Path) -> Iterator[Gateway]:
 
 
 def test_sixteen_attackers_neither_stall_the_loop_nor_fail_a_normal_client(gw: Gateway) -> None:
-    state = gw.server.app.state
+    runtime = gw.server.runtime
     normal = client(gw)
     headers = {"Authorization": f"Bearer {gw.keys['acme']}"}
     chat = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -59,17 +59,17 @@ def test_sixteen_attackers_neither_stall_the_loop_nor_fail_a_normal_client(gw: G
     try:
         assert attackers.stdout is not None and attackers.stdout.readline().strip() == "started"
         attack_started = time.monotonic()
-        wait_for(lambda: state.login_guard.throttle.throttled > 0, within=10, what="the first throttled login")
+        wait_for(lambda: runtime.login_guard.throttle.throttled > 0, within=10, what="the first throttled login")
         # A full collection now rather than inside the window: a gen-2 GC pause (50-100 ms on
         # this test process's heap, attack or not) stops every thread and is not measured here.
         gc.collect()
-        ticks = len(state.loop_lag.samples)
-        wait_for(lambda: len(state.loop_lag.samples) >= min(ticks + 3, state.loop_lag.samples.maxlen or 0),
+        ticks = len(runtime.loop_lag.samples)
+        wait_for(lambda: len(runtime.loop_lag.samples) >= min(ticks + 3, runtime.loop_lag.samples.maxlen or 0),
                  within=5, what="the loop-lag monitor to sample past the collection")  # fmt: skip
-        shedder = state.get("shedder")  # a load shedder, if any, has seen that pause: let it pass
+        shedder = runtime.shedder  # a load shedder, if any, has seen that pause: let it pass
         if shedder is not None:
             wait_for(lambda: not shedder.overloaded(), within=5, what="the shedder's hold to end")
-        gw.server.call(_reset_max(state.loop_lag))
+        gw.server.call(_reset_max(runtime.loop_lag))
         latencies: dict[str, list[float]] = {"live": [], "chat": []}
         deadline = time.monotonic() + 4
         while time.monotonic() < deadline:
@@ -81,7 +81,7 @@ def test_sixteen_attackers_neither_stall_the_loop_nor_fail_a_normal_client(gw: G
             r = normal.post("/v1/chat/completions", headers=headers, json=chat)
             latencies["chat"].append(time.perf_counter() - start)
             assert r.status_code == 200, r.text
-        worst_lag = state.loop_lag.max_s
+        worst_lag = runtime.loop_lag.max_s
     finally:
         out, _ = attackers.communicate(timeout=60)  # closing stdin stops them
         normal.close()
@@ -89,7 +89,7 @@ def test_sixteen_attackers_neither_stall_the_loop_nor_fail_a_normal_client(gw: G
     statuses = Counter({int(k): v for k, v in result["statuses"].items()})
     report = {k: (round(statistics.median(v) * 1000, 1), round(max(v) * 1000, 1)) for k, v in latencies.items()}
     print(f"\nworst loop lag {worst_lag * 1000:.1f} ms; p50/max ms {report}; attacker statuses {dict(statuses)}; "
-          f"verifier refused {state.login_guard.verifier.refused}")  # fmt: skip
+          f"verifier refused {runtime.login_guard.verifier.refused}")  # fmt: skip
     assert not result["bad"], result["bad"]  # every 429 had a Retry-After and the OpenAI shape
     assert statuses[429] > statuses[401] > 0  # most are refused without any hashing
     # ... and late (the tarpit): a few attempts a second per attacker, not hundreds.
@@ -105,7 +105,7 @@ async def _reset_max(monitor: object) -> None:
 
 def long_locks(gw: Gateway) -> None:
     """Locks that outlast a test's few tarpitted answers (0.25 s each), whatever the machine."""
-    gw.server.app.state.login_guard.throttle.base_delay_s = 60.0
+    gw.server.runtime.login_guard.throttle.base_delay_s = 60.0
 
 
 def test_the_admin_still_logs_in_while_another_address_is_locked_out(gw: Gateway) -> None:
@@ -128,7 +128,7 @@ def test_the_admin_still_logs_in_while_another_address_is_locked_out(gw: Gateway
 
 
 def test_retry_after_doubles_with_every_further_failure(gw: Gateway) -> None:
-    throttle = gw.server.app.state.login_guard.throttle
+    throttle = gw.server.runtime.login_guard.throttle
     with client(gw, "127.0.0.5") as c:
         for _ in range(5):
             assert login(c, "admin", "wrong password!").status_code == 401
@@ -162,7 +162,7 @@ def test_the_html_login_form_shows_the_lockout_with_429(gw: Gateway) -> None:
 
 
 def test_a_full_verification_backlog_answers_429_without_hashing(gw: Gateway) -> None:
-    verifier = gw.server.app.state.login_guard.verifier
+    verifier = gw.server.runtime.login_guard.verifier
     verifier.pending = verifier.max_pending  # as if that many checks were queued
     refused = verifier.refused
     try:

@@ -143,7 +143,7 @@ def test_periods_bound_the_rows_and_bad_input_is_refused(gateway: Gateway) -> No
 def test_the_dashboard_reads_metrics_not_the_usage_table(gateway: Gateway) -> None:
     _traffic(gateway)
     gateway.usage_rows()  # the rows are written: a table scan would find them
-    engine = gateway.server.app.state.sessions.kw["bind"].sync_engine
+    engine = gateway.server.runtime.sessions.kw["bind"].sync_engine
     statements: list[str] = []
 
     def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:

@@ -209,7 +209,7 @@ def test_a_cli_change_reaches_a_running_replica_through_notify(cli, pg_database:
     replica = start_gateway(tmp_path / "replica", database_url=pg_database, policy_poll_interval_s=3600,
                             seed_with={"models": {"old": sim_model("old")}, "tenants": {"acme": {}}})  # fmt: skip
     try:
-        wait_for(lambda: replica.server.app.state.config_changes.connected, what="the replica's LISTEN")
+        wait_for(lambda: replica.server.runtime.config_changes.connected, what="the replica's LISTEN")
         env = {**cli.env, "LANEWAY_DATABASE_URL": pg_database}
         subprocess.run([EXE, "model", "set", "fresh", "--engine", "sim", "--config", '{"max_concurrency": 2}'],
                        env=env, check=True, capture_output=True, timeout=60)  # fmt: skip

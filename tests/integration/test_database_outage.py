@@ -59,12 +59,12 @@ async def test_known_keys_ride_out_a_database_outage(private_pg: PrivatePostgres
             await asyncio.to_thread(private_pg.start)
             # An outage is counted and reported a line a minute, never a traceback per poll.
             assert not errors.records, [r.getMessage() for r in errors.records]
-            assert gw.server.app.state.health.errors["database"] > 0
+            assert gw.server.runtime.health.errors["database"] > 0
             assert set(statuses) == {200}, sorted(set(statuses))
             assert unknown.status_code == 503 and unknown.json()["error"]["code"] == "database_unavailable"
             assert "retry-after" in unknown.headers
             # Every request of the outage has its row once the database is back.
-            recorder = gw.server.app.state.recorder
+            recorder = gw.server.runtime.recorder
             await asyncio.to_thread(wait_for, lambda: recorder.pending == 0, 30, 0.01, "the usage backlog written")
             rows = await asyncio.to_thread(gw.usage_rows)
             assert len(rows) == gw.gateway.leases_opened == len(statuses) + 1

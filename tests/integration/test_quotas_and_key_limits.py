@@ -180,7 +180,7 @@ def test_key_rpm_is_shared_by_the_replicas_and_leaves_the_tenants_other_keys_alo
     admin = admin_client(a)
     key_id = key_named(admin, "keyed", "keyed-narrow")
     admin.patch(f"/keys/{key_id}", json={"rpm": 2, "allowed_models": None})
-    wait_for(lambda: b.server.app.state.config_changes.received >= 1, what="replica b's NOTIFY")
+    wait_for(lambda: b.server.runtime.config_changes.received >= 1, what="replica b's NOTIFY")
     statuses = []
     for i in range(4):
         statuses.append(refused(replicas[i % 2], "keyed-narrow", "sim") or 200)

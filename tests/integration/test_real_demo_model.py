@@ -59,7 +59,7 @@ def test_the_readme_call_gets_a_real_answer(demo: tuple[ServerThread, str]) -> N
 
 def test_the_models_own_chat_template_is_used(demo: tuple[ServerThread, str]) -> None:
     server, _ = demo
-    engine = server.app.state.gateway.registry.resolve("smollm2").engine
+    engine = server.runtime.gateway.registry.resolve("smollm2").engine
     template = engine._contexts[0].metadata.get("tokenizer.chat_template")
     assert template and engine._template == template
     assert (engine.info.quantization, engine.info.gpu_type) == ("Q4_1", "cpu")

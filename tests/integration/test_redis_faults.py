@@ -120,7 +120,7 @@ async def test_many_more_requests_in_flight_than_pooled_connections(gw: Gateway)
     assert [r.status_code for r in responses] == [200] * 300
     # (On a loaded machine a call may still exceed the 250 ms timeout: that is a fault the
     # breaker absorbs, but running out of pooled connections must never be one.)
-    kinds = gw.server.app.state.health.error_kinds
+    kinds = gw.server.runtime.health.error_kinds
     assert not [k for k in kinds if "MaxConnections" in k[1]], kinds
     await asyncio.to_thread(wait_for, lambda: holders(gw) == 0, 10, 0.01, "every holder settled in Redis")
 

@@ -307,7 +307,7 @@ async def test_swapping_an_alias_to_another_engine_loses_no_running_request(
                 ],
             )
         await engine.dispose()
-        registry = server.app.state.gateway.registry
+        registry = server.runtime.gateway.registry
         await wait_for(lambda: registry.resolve("swap").spec.name == "swap-trt")
         before = len(triton.requests)
         r = await client.completions.create(model="swap", prompt="after", max_tokens=2)

@@ -28,7 +28,7 @@ def test_an_admin_change_reaches_the_other_replica_by_notify(pg_database: str, t
         # Both listening before the change: a replica still starting would read the new lane
         # in its first load, and the test would prove nothing about NOTIFY.
         for r in (a, b):
-            wait_for(lambda r=r: "config_changes" in r.app.state and r.app.state.config_changes.connected,  # type: ignore[misc]
+            wait_for(lambda r=r: r.runtime.running and r.runtime.config_changes.connected,  # type: ignore[misc]
                      within=30, what="the replica's LISTEN")  # fmt: skip
         admin = httpx.Client(base_url=a.base_url + "/admin/api")
         csrf = admin.post("/login", json={"username": "admin", "password": PASSWORD}).json()["csrf_token"]
@@ -37,7 +37,7 @@ def test_an_admin_change_reaches_the_other_replica_by_notify(pg_database: str, t
         deadline = time.monotonic() + 10
         # Heard through NOTIFY (polling is an hour away); `received` counts an apply once it has
         # finished, a moment after the new lane is visible.
-        while b.app.state.policies.current.lane("notified") is None or b.app.state.config_changes.received < 1:
+        while b.runtime.policies.current.lane("notified") is None or b.runtime.config_changes.received < 1:
             assert time.monotonic() < deadline, "replica b never heard of the change"
             time.sleep(0.01)
     finally:

@@ -130,7 +130,7 @@ def test_beyond_the_connection_cap_clients_get_503_not_a_dead_server(tmp_path_fa
 def test_an_overloaded_gateway_refuses_api_requests_before_any_work(gw: Gateway) -> None:
     """While the load shedder says the loop runs behind, /v1 requests get a prepared 503 from
     the protocol itself (no auth, no JSON), the connection stays usable, health still answers."""
-    shedder = gw.server.app.state.shedder
+    shedder = gw.server.runtime.shedder
     sock = socket.create_connection(("127.0.0.1", gw.port))
     try:
         body = json.dumps({"model": "sim", "prompt": "hi", "max_tokens": 2}).encode()

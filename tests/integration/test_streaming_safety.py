@@ -73,7 +73,7 @@ class Env:
         self.server, self.key = server, key
 
     def engine(self, alias: str) -> Any:
-        return self.server.app.state.gateway.registry.resolve(alias).engine
+        return self.server.runtime.gateway.registry.resolve(alias).engine
 
     def raw_request(self, body: dict[str, Any], *, rcvbuf: int | None = None, task: str | None = None) -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -414,8 +414,7 @@ def test_tracing_off_builds_no_exporter_and_records_nothing(tmp_path: Path, rece
             json={"model": "sim", "prompt": "x", "max_tokens": 2},
         )
         assert r.status_code == 200
-        app = g.server.app
-        assert app.state.tracing is None and not app.middleware
+        assert g.server.runtime.tracing is None and not g.server.app.middleware
         assert g.gateway.in_flight == 0
         assert receiver.trace("5" * 32) == [] and len(receiver.spans) == before
     finally:

@@ -95,7 +95,7 @@ class Traffic:
 
     @property
     def gateway(self) -> Any:
-        return self.server.app.state.gateway
+        return self.server.runtime.gateway
 
     @property
     def sim(self) -> Any:

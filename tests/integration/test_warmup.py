@@ -68,7 +68,7 @@ def test_ready_only_after_every_deployment_is_warm(tmp_path: Path, demo_model_pa
             time.sleep(0.02)
         assert seen[0] == 503, "ready before the 800 ms warm-up finished"
         assert sorted(ready.json()["warm"]) == ["llama-1", "slow-sim"]
-        registry = server.app.state.gateway.registry
+        registry = server.runtime.gateway.registry
         # short + long + one per system prompt
         assert registry.resolve("slow").engine.warmed_prompts == 4
         assert registry.resolve("llama").engine.warmed_prompts == 3

@@ -10,17 +10,21 @@ CSRF token; every change must echo it in X-CSRF-Token.
 from __future__ import annotations
 
 import asyncio
-import secrets
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Annotated, Any
 
 from litestar import Controller, Request, Response, delete, get, patch, post, put
 from litestar.datastructures import Cookie
+from litestar.di import NamedDependency
 from litestar.params import FromPath
 from msgspec import Meta, Struct
 from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from laneway.admin import service
+from laneway.admin.guards import PUBLIC, SESSION_COOKIE, AdminRequest
 from laneway.admin.limits import KeyLimitsIn, tenant_usage
 from laneway.admin.security import new_session_token, token_digest
 from laneway.admin.service import (
@@ -28,6 +32,7 @@ from laneway.admin.service import (
     KEY_FIELDS,
     LANE_FIELDS,
     TENANT_FIELDS,
+    AdminService,
     KeyIn,
     LaneIn,
     ModelIn,
@@ -38,12 +43,11 @@ from laneway.admin.service import (
 from laneway.admin.throttle import LoginGuard
 from laneway.admin.validation import Username, check_text, decode, decode_object, int_query
 from laneway.api.openapi import ADMIN_CHANGE, ADMIN_SESSION
-from laneway.core.auth import as_utc
 from laneway.core.errors import GatewayError
+from laneway.core.pipeline import Gateway
 from laneway.db.models import ApiKey, Tenant
 from laneway.db.repositories import AdminRepository, AuditRepository, PolicyRepository
 
-SESSION_COOKIE = "laneway_admin"
 SESSION_TTL = timedelta(hours=12)
 
 
@@ -66,13 +70,13 @@ def _sent(body: bytes) -> set[str]:
 
 
 async def tenant_page(
-    request: Request,  # type: ignore[type-arg]
+    sessions: async_sessionmaker[AsyncSession],
     q: str,
     page: int,
     per_page: int,
 ) -> tuple[list[dict[str, Any]], int]:
     """One page of tenants whose name contains q, by name, and how many match in all."""
-    async with request.app.state.sessions() as session:
+    async with sessions() as session:
         stmt = select(Tenant).where(Tenant.name.contains(q, autoescape=True)) if q else select(Tenant)
         total = (await session.execute(select(func.count()).select_from(stmt.subquery()))).scalar_one()
         rows = await session.execute(stmt.order_by(Tenant.name).offset((page - 1) * per_page).limit(per_page))
@@ -80,140 +84,130 @@ async def tenant_page(
 
 
 class AdminAPI(Controller):
+    """Behind the admin guards (admin/guards.py): a session for every route but the login,
+    its CSRF token in X-CSRF-Token for every change."""
+
     path = "/admin/api"
 
     # ---- sessions ----
-    @post("/login", status_code=200)
-    async def login(self, request: Request) -> Response[dict[str, str]]:  # type: ignore[type-arg]
+    @post("/login", status_code=200, opt=PUBLIC)
+    async def login(self, request: Request, logins: NamedDependency[Logins]) -> Response[dict[str, str]]:  # type: ignore[type-arg]
         creds = _decode(await request.body(), Login)
-        cookie, csrf = await open_session(request, creds.username, creds.password)
+        cookie, csrf = await open_session(request, logins, creds.username, creds.password)
         return Response({"csrf_token": csrf, "username": creds.username}, cookies=[cookie])
 
     @post("/logout", status_code=200, security=ADMIN_CHANGE)
-    async def logout(self, request: Request) -> Response[dict[str, str]]:  # type: ignore[type-arg]
-        await _admin(request, change=True)
-        async with request.app.state.sessions() as session, session.begin():
+    async def logout(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService]
+    ) -> Response[dict[str, str]]:
+        async with admin_service.sessions() as session, session.begin():
             await AdminRepository(session).close_session(token_digest(request.cookies[SESSION_COOKIE]))
         return Response({"status": "logged_out"}, cookies=[Cookie(key=SESSION_COOKIE, value="", path="/admin",
                                                                    max_age=0)])  # fmt: skip
 
     # ---- tenants and keys ----
     @get("/tenants", security=ADMIN_SESSION)
-    async def tenants(self, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
+    async def tenants(self, request: AdminRequest, admin_service: NamedDependency[AdminService]) -> dict[str, Any]:
         """?q= (name contains), ?page= (1..1000000), ?per_page= (1..200, default 50); out of range: 400."""
-        await _admin(request)
         params = request.query_params
         q = check_text("q", params.get("q", ""), max_length=120, allow_empty=True)
         page = int_query("page", params.get("page"), default=1, lo=1, hi=MAX_PAGE)
         per_page = int_query("per_page", params.get("per_page"), default=50, lo=1, hi=MAX_PER_PAGE)
-        data, total = await tenant_page(request, q, page, per_page)
+        data, total = await tenant_page(admin_service.sessions, q, page, per_page)
         return {"data": data, "total": total, "page": page, "per_page": per_page}
 
     @post("/tenants", status_code=201, security=ADMIN_CHANGE)
-    async def create_tenant(self, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
-        actor = await _admin(request, change=True)
-        return await service.create_tenant(request.app.state, actor, _decode(await request.body(), TenantIn))
+    async def create_tenant(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService]
+    ) -> dict[str, Any]:
+        data = _decode(await request.body(), TenantIn)
+        return await service.create_tenant(admin_service, request.user.username, data)
 
     @patch("/tenants/{tenant_id:int}", security=ADMIN_CHANGE)
-    async def edit_tenant(self, request: Request, tenant_id: FromPath[int]) -> dict[str, Any]:  # type: ignore[type-arg]
-        actor = await _admin(request, change=True)
+    async def edit_tenant(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], tenant_id: FromPath[int]
+    ) -> dict[str, Any]:
         body = await request.body()
         sent = _sent(body)  # explicit nulls clear a limit
-        return await service.edit_tenant(request.app.state, actor, tenant_id, _decode(body, TenantIn), sent)
+        actor = request.user.username
+        return await service.edit_tenant(admin_service, actor, tenant_id, _decode(body, TenantIn), sent)
 
     @get("/tenants/{tenant_id:int}/keys", security=ADMIN_SESSION)
-    async def keys(self, request: Request, tenant_id: FromPath[int]) -> list[dict[str, Any]]:  # type: ignore[type-arg]
-        await _admin(request)
-        async with request.app.state.sessions() as session:
+    async def keys(
+        self, admin_service: NamedDependency[AdminService], tenant_id: FromPath[int]
+    ) -> list[dict[str, Any]]:
+        async with admin_service.sessions() as session:
             rows = await session.execute(select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.id))
             return [row(k, KEY_FIELDS) for k in rows.scalars()]
 
     @post("/tenants/{tenant_id:int}/keys", status_code=201, security=ADMIN_CHANGE)
-    async def issue(self, request: Request, tenant_id: FromPath[int]) -> dict[str, Any]:  # type: ignore[type-arg]
-        actor = await _admin(request, change=True)
-        return await service.issue_api_key(request.app.state, actor, tenant_id, _decode(await request.body(), KeyIn))
+    async def issue(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], tenant_id: FromPath[int]
+    ) -> dict[str, Any]:
+        data = _decode(await request.body(), KeyIn)
+        return await service.issue_api_key(admin_service, request.user.username, tenant_id, data)
 
     @patch("/keys/{key_id:int}", security=ADMIN_CHANGE)
-    async def edit_key(self, request: Request, key_id: FromPath[int]) -> dict[str, Any]:  # type: ignore[type-arg]
+    async def edit_key(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], key_id: FromPath[int]
+    ) -> dict[str, Any]:
         """The key's own rpm, tpm, max_concurrency, allowed_models; null clears one."""
-        actor = await _admin(request, change=True)
         body = await request.body()
         sent = _sent(body)
-        return await service.edit_api_key(request.app.state, actor, key_id, _decode(body, KeyLimitsIn), sent)
+        actor = request.user.username
+        return await service.edit_api_key(admin_service, actor, key_id, _decode(body, KeyLimitsIn), sent)
 
     @get("/tenants/{tenant_id:int}/usage", security=ADMIN_SESSION)
-    async def usage(self, request: Request, tenant_id: FromPath[int]) -> dict[str, Any]:  # type: ignore[type-arg]
+    async def usage(
+        self, admin_service: NamedDependency[AdminService], gateway: NamedDependency[Gateway], tenant_id: FromPath[int]
+    ) -> dict[str, Any]:
         """Tokens used today and this month (UTC) next to the tenant's quotas, and when each resets."""
-        await _admin(request)
-        async with request.app.state.sessions() as session:
+        async with admin_service.sessions() as session:
             tenant = await service.get_or_404(session, Tenant, tenant_id)
-            return await tenant_usage(request.app.state.gateway.limiter, session, tenant)
+            return await tenant_usage(gateway.limiter, session, tenant)
 
     @delete("/keys/{key_id:int}", status_code=200, security=ADMIN_CHANGE)
-    async def revoke(self, request: Request, key_id: FromPath[int]) -> dict[str, Any]:  # type: ignore[type-arg]
-        actor = await _admin(request, change=True)
-        return await service.revoke_api_key(request.app.state, actor, key_id)
+    async def revoke(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], key_id: FromPath[int]
+    ) -> dict[str, Any]:
+        return await service.revoke_api_key(admin_service, request.user.username, key_id)
 
     # ---- policies ----
     @get("/lanes", security=ADMIN_SESSION)
-    async def lanes(self, request: Request) -> list[dict[str, Any]]:  # type: ignore[type-arg]
-        await _admin(request)
-        async with request.app.state.sessions() as session:
+    async def lanes(self, admin_service: NamedDependency[AdminService]) -> list[dict[str, Any]]:
+        async with admin_service.sessions() as session:
             return [row(x, LANE_FIELDS) for x in await PolicyRepository(session).lanes()]
 
     @put("/lanes/{name:str}", security=ADMIN_CHANGE)
-    async def put_lane(self, request: Request, name: FromPath[str]) -> dict[str, Any]:  # type: ignore[type-arg]
-        actor = await _admin(request, change=True)
+    async def put_lane(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], name: FromPath[str]
+    ) -> dict[str, Any]:
         body = await request.body()
         sent = _sent(body)
-        return await service.put_lane(request.app.state, actor, name, _decode(body, LaneIn), sent)
+        return await service.put_lane(admin_service, request.user.username, name, _decode(body, LaneIn), sent)
 
     @put("/tasks/{task:str}", security=ADMIN_CHANGE)
-    async def put_task(self, request: Request, task: FromPath[str]) -> dict[str, Any]:  # type: ignore[type-arg]
-        actor = await _admin(request, change=True)
+    async def put_task(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], task: FromPath[str]
+    ) -> dict[str, Any]:
         body = await request.body()
         sent = _sent(body)
-        return await service.put_task(request.app.state, actor, task, _decode(body, TaskIn), sent)
+        return await service.put_task(admin_service, request.user.username, task, _decode(body, TaskIn), sent)
 
     # ---- models ----
     @put("/models/{alias:str}", security=ADMIN_CHANGE)
-    async def put_model(self, request: Request, alias: FromPath[str]) -> dict[str, Any]:  # type: ignore[type-arg]
-        actor = await _admin(request, change=True)
-        return await service.put_model(request.app.state, actor, alias, _decode(await request.body(), ModelIn))
+    async def put_model(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], alias: FromPath[str]
+    ) -> dict[str, Any]:
+        data = _decode(await request.body(), ModelIn)
+        return await service.put_model(admin_service, request.user.username, alias, data)
 
     @get("/audit", security=ADMIN_SESSION)
-    async def audit(self, request: Request) -> list[dict[str, Any]]:  # type: ignore[type-arg]
-        await _admin(request)
+    async def audit(self, request: AdminRequest, admin_service: NamedDependency[AdminService]) -> list[dict[str, Any]]:
         limit = int_query("limit", request.query_params.get("limit"), default=100, lo=1, hi=1000)
-        async with request.app.state.sessions() as session:
+        async with admin_service.sessions() as session:
             rows = await AuditRepository(session).recent(limit)
             return [row(e, AUDIT_FIELDS) for e in rows]
-
-
-async def _admin(request: Request, *, change: bool = False) -> str:  # type: ignore[type-arg]
-    """The logged-in admin's name; for a change, the request must carry the session's CSRF
-    token in X-CSRF-Token."""
-    username, csrf = await admin_session(request)
-    if change:
-        check_csrf(request.headers.get("x-csrf-token", ""), csrf)
-    return username
-
-
-async def admin_session(request: Request) -> tuple[str, str]:  # type: ignore[type-arg]
-    """(admin name, the session's CSRF token) from the session cookie; 401 without one."""
-    token = request.cookies.get(SESSION_COOKIE)
-    if not token:
-        raise GatewayError(401, "Log in first.", code="not_logged_in")
-    async with request.app.state.sessions() as session:
-        found = await AdminRepository(session).find_session(token_digest(token))
-        if found is None or as_utc(found.expires_at) <= datetime.now(UTC):
-            raise GatewayError(401, "Your admin session has expired; log in again.", code="not_logged_in")
-        return str(found.admin.username), found.csrf_token
-
-
-def check_csrf(given: str, expected: str) -> None:
-    if not given or not secrets.compare_digest(given, expected):
-        raise GatewayError(403, "Missing or wrong CSRF token.", code="csrf_failed")
 
 
 # A refused login is answered this late. Refusing costs no hashing, but an attacker that
@@ -233,7 +227,23 @@ def client_address(request: Request) -> str:  # type: ignore[type-arg]
     return str(client[0]) if client else "unknown"
 
 
-async def open_session(request: Request, username: str, password: str) -> tuple[Cookie, str]:  # type: ignore[type-arg]
+@dataclass(frozen=True)
+class Logins:
+    """What opening an admin session needs: the throttle and argon2 pool, the database, and
+    the first start's password file (the login page points to it until someone logs in)."""
+
+    guard: LoginGuard
+    sessions: async_sessionmaker[AsyncSession]
+    cookie_secure: bool
+    password_file: Path
+
+
+async def open_session(
+    request: Request,  # type: ignore[type-arg]
+    logins: Logins,
+    username: str,
+    password: str,
+) -> tuple[Cookie, str]:
     """Check the password and open a session: (the session cookie, its CSRF token).
 
     401 if wrong; 429 + Retry-After without any check when this address or username has
@@ -241,14 +251,14 @@ async def open_session(request: Request, username: str, password: str) -> tuple[
     argon2 check runs in the verifier's threads, never on the event loop; its outcome is
     counted even if the client hangs up before the answer."""
     check_text("username", username, max_length=120)
-    guard: LoginGuard = request.app.state.login_guard
+    guard = logins.guard
     try:
         attempt = guard.throttle.begin(username, client_address(request))
     except GatewayError:
         await tarpit()
         raise
     try:
-        async with request.app.state.sessions() as session:
+        async with logins.sessions() as session:
             admin = await AdminRepository(session).get_by_username(username)
             admin_id = admin.id if admin else None
         check = guard.verifier.submit(admin.password_hash if admin else None, password)
@@ -266,7 +276,7 @@ async def open_session(request: Request, username: str, password: str) -> tuple[
     if not await asyncio.shield(check) or admin_id is None:
         raise GatewayError(401, "Wrong username or password.", code="invalid_credentials")
     token, digest, csrf = new_session_token()
-    async with request.app.state.sessions() as session, session.begin():
+    async with logins.sessions() as session, session.begin():
         repo = AdminRepository(session)
         found = await repo.get_by_username(username)
         if found is None:  # deleted meanwhile
@@ -278,7 +288,7 @@ async def open_session(request: Request, username: str, password: str) -> tuple[
         path="/admin",
         httponly=True,
         samesite="strict",
-        secure=request.app.state.settings.admin_cookie_secure,
+        secure=logins.cookie_secure,
         max_age=int(SESSION_TTL.total_seconds()),
     )
     return cookie, csrf

@@ -19,8 +19,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from litestar.datastructures import State
-
 from laneway.metrics import GatewayMetrics
 
 QUANTILES = (0.5, 0.95, 0.99)
@@ -169,9 +167,3 @@ class LiveFigures:
                    for (status, code), n in now.refused.items()]  # fmt: skip
         refused.sort(key=lambda r: (-r[2], r[0]))
         return LiveView(span, figures, [r for r in refused if r[2] > 0])
-
-
-def provide_live_figures(state: State) -> LiveFigures:
-    """The dashboard's dependency: the one LiveFigures the lifespan built."""
-    figures: LiveFigures = state.live_figures
-    return figures

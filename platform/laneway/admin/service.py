@@ -3,14 +3,14 @@ audits (who, what, before/after) and applies the change to the running gateway."
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import msgspec
-from litestar.datastructures import State
 from msgspec import Meta, Struct
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from laneway.admin.limits import KEY_LIMIT_FIELDS, KeyLimitsIn, KeyModels, check_key_limits
 from laneway.admin.security import MIN_PASSWORD_CHARS, hash_password
@@ -31,7 +31,10 @@ from laneway.admin.validation import (
     check_text,
 )
 from laneway.bootstrap import issue_key
+from laneway.core.auth import KeyAuthenticator
+from laneway.core.config_watch import ConfigChanges
 from laneway.core.errors import GatewayError
+from laneway.core.policy import PolicyStore
 from laneway.db.models import ApiKey, Deployment, Lane, Model, TaskPolicy, Tenant
 from laneway.db.repositories import (
     AdminRepository,
@@ -40,7 +43,39 @@ from laneway.db.repositories import (
     ModelRepository,
     PolicyRepository,
 )
-from laneway.engines.registry import ENGINE_KINDS, EngineStartError
+from laneway.db.session import make_sessionmaker
+from laneway.engines.registry import ENGINE_KINDS, EngineRegistry, EngineStartError
+
+
+@dataclass(frozen=True)
+class AdminService:
+    """What an admin change needs: the database, the NOTIFY that tells every serving replica,
+    and, in a serving process, the running parts it applies the change to at once. The CLI
+    serves nothing (None): the replicas hear of its changes through NOTIFY or their poll."""
+
+    sessions: async_sessionmaker[AsyncSession]
+    config_changes: ConfigChanges
+    authenticator: KeyAuthenticator | None = None
+    policies: PolicyStore | None = None
+    registry: EngineRegistry | None = None
+
+    @classmethod
+    def not_serving(cls, engine: AsyncEngine) -> AdminService:
+        """For a process that serves nothing (the CLI): the database and the NOTIFY only."""
+
+        async def nothing_to_apply() -> None:  # it never listens, so never applies
+            pass
+
+        return cls(make_sessionmaker(engine), ConfigChanges(engine, nothing_to_apply))
+
+    def drop_cached_keys(self) -> None:
+        if self.authenticator is not None:
+            self.authenticator.invalidate()
+
+    async def reload_policies(self) -> None:
+        if self.policies is not None:
+            await self.policies.reload()
+
 
 TENANT_FIELDS = ("id", "name", "weight", "rpm", "tpm", "max_concurrency", "allowed_models", "allowed_lanes",
                  "priority_floor", "tokens_per_day", "tokens_per_month", "disabled")  # fmt: skip
@@ -144,10 +179,10 @@ async def _check_name_free(session: AsyncSession, name: str, tenant_id: int | No
         raise GatewayError(409, f"A tenant named '{name}' exists.", code="conflict", param="name")
 
 
-async def create_tenant(state: State, actor: str, data: TenantIn) -> dict[str, Any]:
+async def create_tenant(svc: AdminService, actor: str, data: TenantIn) -> dict[str, Any]:
     if not data.name:
         raise GatewayError(400, "A tenant needs a name.", code="invalid_request", param="name")
-    async with state.sessions() as session, session.begin():
+    async with svc.sessions() as session, session.begin():
         await _check_name_free(session, data.name)
         # Fields left out (None) take the column's default: weight 1, priority_floor 0, enabled.
         tenant = Tenant(**{k: v for k, v in msgspec.structs.asdict(data).items() if v is not None})
@@ -155,11 +190,13 @@ async def create_tenant(state: State, actor: str, data: TenantIn) -> dict[str, A
         await session.flush()
         after = row(tenant, TENANT_FIELDS)
         await AuditRepository(session).add(actor, "create", "tenant", str(tenant.id), None, after)
-    await state.config_changes.notify()
+    await svc.config_changes.notify()
     return after
 
 
-async def edit_tenant(state: State, actor: str, tenant_id: int, data: TenantIn, fields: set[str]) -> dict[str, Any]:
+async def edit_tenant(
+    svc: AdminService, actor: str, tenant_id: int, data: TenantIn, fields: set[str]
+) -> dict[str, Any]:
     """Set exactly `fields` (those the admin sent) from `data`; None clears a nullable field
     (a limit, the allow-lists) and is refused for the others."""
     columns = Tenant.__table__.c
@@ -167,7 +204,7 @@ async def edit_tenant(state: State, actor: str, tenant_id: int, data: TenantIn, 
     for field, value in changes.items():
         if value is None and not columns[field].nullable:
             raise _cannot_clear(field)
-    async with state.sessions() as session, session.begin():
+    async with svc.sessions() as session, session.begin():
         tenant = await get_or_404(session, Tenant, tenant_id)
         if changes.get("name") is not None:
             await _check_name_free(session, changes["name"], tenant_id)
@@ -177,8 +214,8 @@ async def edit_tenant(state: State, actor: str, tenant_id: int, data: TenantIn, 
         await session.flush()
         after = row(tenant, TENANT_FIELDS)
         await AuditRepository(session).add(actor, "update", "tenant", str(tenant_id), before, after)
-    state.authenticator.invalidate()  # limits and grants apply to the next request
-    await state.config_changes.notify()  # and on every other replica
+    svc.drop_cached_keys()  # limits and grants apply to the next request
+    await svc.config_changes.notify()  # and on every other replica
     return after
 
 
@@ -187,15 +224,15 @@ def expires_at(data: KeyIn) -> datetime | None:
     return datetime.now(UTC) + timedelta(days=data.expires_days) if data.expires_days is not None else None
 
 
-async def issue_api_key(state: State, actor: str, tenant_id: int, data: KeyIn) -> dict[str, Any]:
+async def issue_api_key(svc: AdminService, actor: str, tenant_id: int, data: KeyIn) -> dict[str, Any]:
     expires = expires_at(data)
     limits = {f: getattr(data, f) for f in KEY_LIMIT_FIELDS if getattr(data, f) is not None}
-    async with state.sessions() as session:
+    async with svc.sessions() as session:
         tenant = await get_or_404(session, Tenant, tenant_id)
         check_key_limits(tenant, limits)  # before the key exists: refused means nothing issued
         name = tenant.name
-    key_id, secret = await issue_key(state.sessions, name, name=data.name, expires_at=expires)
-    async with state.sessions() as session, session.begin():
+    key_id, secret = await issue_key(svc.sessions, name, name=data.name, expires_at=expires)
+    async with svc.sessions() as session, session.begin():
         key = await get_or_404(session, ApiKey, key_id)
         for field, value in limits.items():  # nobody holds the secret yet: no request saw it without them
             setattr(key, field, value)
@@ -205,10 +242,12 @@ async def issue_api_key(state: State, actor: str, tenant_id: int, data: KeyIn) -
     return {**after, "secret": secret}  # shown once; only its sha256 is stored
 
 
-async def edit_api_key(state: State, actor: str, key_id: int, data: KeyLimitsIn, fields: set[str]) -> dict[str, Any]:
+async def edit_api_key(
+    svc: AdminService, actor: str, key_id: int, data: KeyLimitsIn, fields: set[str]
+) -> dict[str, Any]:
     """Set the key's own limits named in `fields` (null clears one: the tenant's applies)."""
     changes = {f: getattr(data, f) for f in fields & set(KEY_LIMIT_FIELDS)}
-    async with state.sessions() as session, session.begin():
+    async with svc.sessions() as session, session.begin():
         key = await get_or_404(session, ApiKey, key_id)
         check_key_limits(await get_or_404(session, Tenant, key.tenant_id), changes)
         before = row(key, KEY_FIELDS)
@@ -217,21 +256,21 @@ async def edit_api_key(state: State, actor: str, key_id: int, data: KeyLimitsIn,
         await session.flush()
         after = row(key, KEY_FIELDS)
         await AuditRepository(session).add(actor, "update", "api_key", str(key_id), before, after)
-    state.authenticator.invalidate()  # the key's next request has them
-    await state.config_changes.notify()
+    svc.drop_cached_keys()  # the key's next request has them
+    await svc.config_changes.notify()
     return after
 
 
-async def revoke_api_key(state: State, actor: str, key_id: int) -> dict[str, Any]:
-    async with state.sessions() as session, session.begin():
+async def revoke_api_key(svc: AdminService, actor: str, key_id: int) -> dict[str, Any]:
+    async with svc.sessions() as session, session.begin():
         key = await get_or_404(session, ApiKey, key_id)
         before = row(key, KEY_FIELDS)
         key.revoked_at = key.revoked_at or datetime.now(UTC)
         await session.flush()
         after = row(key, KEY_FIELDS)
         await AuditRepository(session).add(actor, "revoke", "api_key", str(key_id), before, after)
-    state.authenticator.invalidate()
-    await state.config_changes.notify()
+    svc.drop_cached_keys()
+    await svc.config_changes.notify()
     return after
 
 
@@ -256,18 +295,18 @@ def _put_fields(model: type[Any], data: Struct, sent: set[str]) -> dict[str, Any
     return out
 
 
-async def put_lane(state: State, actor: str, name: str, data: LaneIn, sent: set[str]) -> dict[str, Any]:
+async def put_lane(svc: AdminService, actor: str, name: str, data: LaneIn, sent: set[str]) -> dict[str, Any]:
     check_text("name", name, max_length=60)
-    return await _put_policy(state, actor, "lane", Lane, LANE_FIELDS, name, data, sent)
+    return await _put_policy(svc, actor, "lane", Lane, LANE_FIELDS, name, data, sent)
 
 
-async def put_task(state: State, actor: str, task: str, data: TaskIn, sent: set[str]) -> dict[str, Any]:
+async def put_task(svc: AdminService, actor: str, task: str, data: TaskIn, sent: set[str]) -> dict[str, Any]:
     check_text("task", task, max_length=60)
-    return await _put_policy(state, actor, "task", TaskPolicy, TASK_FIELDS, task, data, sent)
+    return await _put_policy(svc, actor, "task", TaskPolicy, TASK_FIELDS, task, data, sent)
 
 
 async def _put_policy(
-    state: State,
+    svc: AdminService,
     actor: str,
     entity: str,
     model: type[Any],
@@ -278,20 +317,22 @@ async def _put_policy(
 ) -> dict[str, Any]:
     """Create or update a lane or task policy, audit it, and apply it to the next request."""
     values = _put_fields(model, data, sent)
-    async with state.sessions() as session, session.begin():
+    async with svc.sessions() as session, session.begin():
         repo = PolicyRepository(session)
         existing = await repo.find(model, key)
         before = row(existing, fields) if existing else None
         after = row(await repo.upsert(model, key, **values), fields)
         await AuditRepository(session).add(actor, "update" if before else "create", entity, key, before, after)
-    await state.policies.reload()  # the next request routes by it
-    await state.config_changes.notify()
+    await svc.reload_policies()  # the next request routes by it
+    await svc.config_changes.notify()
     return after
 
 
-async def _commit_model(state: State, actor: str, alias: str, data: ModelIn, deployments: list[dict[str, Any]]) -> bool:
+async def _commit_model(
+    svc: AdminService, actor: str, alias: str, data: ModelIn, deployments: list[dict[str, Any]]
+) -> bool:
     """Write the alias's rows and their audit row; whether the model is enabled."""
-    async with state.sessions() as session, session.begin():
+    async with svc.sessions() as session, session.begin():
         repo = ModelRepository(session)
         old = await repo.get(alias)
         before = {"deployments": [row(d, DEPLOYMENT_FIELDS) for d in old.deployments]} if old else None
@@ -301,13 +342,13 @@ async def _commit_model(state: State, actor: str, alias: str, data: ModelIn, dep
         return bool(model.enabled)
 
 
-async def create_admin(state: State, actor: str, username: str, password: str) -> dict[str, Any]:
+async def create_admin(svc: AdminService, actor: str, username: str, password: str) -> dict[str, Any]:
     """A new admin account (the password's rules as at first start), audited."""
     check_text("username", username, max_length=100)
     if len(password) < MIN_PASSWORD_CHARS:
         raise GatewayError(400, f"An admin password needs at least {MIN_PASSWORD_CHARS} characters.",
                            code="invalid_request", param="password")  # fmt: skip
-    async with state.sessions() as session, session.begin():
+    async with svc.sessions() as session, session.begin():
         admins = AdminRepository(session)
         if await admins.get_by_username(username) is not None:
             raise GatewayError(409, f"An admin named '{username}' exists.", code="conflict", param="username")
@@ -318,7 +359,7 @@ async def create_admin(state: State, actor: str, username: str, password: str) -
     return after
 
 
-async def put_model(state: State, actor: str, alias: str, data: ModelIn) -> dict[str, Any]:
+async def put_model(svc: AdminService, actor: str, alias: str, data: ModelIn) -> dict[str, Any]:
     """Point `alias` at `data.deployments`, all or nothing: the new engines start and warm up
     first; if one cannot, the answer is 400 with its reason and nothing changed (rows, the
     engines serving the alias). Otherwise the rows are committed and the started engines
@@ -333,7 +374,7 @@ async def put_model(state: State, actor: str, alias: str, data: ModelIn) -> dict
         if d.name in names[:i]:
             raise GatewayError(400, f"Two deployments are named '{d.name}'; names must be unique.",
                                code="invalid_request", param=f"deployments[{i}].name")  # fmt: skip
-    async with state.sessions() as session:
+    async with svc.sessions() as session:
         taken = await session.execute(
             select(Deployment.name, Model.alias).join(Model).where(Deployment.name.in_(names), Model.alias != alias)
         )
@@ -342,11 +383,11 @@ async def put_model(state: State, actor: str, alias: str, data: ModelIn) -> dict
                                code="conflict", param=f"deployments[{names.index(name)}].name")  # fmt: skip
     deployments = [msgspec.structs.asdict(d) for d in data.deployments]
     specs = [DeploymentSpec(0, alias=alias, **d) for d in deployments]
-    if state.gateway is None:  # the CLI: no engines here; the serving replicas start them on NOTIFY
-        await _commit_model(state, actor, alias, data, deployments)
-        await state.config_changes.notify()
+    registry = svc.registry
+    if registry is None:  # the CLI: no engines here; the serving replicas start them on NOTIFY
+        await _commit_model(svc, actor, alias, data, deployments)
+        await svc.config_changes.notify()
         return {"alias": alias, "deployments": names}
-    registry = state.gateway.registry
     try:
         started = await registry.start(specs)
     except EngineStartError as exc:
@@ -355,9 +396,9 @@ async def put_model(state: State, actor: str, alias: str, data: ModelIn) -> dict
                            code="engine_start_failed", param=param) from None  # fmt: skip
 
     async def commit() -> bool:
-        return await _commit_model(state, actor, alias, data, deployments)
+        return await _commit_model(svc, actor, alias, data, deployments)
 
     await registry.install(alias, started, commit)
-    await state.config_changes.notify()
+    await svc.config_changes.notify()
     live = [d.spec.name for d in registry.deployments() if d.spec.alias == alias]
     return {"alias": alias, "deployments": live}

@@ -11,30 +11,34 @@ from typing import Any
 import msgspec
 from litestar import Controller, Request, get, post
 from litestar.datastructures import Cookie
-from litestar.di import NamedDependency, Provide
+from litestar.di import NamedDependency
 from litestar.params import FromPath
 from litestar.response import Redirect, Template
 from sqlalchemy import select
 
 from laneway.admin import service
-from laneway.admin.api import (
-    MAX_PAGE,
-    MAX_PER_PAGE,
+from laneway.admin.api import MAX_PAGE, MAX_PER_PAGE, Logins, open_session, tenant_page
+from laneway.admin.guards import (
+    OPTIONAL,
+    PUBLIC,
     SESSION_COOKIE,
-    admin_session,
+    AdminRequest,
+    AdminSession,
+    MaybeAdminRequest,
+    NotLoggedIn,
     check_csrf,
-    open_session,
-    tenant_page,
 )
 from laneway.admin.limits import KEY_LIMIT_FIELDS, KeyLimitsIn, tenant_usage
-from laneway.admin.live import LiveFigures, provide_live_figures
+from laneway.admin.live import LiveFigures
 from laneway.admin.presentation import LIMIT_FIELDS, audit_changes, field_message, iso_utc, typed_tenant
+from laneway.admin.security import token_digest
 from laneway.admin.service import (
     AUDIT_FIELDS,
     KEY_FIELDS,
     LANE_FIELDS,
     TASK_FIELDS,
     TENANT_FIELDS,
+    AdminService,
     KeyIn,
     LaneIn,
     ModelIn,
@@ -43,8 +47,8 @@ from laneway.admin.service import (
     row,
 )
 from laneway.admin.validation import check_text, convert, int_query
-from laneway.bootstrap import admin_password_file
 from laneway.core.errors import GatewayError
+from laneway.core.pipeline import Gateway
 from laneway.db.models import ApiKey, Tenant
 from laneway.db.repositories import AdminRepository, AuditRepository, ModelRepository, PolicyRepository
 from laneway.engines.registry import ENGINE_KINDS
@@ -58,43 +62,27 @@ PER_PAGE = 25
 Page = Template | Redirect
 
 
-async def _first_login(request: Request) -> dict[str, str] | None:  # type: ignore[type-arg]
+async def _first_login(logins: Logins) -> dict[str, str] | None:
     """How to get in, while no admin has ever logged in: where the first start wrote the
     generated password, or how to create an admin."""
-    async with request.app.state.sessions() as session:
+    async with logins.sessions() as session:
         repo = AdminRepository(session)
         if await repo.anyone_logged_in():
             return None
         has_admin = await repo.count() > 0
-    password_file = admin_password_file(request.app.state.settings)
+    password_file = logins.password_file
     if has_admin and password_file.is_file():
         return {"username": "admin", "password_file": str(password_file.resolve())}
     return {"username": "", "password_file": ""} if not has_admin else None
 
 
-def _to_login() -> Redirect:
+def to_login(_: Request, __: NotLoggedIn) -> Redirect:  # type: ignore[type-arg]
+    """The pages' answer to a request without a live session (the JSON API's is a 401)."""
     return Redirect("/admin/login", status_code=303)
-
-
-async def _session(request: Request) -> tuple[str, str] | None:  # type: ignore[type-arg]
-    try:
-        return await admin_session(request)
-    except GatewayError:
-        return None
 
 
 async def _form(request: Request) -> dict[str, str]:  # type: ignore[type-arg]
     return {k: str(v) for k, v in (await request.form()).items()}
-
-
-async def _posted_form(request: Request) -> tuple[tuple[str, str], dict[str, str]] | None:  # type: ignore[type-arg]
-    """(the admin's session, the form) for a POST whose CSRF token matches; None if logged out."""
-    current = await _session(request)
-    if current is None:
-        return None
-    form = await _form(request)
-    check_csrf(form.get("csrf_token", ""), current[1])
-    return current, form
 
 
 def _tenant_input(form: dict[str, str]) -> tuple[TenantIn, set[str]]:
@@ -139,64 +127,62 @@ def _page_number(raw: str | None) -> int:
 
 
 class AdminUI(Controller):
+    """Behind the admin guards (admin/guards.py): logged out, a page redirects to the login;
+    every POST carries the session's CSRF token in its form."""
+
     path = "/admin"
     include_in_schema = False
+    exception_handlers = {NotLoggedIn: to_login}
 
-    @get("/")
-    async def home(self, request: Request) -> Redirect:  # type: ignore[type-arg]
-        return Redirect("/admin/dashboard" if await _session(request) else "/admin/login", status_code=303)
+    @get("/", opt=OPTIONAL)
+    async def home(self, request: MaybeAdminRequest) -> Redirect:
+        return Redirect("/admin/dashboard" if request.user is not None else "/admin/login", status_code=303)
 
-    @get("/login")
-    async def login_page(self, request: Request) -> Template:  # type: ignore[type-arg]
+    @get("/login", opt=PUBLIC)
+    async def login_page(self, logins: NamedDependency[Logins]) -> Template:
         token = secrets.token_urlsafe(24)
         cookie = Cookie(key=LOGIN_CSRF_COOKIE, value=token, path="/admin", httponly=True, samesite="strict")
-        return Template("login.html", context={"login_csrf": token, "first_login": await _first_login(request)},
+        return Template("login.html", context={"login_csrf": token, "first_login": await _first_login(logins)},
                         cookies=[cookie])  # fmt: skip
 
-    @post("/login")
-    async def login(self, request: Request) -> Page:  # type: ignore[type-arg]
+    @post("/login", opt=PUBLIC)
+    async def login(self, request: Request, logins: NamedDependency[Logins]) -> Page:  # type: ignore[type-arg]
         form = await _form(request)
-        expected = request.cookies.get(LOGIN_CSRF_COOKIE, "")
+        expected = request.cookies.get(LOGIN_CSRF_COOKIE, "")  # no session yet: the login form's own token
         try:
             check_csrf(form.get("csrf_token", ""), expected)
-            cookie, _ = await open_session(request, form.get("username", ""), form.get("password", ""))
+            cookie, _ = await open_session(request, logins, form.get("username", ""), form.get("password", ""))
         except GatewayError as exc:  # 401 wrong, 429 throttled (with Retry-After), 400 bad username
             return Template("login.html", context={"login_csrf": expected, "error": exc.message},
                             status_code=exc.status, headers=exc.headers)  # fmt: skip
         return Redirect("/admin/dashboard", status_code=303, cookies=[cookie])  # the live view first
 
-    @post("/logout")
-    async def logout(self, request: Request) -> Redirect:  # type: ignore[type-arg]
-        current = await _session(request)
-        if current is not None:
-            check_csrf((await _form(request)).get("csrf_token", ""), current[1])
-            from laneway.admin.security import token_digest
-
-            async with request.app.state.sessions() as session, session.begin():
+    @post("/logout", opt=OPTIONAL)
+    async def logout(self, request: MaybeAdminRequest, admin_service: NamedDependency[AdminService]) -> Redirect:
+        if request.user is not None:  # the guard checked the form's CSRF token
+            async with admin_service.sessions() as session, session.begin():
                 await AdminRepository(session).close_session(token_digest(request.cookies[SESSION_COOKIE]))
         return Redirect(
             "/admin/login", status_code=303, cookies=[Cookie(key=SESSION_COOKIE, value="", path="/admin", max_age=0)]
         )
 
     @get("/tenants")
-    async def tenants(self, request: Request) -> Page:  # type: ignore[type-arg]
+    async def tenants(self, request: AdminRequest, admin_service: NamedDependency[AdminService]) -> Page:
         """?q= and ?page= (clamped: below 1 is 1, past the end is the last page); ?per_page=
         (1..200) and a q with control characters re-render the list with the error and 400."""
-        current = await _session(request)
-        if current is None:
-            return _to_login()
         params = request.query_params
         try:
             q = check_text("q", params.get("q", ""), max_length=120, allow_empty=True)
             per_page = int_query("per_page", params.get("per_page"), default=PER_PAGE, lo=1, hi=MAX_PER_PAGE)
         except GatewayError as exc:
-            return await self._tenants_page(request, current, list_error=exc.message, status=400)
-        return await self._tenants_page(request, current, q=q, page=_page_number(params.get("page")), per_page=per_page)
+            return await self._tenants_page(admin_service, request.user, list_error=exc.message, status=400)
+        page = _page_number(params.get("page"))
+        return await self._tenants_page(admin_service, request.user, q=q, page=page, per_page=per_page)
 
     async def _tenants_page(
         self,
-        request: Request,  # type: ignore[type-arg]
-        current: tuple[str, str],
+        svc: AdminService,
+        current: AdminSession,
         *,
         q: str = "",
         page: int = 1,
@@ -208,45 +194,43 @@ class AdminUI(Controller):
         typed: dict[str, str] | None = None,
     ) -> Template:
         page = min(page, MAX_PAGE)
-        tenants, total = await tenant_page(request, q, page, per_page)
+        tenants, total = await tenant_page(svc.sessions, q, page, per_page)
         last = max(1, -(-total // per_page))
         if page > last:
             page = last
-            tenants, total = await tenant_page(request, q, page, per_page)
-        context = {"admin": current[0], "csrf": current[1], "tenants": tenants, "total": total, "q": q,
+            tenants, total = await tenant_page(svc.sessions, q, page, per_page)
+        context = {"admin": current.username, "csrf": current.csrf, "tenants": tenants, "total": total, "q": q,
                    "page": page, "per_page": per_page, "error": error, "list_error": list_error}  # fmt: skip
         # A rejected create form comes back as typed, its message next to the field.
         context |= {"typed": typed or {}, "error_field": error_field, "limit_fields": LIMIT_FIELDS}
         return Template("tenants.html", context=context, status_code=status)
 
     @post("/tenants")
-    async def create_tenant(self, request: Request) -> Page:  # type: ignore[type-arg]
-        posted = await _posted_form(request)
-        if posted is None:
-            return _to_login()
-        current, form = posted
+    async def create_tenant(self, request: AdminRequest, admin_service: NamedDependency[AdminService]) -> Page:
+        form = await _form(request)
         try:
             data, _ = _tenant_input(form)
-            created = await service.create_tenant(request.app.state, current[0], data)
+            created = await service.create_tenant(admin_service, request.user.username, data)
         except GatewayError as exc:
-            return await self._tenants_page(request, current, error=field_message(exc.param, exc.message),
+            return await self._tenants_page(admin_service, request.user, error=field_message(exc.param, exc.message),
                                             status=exc.status, error_field=exc.param, typed=form)  # fmt: skip
         return Redirect(f"/admin/tenants/{created['id']}", status_code=303)
 
     async def _tenant_page(
         self,
-        request: Request,  # type: ignore[type-arg]
-        current: tuple[str, str],
+        svc: AdminService,
+        gateway: Gateway,
+        current: AdminSession,
         tenant_id: int,
         status: int | None = None,
         **extra: Any,
     ) -> Template:
-        async with request.app.state.sessions() as session:
+        async with svc.sessions() as session:
             tenant = await service.get_or_404(session, Tenant, tenant_id)
             keys = await session.execute(select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.id))
-            context = {"admin": current[0], "csrf": current[1], "tenant": row(tenant, TENANT_FIELDS),
+            context = {"admin": current.username, "csrf": current.csrf, "tenant": row(tenant, TENANT_FIELDS),
                        "keys": [row(k, KEY_FIELDS) for k in keys.scalars()],
-                       "usage": await tenant_usage(request.app.state.gateway.limiter, session, tenant),
+                       "usage": await tenant_usage(gateway.limiter, session, tenant),
                        **extra}  # fmt: skip
         context["limit_fields"] = LIMIT_FIELDS
         if extra.get("typed"):  # a rejected edit: show what was typed, not the stored values
@@ -255,68 +239,84 @@ class AdminUI(Controller):
         return Template("tenant.html", context=context, status_code=status or (400 if failed else 200))
 
     @get("/tenants/{tenant_id:int}")
-    async def tenant(self, request: Request, tenant_id: FromPath[int]) -> Page:  # type: ignore[type-arg]
-        current = await _session(request)
-        return _to_login() if current is None else await self._tenant_page(request, current, tenant_id)
+    async def tenant(
+        self,
+        request: AdminRequest,
+        admin_service: NamedDependency[AdminService],
+        gateway: NamedDependency[Gateway],
+        tenant_id: FromPath[int],
+    ) -> Page:
+        return await self._tenant_page(admin_service, gateway, request.user, tenant_id)
 
     @post("/tenants/{tenant_id:int}")
-    async def edit_tenant(self, request: Request, tenant_id: FromPath[int]) -> Page:  # type: ignore[type-arg]
-        posted = await _posted_form(request)
-        if posted is None:
-            return _to_login()
-        current, form = posted
+    async def edit_tenant(
+        self,
+        request: AdminRequest,
+        admin_service: NamedDependency[AdminService],
+        gateway: NamedDependency[Gateway],
+        tenant_id: FromPath[int],
+    ) -> Page:
+        current, form = request.user, await _form(request)
         try:
             data, fields = _tenant_input(form)
-            await service.edit_tenant(request.app.state, current[0], tenant_id, data, fields)
+            await service.edit_tenant(admin_service, current.username, tenant_id, data, fields)
         except GatewayError as exc:
             if exc.status == 404:
                 raise
-            return await self._tenant_page(request, current, tenant_id, error=field_message(exc.param, exc.message),
-                                           status=exc.status, error_field=exc.param, typed=form)  # fmt: skip
-        return await self._tenant_page(request, current, tenant_id, notice="Saved. The gateway applies it now.")
+            return await self._tenant_page(admin_service, gateway, current, tenant_id,
+                                           error=field_message(exc.param, exc.message), status=exc.status,
+                                           error_field=exc.param, typed=form)  # fmt: skip
+        return await self._tenant_page(admin_service, gateway, current, tenant_id,
+                                       notice="Saved. The gateway applies it now.")  # fmt: skip
 
     @post("/tenants/{tenant_id:int}/keys")
-    async def issue_key(self, request: Request, tenant_id: FromPath[int]) -> Page:  # type: ignore[type-arg]
-        posted = await _posted_form(request)
-        if posted is None:
-            return _to_login()
-        current, form = posted
+    async def issue_key(
+        self,
+        request: AdminRequest,
+        admin_service: NamedDependency[AdminService],
+        gateway: NamedDependency[Gateway],
+        tenant_id: FromPath[int],
+    ) -> Page:
+        current, form = request.user, await _form(request)
         raw = {"name": form.get("name", "default").strip() or "default",
                "expires_days": form.get("expires_days", "").strip() or None, **_key_limits_input(form)}  # fmt: skip
         try:
             data = convert(raw, KeyIn, strict=False)
-            issued = await service.issue_api_key(request.app.state, current[0], tenant_id, data)
+            issued = await service.issue_api_key(admin_service, current.username, tenant_id, data)
         except GatewayError as exc:
             if exc.status == 404:
                 raise
-            return await self._tenant_page(request, current, tenant_id, key_error=exc.message, status=exc.status)
-        return await self._tenant_page(request, current, tenant_id, secret=issued["secret"])
+            return await self._tenant_page(admin_service, gateway, current, tenant_id, key_error=exc.message,
+                                           status=exc.status)  # fmt: skip
+        return await self._tenant_page(admin_service, gateway, current, tenant_id, secret=issued["secret"])
 
     @post("/keys/{key_id:int}/limits")
-    async def edit_key_limits(self, request: Request, key_id: FromPath[int]) -> Page:  # type: ignore[type-arg]
+    async def edit_key_limits(
+        self,
+        request: AdminRequest,
+        admin_service: NamedDependency[AdminService],
+        gateway: NamedDependency[Gateway],
+        key_id: FromPath[int],
+    ) -> Page:
         """The key row's form: its own rpm, tpm, max concurrency and models (empty: the tenant's)."""
-        posted = await _posted_form(request)
-        if posted is None:
-            return _to_login()
-        current, form = posted
-        async with request.app.state.sessions() as session:
+        current, form = request.user, await _form(request)
+        async with admin_service.sessions() as session:
             tenant_id = (await service.get_or_404(session, ApiKey, key_id)).tenant_id
         raw = _key_limits_input(form)
         try:
-            await service.edit_api_key(request.app.state, current[0], key_id, convert(raw, KeyLimitsIn, strict=False),
-                                       set(raw))  # fmt: skip
+            await service.edit_api_key(admin_service, current.username, key_id,
+                                       convert(raw, KeyLimitsIn, strict=False), set(raw))  # fmt: skip
         except GatewayError as exc:  # shown on the key's row
-            return await self._tenant_page(request, current, tenant_id, key_errors={key_id: exc.message},
-                                           status=exc.status)  # fmt: skip
-        return await self._tenant_page(request, current, tenant_id, notice="Saved the key's limits. The gateway "
-                                       "applies them now.")  # fmt: skip
+            return await self._tenant_page(admin_service, gateway, current, tenant_id,
+                                           key_errors={key_id: exc.message}, status=exc.status)  # fmt: skip
+        return await self._tenant_page(admin_service, gateway, current, tenant_id, notice="Saved the key's limits. "
+                                       "The gateway applies them now.")  # fmt: skip
 
     @post("/keys/{key_id:int}/revoke")
-    async def revoke_key(self, request: Request, key_id: FromPath[int]) -> Page:  # type: ignore[type-arg]
-        posted = await _posted_form(request)
-        if posted is None:
-            return _to_login()
-        revoked = await service.revoke_api_key(request.app.state, posted[0][0], key_id)
+    async def revoke_key(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], key_id: FromPath[int]
+    ) -> Page:
+        revoked = await service.revoke_api_key(admin_service, request.user.username, key_id)
         return Redirect(f"/admin/tenants/{revoked['tenant_id']}", status_code=303)
 
 
@@ -339,57 +339,61 @@ def _policy_input(form: dict[str, str], kind: type[Any]) -> tuple[Any, set[str]]
 
 
 class AdminPages(Controller):
-    """Policies, models, audit log and the live dashboard."""
+    """Policies, models, audit log and the live dashboard (behind the same guards as AdminUI)."""
 
     path = "/admin"
     include_in_schema = False
+    exception_handlers = {NotLoggedIn: to_login}
 
-    async def _policies_page(self, request: Request, current: tuple[str, str], **extra: Any) -> Template:  # type: ignore[type-arg]
-        async with request.app.state.sessions() as session:
+    async def _policies_page(self, svc: AdminService, current: AdminSession, **extra: Any) -> Template:
+        async with svc.sessions() as session:
             repo = PolicyRepository(session)
             lanes = [row(x, LANE_FIELDS) for x in await repo.lanes()]
             tasks = [row(t, TASK_FIELDS) for t in await repo.task_policies()]
-        context = {"admin": current[0], "csrf": current[1], "lanes": lanes, "tasks": tasks,
+        context = {"admin": current.username, "csrf": current.csrf, "lanes": lanes, "tasks": tasks,
                    "lane_fields": [f for f in LANE_FIELDS if f != "name"], "errors": {}, **extra}  # fmt: skip
         status = 400 if extra.get("errors") or extra.get("error") else 200
         return Template("policies.html", context=context, status_code=status)
 
     @get("/policies")
-    async def policies(self, request: Request) -> Page:  # type: ignore[type-arg]
-        current = await _session(request)
-        return _to_login() if current is None else await self._policies_page(request, current)
+    async def policies(self, request: AdminRequest, admin_service: NamedDependency[AdminService]) -> Page:
+        return await self._policies_page(admin_service, request.user)
 
     @post("/lanes/{name:str}")
-    async def edit_lane(self, request: Request, name: FromPath[str]) -> Page:  # type: ignore[type-arg]
-        return await self._edit_policy(request, name, LaneIn, service.put_lane, name)
+    async def edit_lane(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], name: FromPath[str]
+    ) -> Page:
+        return await self._edit_policy(request, admin_service, name, LaneIn, service.put_lane, name)
 
     @post("/tasks/{task:str}")
-    async def edit_task(self, request: Request, task: FromPath[str]) -> Page:  # type: ignore[type-arg]
-        return await self._edit_policy(request, task, TaskIn, service.put_task, f"task:{task}")
+    async def edit_task(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], task: FromPath[str]
+    ) -> Page:
+        return await self._edit_policy(request, admin_service, task, TaskIn, service.put_task, f"task:{task}")
 
-    async def _edit_policy(self, request: Request, name: str, kind: type[Any], apply: Any, key: str) -> Page:  # type: ignore[type-arg]
-        posted = await _posted_form(request)
-        if posted is None:
-            return _to_login()
-        current, form = posted
+    async def _edit_policy(
+        self, request: AdminRequest, svc: AdminService, name: str, kind: type[Any], apply: Any, key: str
+    ) -> Page:
+        current, form = request.user, await _form(request)
         try:
             data, sent = _policy_input(form, kind)
-            await apply(request.app.state, current[0], name, data, sent)
+            await apply(svc, current.username, name, data, sent)
         except GatewayError as exc:  # shown inline, next to the form that sent it
             if exc.param in ("name", "task"):  # a bad name in the path: there is no form to show it by
-                return await self._policies_page(request, current, error=exc.message)
-            return await self._policies_page(request, current, errors={key: exc.message})
-        return await self._policies_page(request, current, notice=f"Saved {name}. The gateway applies it now.")
+                return await self._policies_page(svc, current, error=exc.message)
+            return await self._policies_page(svc, current, errors={key: exc.message})
+        return await self._policies_page(svc, current, notice=f"Saved {name}. The gateway applies it now.")
 
     async def _models_page(
         self,
-        request: Request,  # type: ignore[type-arg]
-        current: tuple[str, str],
+        svc: AdminService,
+        gateway: Gateway,
+        current: AdminSession,
         status: int | None = None,
         **extra: Any,
     ) -> Template:
-        registry = request.app.state.gateway.registry
-        async with request.app.state.sessions() as session:
+        registry = gateway.registry
+        async with svc.sessions() as session:
             specs = await ModelRepository(session).enabled_deployments()
         deployments = [
             {"alias": s.alias, "name": s.name, "engine": s.engine_kind, "quantization": s.quantization,
@@ -397,69 +401,65 @@ class AdminPages(Controller):
              "state": "failed" if s.name in registry.failed else "warm" if s.name in registry.warm else "starting"}
             for s in specs
         ]  # fmt: skip
-        context = {"admin": current[0], "csrf": current[1], "deployments": deployments,
+        context = {"admin": current.username, "csrf": current.csrf, "deployments": deployments,
                    "engine_kinds": sorted(ENGINE_KINDS), **extra}  # fmt: skip
         return Template("models.html", context=context, status_code=status or (400 if extra.get("error") else 200))
 
     @get("/models")
-    async def models(self, request: Request) -> Page:  # type: ignore[type-arg]
-        current = await _session(request)
-        return _to_login() if current is None else await self._models_page(request, current)
+    async def models(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], gateway: NamedDependency[Gateway]
+    ) -> Page:
+        return await self._models_page(admin_service, gateway, request.user)
 
     @post("/models")
-    async def set_model(self, request: Request) -> Page:  # type: ignore[type-arg]
-        posted = await _posted_form(request)
-        if posted is None:
-            return _to_login()
-        current, form = posted
+    async def set_model(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], gateway: NamedDependency[Gateway]
+    ) -> Page:
+        current, form = request.user, await _form(request)
         try:
             config = msgspec.json.decode(form.get("config") or "{}")
         except msgspec.DecodeError:
-            return await self._models_page(request, current, error="config must be a JSON object, e.g. {}.")
+            return await self._models_page(admin_service, gateway, current,
+                                           error="config must be a JSON object, e.g. {}.")  # fmt: skip
         deployment = {"name": form.get("name", "").strip(), "engine_kind": form.get("engine_kind", ""),
                       "config": config, "max_model_len": form.get("max_model_len", "").strip() or 2048}  # fmt: skip
         alias = form.get("alias", "").strip()
         try:
             data = convert({"deployments": [deployment]}, ModelIn, strict=False)
-            result = await service.put_model(request.app.state, current[0], alias, data)
+            result = await service.put_model(admin_service, current.username, alias, data)
         except GatewayError as exc:  # shown on the page; nothing was changed
-            return await self._models_page(request, current, error=exc.message, status=exc.status)
+            return await self._models_page(admin_service, gateway, current, error=exc.message, status=exc.status)
         served = ", ".join(result["deployments"]) or "nothing (see failures)"
-        return await self._models_page(request, current, notice=f"{alias} is served by {served}.")
+        return await self._models_page(admin_service, gateway, current, notice=f"{alias} is served by {served}.")
 
     @get("/audit")
-    async def audit(self, request: Request) -> Page:  # type: ignore[type-arg]
-        current = await _session(request)
-        if current is None:
-            return _to_login()
-        async with request.app.state.sessions() as session:
+    async def audit(self, request: AdminRequest, admin_service: NamedDependency[AdminService]) -> Page:
+        current = request.user
+        async with admin_service.sessions() as session:
             entries = [{**row(e, AUDIT_FIELDS), "at": iso_utc(e.at), "changes": audit_changes(e.before, e.after)}
                        for e in await AuditRepository(session).recent(200)]  # fmt: skip
-        return Template("audit.html", context={"admin": current[0], "csrf": current[1], "entries": entries})
+        return Template("audit.html", context={"admin": current.username, "csrf": current.csrf, "entries": entries})
 
-    def _panel_context(self, request: Request, live: LiveFigures) -> dict[str, Any]:  # type: ignore[type-arg]
+    def _panel_context(self, gateway: Gateway, live: LiveFigures) -> dict[str, Any]:
         """Queues now (the schedulers) and the last minutes of this replica's metrics: no
         database round trip, whatever the traffic."""
         queues = [{"lane": labels["lane"], "deployment": labels["deployment"], "waiting": w, "running": r}
-                  for labels, w, r in request.app.state.gateway.queue_stats()]  # fmt: skip
+                  for labels, w, r in gateway.queue_stats()]  # fmt: skip
         view = live.read()
         scale = max([t.ttft_ms[0.99] or 0.0 for t in view.lanes] + [1.0])
         return {"queues": queues, "view": view, "ttft": [t for t in view.lanes if t.ttft_n], "scale": scale,
                 "span": _span_words(view.span_s)}  # fmt: skip
 
-    @get("/dashboard", dependencies={"live": Provide(provide_live_figures, sync_to_thread=False)})
-    async def dashboard(self, request: Request, live: NamedDependency[LiveFigures]) -> Page:  # type: ignore[type-arg]
-        current = await _session(request)
-        if current is None:
-            return _to_login()
-        context = {"admin": current[0], "csrf": current[1], **self._panel_context(request, live)}
+    @get("/dashboard")
+    async def dashboard(
+        self, request: AdminRequest, gateway: NamedDependency[Gateway], live: NamedDependency[LiveFigures]
+    ) -> Page:
+        context = {"admin": request.user.username, "csrf": request.user.csrf, **self._panel_context(gateway, live)}
         return Template("dashboard.html", context=context)
 
-    @get("/dashboard/panel", dependencies={"live": Provide(provide_live_figures, sync_to_thread=False)})
-    async def panel(self, request: Request, live: NamedDependency[LiveFigures]) -> Page:  # type: ignore[type-arg]
-        if await _session(request) is None:
-            return _to_login()
-        return Template("dashboard_panel.html", context=self._panel_context(request, live))
+    @get("/dashboard/panel")
+    async def panel(self, gateway: NamedDependency[Gateway], live: NamedDependency[LiveFigures]) -> Page:
+        return Template("dashboard_panel.html", context=self._panel_context(gateway, live))
 
 
 def _span_words(seconds: float) -> str:

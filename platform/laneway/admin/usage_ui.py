@@ -14,15 +14,18 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from litestar import Controller, Request, get
+from litestar import Controller, get
+from litestar.di import NamedDependency
 from litestar.params import FromPath
-from litestar.response import Redirect, Stream, Template
+from litestar.response import Stream, Template
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from laneway.admin import service
 from laneway.admin.charts import Chart, Series, lines, stacked_bars
+from laneway.admin.guards import AdminRequest, NotLoggedIn
 from laneway.admin.presentation import iso_utc
-from laneway.admin.ui import _session, _to_login
+from laneway.admin.service import AdminService
+from laneway.admin.ui import to_login
 from laneway.core.errors import GatewayError
 from laneway.db.models import Tenant
 from laneway.db.usage_stats import (
@@ -109,12 +112,15 @@ async def csv_chunks(
 
 
 class UsagePages(Controller):
+    """Behind the same guards as the other pages (admin/guards.py)."""
+
     path = "/admin/tenants"
     include_in_schema = False
+    exception_handlers = {NotLoggedIn: to_login}
 
-    async def _context(self, request: Request, tenant_id: int, raw_period: str | None) -> dict[str, Any]:  # type: ignore[type-arg]
+    async def _context(self, svc: AdminService, tenant_id: int, raw_period: str | None) -> dict[str, Any]:
         period = _period(raw_period)
-        async with request.app.state.sessions() as session:
+        async with svc.sessions() as session:
             tenant = await service.get_or_404(session, Tenant, tenant_id)
             summary = await UsageStatsRepository(session).summary(tenant_id, period)
         return {
@@ -130,40 +136,39 @@ class UsagePages(Controller):
         }
 
     @get("/{tenant_id:int}/usage")
-    async def usage(self, request: Request, tenant_id: FromPath[int]) -> Template | Redirect:  # type: ignore[type-arg]
-        current = await _session(request)
-        if current is None:
-            return _to_login()
-        base = {"admin": current[0], "csrf": current[1]}
+    async def usage(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], tenant_id: FromPath[int]
+    ) -> Template:
+        base = {"admin": request.user.username, "csrf": request.user.csrf}
         try:
-            context = await self._context(request, tenant_id, request.query_params.get("period"))
+            context = await self._context(admin_service, tenant_id, request.query_params.get("period"))
         except GatewayError as exc:
             if exc.status == 404:
                 raise
-            context = await self._context(request, tenant_id, None)
+            context = await self._context(admin_service, tenant_id, None)
             return Template("usage.html", context={**base, **context, "error": exc.message}, status_code=400)
         return Template("usage.html", context={**base, **context})
 
     @get("/{tenant_id:int}/usage/panel")
-    async def panel(self, request: Request, tenant_id: FromPath[int]) -> Template | Redirect:  # type: ignore[type-arg]
-        if await _session(request) is None:
-            return _to_login()
-        context = await self._context(request, tenant_id, request.query_params.get("period"))
+    async def panel(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], tenant_id: FromPath[int]
+    ) -> Template:
+        context = await self._context(admin_service, tenant_id, request.query_params.get("period"))
         return Template("usage_panel.html", context=context)
 
     @get("/{tenant_id:int}/usage.csv")
-    async def export(self, request: Request, tenant_id: FromPath[int]) -> Stream | Redirect:  # type: ignore[type-arg]
-        if await _session(request) is None:
-            return _to_login()
+    async def export(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], tenant_id: FromPath[int]
+    ) -> Stream:
         period = _period(request.query_params.get("period"))
-        async with request.app.state.sessions() as session:
+        async with admin_service.sessions() as session:
             tenant = await service.get_or_404(session, Tenant, tenant_id)
         end = datetime.now(UTC)
         start = end - period.length
         name = _UNSAFE_FILENAME.sub("_", tenant.name).strip("._") or f"tenant-{tenant.id}"
         filename = f"usage-{name}-{period.key}-{end:%Y%m%dT%H%M%SZ}.csv"
         return Stream(
-            csv_chunks(request.app.state.sessions, tenant_id, start, end),
+            csv_chunks(admin_service.sessions, tenant_id, start, end),
             media_type="text/csv; charset=utf-8",
             headers={
                 "Content-Disposition": f'attachment; filename="{filename}"',

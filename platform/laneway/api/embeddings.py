@@ -19,6 +19,7 @@ from laneway.api.disconnect import ClientDisconnected, until_disconnect
 from laneway.api.protocol import encode
 from laneway.api.request_ids import bind_call, client_request_id
 from laneway.api.routes import _decode, admitted, authenticate, unsupported
+from laneway.api.services import Api
 from laneway.core.errors import invalid_request
 from laneway.core.pipeline import CLIENT_CLOSED, Call, Gateway, Lease
 from laneway.types import Embeddings
@@ -122,10 +123,9 @@ class EmbeddingsController(Controller):
         status_code=200,
         operation_class=openapi.generation(CreateEmbeddingResponse, CreateEmbeddingRequest),
     )
-    async def create_embeddings(self, request: Request) -> Response[bytes]:  # type: ignore[type-arg]
-        state = request.app.state
-        gateway: Gateway = state.gateway
-        tenant = await authenticate(request)
+    async def create_embeddings(self, request: Request, api: Api) -> Response[bytes]:  # type: ignore[type-arg]
+        gateway = api.gateway
+        tenant = await authenticate(request, api.authenticator)
         req = await _decode(request, CreateEmbeddingRequest)
         if req.user is not None and "\x00" in req.user:  # stored on the usage row: PostgreSQL text can't hold NUL
             raise invalid_request("`user` must not contain NUL (\\u0000) characters.", param="user")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 import msgspec
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException
+from litestar.types import ExceptionHandlersMap
 
 from laneway.api.protocol import ErrorBody, ErrorEnvelope, encode
 from laneway.api.request_ids import admitted, request_id
@@ -20,6 +21,7 @@ from laneway.core.errors import GatewayError
 from laneway.tracing import TRACE_KEY
 
 if TYPE_CHECKING:
+    from laneway.metrics import GatewayMetrics
     from laneway.tracing.otel import RequestTrace
 
 log = logging.getLogger("laneway.api")
@@ -53,34 +55,41 @@ def error_response(
     return Response(content=encode(body), status_code=status, media_type=MediaType.JSON, headers=headers)
 
 
-def _count(request: Request, status: int, code: str | None) -> None:  # type: ignore[type-arg]
-    """Count a refusal before admission (once: one handler answers each request)."""
-    scope = request.scope
-    if admitted(scope):
-        return
-    trace: RequestTrace | None = cast("dict[str, Any]", scope).get(TRACE_KEY)
-    if trace is not None:  # tracing is on: the request's span names the code, not only the status
-        trace.refused(status, code)
-    gateway = request.app.state.get("gateway")  # None only before start-up finished
-    if gateway is not None:
-        gateway.metrics.refused(scope.get("path_template") or "unmatched", status, code)
+class ErrorHandlers:
+    """The app's exception handlers, counting refusals in this app's metrics (exception
+    handlers take no dependencies: the metrics are bound here, at app construction)."""
 
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self.metrics = metrics
 
-def gateway_error_handler(request: Request, exc: GatewayError) -> Response[bytes]:  # type: ignore[type-arg]
-    _count(request, exc.status, exc.code)
-    return error_response(exc.status, exc.message, code=exc.code, param=exc.param, type_=exc.type, headers=exc.headers)
+    def mapping(self) -> ExceptionHandlersMap:
+        return {GatewayError: self.gateway_error, HTTPException: self.http_exception, Exception: self.internal_error}
 
+    def _count(self, request: Request, status: int, code: str | None) -> None:  # type: ignore[type-arg]
+        """Count a refusal before admission (once: one handler answers each request)."""
+        scope = request.scope
+        if admitted(scope):
+            return
+        trace: RequestTrace | None = cast("dict[str, Any]", scope).get(TRACE_KEY)
+        if trace is not None:  # tracing is on: the request's span names the code, not only the status
+            trace.refused(status, code)
+        self.metrics.refused(scope.get("path_template") or "unmatched", status, code)
 
-def http_exception_handler(request: Request, exc: HTTPException) -> Response[bytes]:  # type: ignore[type-arg]
-    _count(request, exc.status_code, None)
-    return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+    def gateway_error(self, request: Request, exc: GatewayError) -> Response[bytes]:  # type: ignore[type-arg]
+        self._count(request, exc.status, exc.code)
+        return error_response(exc.status, exc.message, code=exc.code, param=exc.param, type_=exc.type,
+                              headers=exc.headers)  # fmt: skip
 
+    def http_exception(self, request: Request, exc: HTTPException) -> Response[bytes]:  # type: ignore[type-arg]
+        self._count(request, exc.status_code, None)
+        return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
 
-def internal_error_handler(request: Request, exc: Exception) -> Response[bytes]:  # type: ignore[type-arg]
-    rid = request_id(request.scope)
-    log.exception("unhandled error on %s %s (request %s)", request.method, request.url.path, rid, exc_info=exc)
-    _count(request, 500, "internal_error")
-    return error_response(500, "The gateway failed to handle this request; it has been logged.", code="internal_error")
+    def internal_error(self, request: Request, exc: Exception) -> Response[bytes]:  # type: ignore[type-arg]
+        rid = request_id(request.scope)
+        log.exception("unhandled error on %s %s (request %s)", request.method, request.url.path, rid, exc_info=exc)
+        self._count(request, 500, "internal_error")
+        return error_response(500, "The gateway failed to handle this request; it has been logged.",
+                              code="internal_error")  # fmt: skip
 
 
 _PATH = re.compile(r"at `\$\.?([^`]*)`")

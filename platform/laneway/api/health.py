@@ -7,25 +7,34 @@ from __future__ import annotations
 
 import secrets
 
-from litestar import MediaType, Request, Response, get
+from litestar import MediaType, Response, get
 from litestar.connection import ASGIConnection
+from litestar.di import NamedDependency
 from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi import ResponseSpec
+from litestar.types import Guard
 
 from laneway.api.openapi import METRICS, METRICS_TOKEN
 from laneway.core.errors import GatewayError
+from laneway.core.pipeline import Gateway
+from laneway.settings import Settings
 
 
-def require_metrics_token(connection: ASGIConnection, _: BaseRouteHandler) -> None:  # type: ignore[type-arg]
+def metrics_token_guard(settings: Settings) -> Guard:
     """A guard: 401 (OpenAI's shape) without the bearer token, when one is configured."""
-    expected: str | None = connection.app.state.settings.metrics_token
-    if not expected:
-        return
-    scheme, _sep, given = connection.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), expected.encode()):
-        raise GatewayError(
-            401, "This endpoint needs 'Authorization: Bearer <metrics token>'.", code="invalid_metrics_token"
-        )
+
+    # async: Litestar would run a sync guard in a worker thread.
+    async def require_metrics_token(connection: ASGIConnection, _: BaseRouteHandler) -> None:  # type: ignore[type-arg]
+        expected = settings.metrics_token
+        if not expected:
+            return
+        scheme, _sep, given = connection.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), expected.encode()):
+            raise GatewayError(
+                401, "This endpoint needs 'Authorization: Bearer <metrics token>'.", code="invalid_metrics_token"
+            )
+
+    return require_metrics_token
 
 
 @get("/health/live", media_type=MediaType.JSON, sync_to_thread=False)
@@ -44,8 +53,7 @@ def live() -> dict[str, str]:
         )
     },
 )
-async def ready(request: Request) -> Response[dict[str, object]]:  # type: ignore[type-arg]
-    gateway = request.app.state.gateway
+async def ready(gateway: NamedDependency[Gateway]) -> Response[dict[str, object]]:
     registry = gateway.registry
     ready = registry.ready and not gateway.draining
     body: dict[str, object] = {
@@ -66,9 +74,9 @@ async def ready(request: Request) -> Response[dict[str, object]]:  # type: ignor
 @get(
     "/metrics",
     media_type="text/plain; version=0.0.4; charset=utf-8",
-    guards=[require_metrics_token],
     security=METRICS_TOKEN,
     operation_class=METRICS,
 )
-async def metrics(request: Request) -> Response[bytes]:  # type: ignore[type-arg]
-    return Response(request.app.state.gateway.metrics.exposition(), media_type="text/plain; version=0.0.4")
+async def metrics(gateway: NamedDependency[Gateway]) -> Response[bytes]:
+    """Behind metrics_token_guard (the app adds it: the token is a setting)."""
+    return Response(gateway.metrics.exposition(), media_type="text/plain; version=0.0.4")

@@ -26,7 +26,8 @@ from litestar.response import Stream
 from laneway.api import openapi
 from laneway.api import responses_protocol as rp
 from laneway.api.errors import validation_error
-from laneway.api.routes import _decode, _hints, _respond, _services, _stream_events, authenticate, unsupported
+from laneway.api.routes import _decode, _hints, _respond, _stream_events, authenticate, unsupported
+from laneway.api.services import Api
 from laneway.api.sse import named_event
 from laneway.core.errors import GatewayError, invalid_request
 from laneway.core.pipeline import Call, Gateway, Lease
@@ -454,9 +455,9 @@ class ResponsesController(Controller):
             rp.ResponseObject, rp.ResponsesRequest, stream_events=typing.get_args(rp.StreamEvent)
         ),
     )
-    async def create_response(self, request: Request) -> Response[bytes] | Stream:  # type: ignore[type-arg]
-        gateway, _ = _services(request)
-        tenant = await authenticate(request)
+    async def create_response(self, request: Request, api: Api) -> Response[bytes] | Stream:  # type: ignore[type-arg]
+        gateway = api.gateway
+        tenant = await authenticate(request, api.authenticator)
         req = await _decode_request(request)
         refuse_unsupported(req)
         turns = input_turns(req.instructions, req.input)
@@ -493,4 +494,4 @@ class ResponsesController(Controller):
                 assembler.feed(delta)
             return assembler.response()
 
-        return await _respond(request, gateway, call, lambda lease: _events(gateway, lease, assembler), body)
+        return await _respond(request, api, call, lambda lease: _events(gateway, lease, assembler), body)

@@ -27,6 +27,7 @@ from laneway.api.disconnect import ClientDisconnected, until_disconnect
 from laneway.api.errors import validation_error
 from laneway.api.request_ids import bind_call, client_request_id
 from laneway.api.responses import LeasedStream
+from laneway.api.services import Api, ApiServices
 from laneway.api.sse import DONE, error_event, event
 from laneway.core.auth import KeyAuthenticator
 from laneway.core.errors import GatewayError, invalid_request
@@ -42,14 +43,8 @@ T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def _services(request: Request) -> tuple[Gateway, KeyAuthenticator]:  # type: ignore[type-arg]
-    state = request.app.state
-    return state.gateway, state.authenticator
-
-
-async def authenticate(request: Request) -> TenantSnapshot:  # type: ignore[type-arg]
+async def authenticate(request: Request, auth: KeyAuthenticator) -> TenantSnapshot:  # type: ignore[type-arg]
     """The tenant of the request's API key (401/403/503 otherwise); an `auth` span when traced."""
-    auth: KeyAuthenticator = request.app.state.authenticator
     header = request.headers.get("authorization")
     trace: RequestTrace | None = cast("dict[str, Any]", request.scope).get(TRACE_KEY)
     if trace is None:  # tracing off: this branch is all it costs
@@ -236,24 +231,24 @@ def _card(gateway: Gateway, alias: str, created: int) -> p.ModelCard:
 
 
 class OpenAIController(Controller):
+    """Each handler takes one dependency, `api` (the runtime's ApiServices): the hot path pays
+    for one provider call, not one per service."""
+
     path = "/v1"
     security = openapi.API_KEY  # the bodies are decoded here, by msgspec: api/openapi.py describes them
 
-    async def _tenant(self, request: Request) -> TenantSnapshot:  # type: ignore[type-arg]
-        return await authenticate(request)
-
     @get("/models", media_type=MediaType.JSON, operation_class=openapi.MODEL_LIST)
-    async def list_models(self, request: Request) -> Response[bytes]:  # type: ignore[type-arg]
-        tenant = await self._tenant(request)
-        gateway, _ = _services(request)
-        created = int(request.app.state.started_at)
+    async def list_models(self, request: Request, api: Api) -> Response[bytes]:  # type: ignore[type-arg]
+        tenant = await authenticate(request, api.authenticator)
+        gateway = api.gateway
+        created = int(api.started_at)
         cards = [_card(gateway, a, created) for a in gateway.visible_models(tenant)]
         return Response(p.encode(p.ModelList(data=cards)), media_type=MediaType.JSON)
 
     @get("/models/{model_id:path}", media_type=MediaType.JSON, operation_class=openapi.MODEL)
-    async def get_model(self, request: Request, model_id: FromPath[str]) -> Response[bytes]:  # type: ignore[type-arg]
-        tenant = await self._tenant(request)
-        gateway, _ = _services(request)
+    async def get_model(self, request: Request, api: Api, model_id: FromPath[str]) -> Response[bytes]:  # type: ignore[type-arg]
+        tenant = await authenticate(request, api.authenticator)
+        gateway = api.gateway
         alias = model_id.lstrip("/")
         if alias not in gateway.visible_models(tenant):
             raise GatewayError(
@@ -262,17 +257,17 @@ class OpenAIController(Controller):
                 code="model_not_found",
                 param="model",
             )
-        card = _card(gateway, alias, int(request.app.state.started_at))
+        card = _card(gateway, alias, int(api.started_at))
         return Response(p.encode(card), media_type=MediaType.JSON)
 
     @post("/chat/completions", status_code=200, operation_class=openapi.CHAT)
-    async def chat_completions(self, request: Request) -> Response[bytes] | Stream:  # type: ignore[type-arg]
-        tenant = await self._tenant(request)
+    async def chat_completions(self, request: Request, api: Api) -> Response[bytes] | Stream:  # type: ignore[type-arg]
+        tenant = await authenticate(request, api.authenticator)
         req = await _decode(request, p.ChatCompletionRequest)
         stop = _common_checks(req)
         features = _chat_features(req)
         turns = [_turn(i, m) for i, m in enumerate(req.messages)]
-        gateway, _ = _services(request)
+        gateway = api.gateway
         hints = _hints(request, req)
         hints["task"] = hints["task"] or "chat"
         call = await gateway.prepare(
@@ -305,12 +300,12 @@ class OpenAIController(Controller):
             )
 
         return await _respond(
-            request, gateway, call, lambda lease: _chat_events(gateway, lease, include_usage, want_logprobs), body
+            request, api, call, lambda lease: _chat_events(gateway, lease, include_usage, want_logprobs), body
         )
 
     @post("/completions", status_code=200, operation_class=openapi.COMPLETION)
-    async def completions(self, request: Request) -> Response[bytes] | Stream:  # type: ignore[type-arg]
-        tenant = await self._tenant(request)
+    async def completions(self, request: Request, api: Api) -> Response[bytes] | Stream:  # type: ignore[type-arg]
+        tenant = await authenticate(request, api.authenticator)
         req = await _decode(request, p.CompletionRequest)
         stop = _common_checks(req)
         prompt = req.prompt
@@ -318,7 +313,7 @@ class OpenAIController(Controller):
             if len(prompt) != 1:
                 raise unsupported("prompt", "a list of several prompts")
             prompt = prompt[0]
-        gateway, _ = _services(request)
+        gateway = api.gateway
         call = await gateway.prepare(
             tenant,
             endpoint="completions",
@@ -351,7 +346,7 @@ class OpenAIController(Controller):
 
         return await _respond(
             request,
-            gateway,
+            api,
             call,
             lambda lease: _completion_events(gateway, lease, include_usage, echo, want_logprobs),
             body,
@@ -393,7 +388,7 @@ async def _admit_and_collect(gateway: Gateway, lease: Lease) -> list[Delta]:
 
 async def _respond(
     request: Request,  # type: ignore[type-arg]
-    gateway: Gateway,
+    api: ApiServices,
     call: Call,
     events: Callable[[Lease], AsyncIterator[bytes]],
     body: Callable[[list[Delta]], Any],
@@ -403,6 +398,7 @@ async def _respond(
     The lease is opened before the first await and owned here: handed to the streaming
     response (which releases it when the stream ends), or released by this `finally`."""
     headers = {"X-Laneway-Lane": call.lane.name}  # X-Request-Id: api/request_ids.py, from the call
+    gateway = api.gateway
     lease = gateway.lease(call)
     bind_call(request.scope, call)
     owned = True
@@ -411,9 +407,8 @@ async def _respond(
             deltas = await until_disconnect(request, _admit_and_collect(gateway, lease), call)
             return Response(p.encode(body(deltas)), media_type=MediaType.JSON, headers=headers)
         await until_disconnect(request, gateway.acquire(lease), call)
-        settings = request.app.state.settings
         response = LeasedStream(
-            lease, events(lease), headers={**SSE_HEADERS, **headers}, send_timeout_s=settings.stream_send_timeout_s
+            lease, events(lease), headers={**SSE_HEADERS, **headers}, send_timeout_s=api.stream_send_timeout_s
         )
         owned = False  # the response releases it when the stream ends
         return response

@@ -1,0 +1,107 @@
+"""Who may use /admin: the admin routers' guards (Litestar runs them before the handler and
+its dependencies).
+
+`AdminGuards.session` finds the admin's session from the cookie and puts it in
+`request.user` (an AdminSession); without a valid one it raises NotLoggedIn (401
+not_logged_in: the JSON API answers it, the UI's routers turn it into a redirect to the login
+page). A handler opts out with `opt=PUBLIC` (the login forms) or takes the session when there
+is one with `opt=OPTIONAL` (`request.user` is then None without one).
+
+A change (any method but GET/HEAD/OPTIONS) must carry the session's CSRF token: the JSON API in the
+X-CSRF-Token header (`csrf_header`), the UI's forms in their csrf_token field (`csrf_form`).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, NamedTuple, cast
+
+from litestar import Request
+from litestar.connection import ASGIConnection
+from litestar.handlers.base import BaseRouteHandler
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from laneway.admin.security import token_digest
+from laneway.core.auth import as_utc
+from laneway.core.errors import GatewayError
+from laneway.db.repositories import AdminRepository
+
+SESSION_COOKIE = "laneway_admin"
+SESSION_OPT = "admin_session"
+PUBLIC = {SESSION_OPT: "none"}  # no session looked up, no CSRF checked
+OPTIONAL = {SESSION_OPT: "optional"}  # the session if there is one; a change still needs its token
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class AdminSession(NamedTuple):
+    username: str
+    csrf: str  # the token bound to the session, echoed by every change
+
+
+class NotLoggedIn(GatewayError):
+    def __init__(self, message: str) -> None:
+        super().__init__(401, message, code="not_logged_in")
+
+
+class AdminGuards:
+    """The session guard over the database the app's runtime opened (`sessions` is called
+    per request: the session factory exists once the lifespan has started)."""
+
+    def __init__(self, sessions: Callable[[], async_sessionmaker[AsyncSession]]) -> None:
+        self._sessions = sessions
+
+    async def lookup(self, connection: ASGIConnection[Any, Any, Any, Any]) -> AdminSession:
+        """The admin session of the request's cookie; NotLoggedIn without a live one."""
+        token = connection.cookies.get(SESSION_COOKIE)
+        if not token:
+            raise NotLoggedIn("Log in first.")
+        async with self._sessions()() as session:
+            found = await AdminRepository(session).find_session(token_digest(token))
+            if found is None or as_utc(found.expires_at) <= datetime.now(UTC):
+                raise NotLoggedIn("Your admin session has expired; log in again.")
+            return AdminSession(str(found.admin.username), found.csrf_token)
+
+    async def session(self, connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+        mode = handler.opt.get(SESSION_OPT, "required")
+        if mode == "none" or connection.scope.get("method") == "OPTIONS":  # Litestar's own Allow answer
+            return
+        try:
+            connection.scope["user"] = await self.lookup(connection)
+        except NotLoggedIn:
+            if mode != "optional":
+                raise
+            connection.scope["user"] = None
+
+
+def check_csrf(given: str, expected: str) -> None:
+    if not given or not secrets.compare_digest(given, expected):
+        raise GatewayError(403, "Missing or wrong CSRF token.", code="csrf_failed")
+
+
+def _changing(connection: ASGIConnection[Any, Any, Any, Any]) -> AdminSession | None:
+    """The session a change must prove it comes from; None when nothing is to check."""
+    if connection.scope.get("method") in _SAFE_METHODS:
+        return None
+    return cast("AdminSession | None", connection.scope.get("user"))
+
+
+# Guards are async even with nothing to await: Litestar runs a sync guard in a worker thread.
+async def csrf_header(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    if (admin := _changing(connection)) is not None:
+        check_csrf(connection.headers.get("x-csrf-token", ""), admin.csrf)
+
+
+async def csrf_form(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """The form is parsed here once; the handler's `request.form()` gets the same parse."""
+    if (admin := _changing(connection)) is not None:
+        form = await cast("Request[Any, Any, Any]", connection).form()
+        fields = {k: str(v) for k, v in form.items()}  # as the handlers read it: the last value wins
+        check_csrf(fields.get("csrf_token", ""), admin.csrf)
+
+
+# A handler's request behind the session guard: `request.user` is the admin's session (None
+# on an OPTIONAL route without one).
+AdminRequest = Request[AdminSession, Any, Any]
+MaybeAdminRequest = Request[AdminSession | None, Any, Any]
