@@ -290,13 +290,13 @@ def test_a_quota_set_by_the_cli_is_enforced_by_a_running_replica(cli, pg_databas
         return client.completions.create(model="sim", prompt="hi", max_tokens=9).usage.total_tokens  # type: ignore[union-attr]
 
     try:
-        wait_for(lambda: replica.server.app.state.config_changes.connected, what="the replica's LISTEN")
+        wait_for(lambda: replica.server.runtime.config_changes.connected, what="the replica's LISTEN")
         used = complete()  # counted before any quota: a quota applies to the day's use
         env = {**cli.env, "LANEWAY_DATABASE_URL": pg_database}
         quota = 3 * used
         subprocess.run([EXE, "tenant", "set", "acme", "--daily-tokens", str(quota)], env=env, check=True,
                        capture_output=True, timeout=60)  # fmt: skip
-        wait_for(lambda: replica.server.app.state.config_changes.received >= 1, within=10,
+        wait_for(lambda: replica.server.runtime.config_changes.received >= 1, within=10,
                  what="the replica hearing of the CLI's change")  # fmt: skip
         used += complete() + complete()  # exactly the quota
         with pytest.raises(openai.RateLimitError) as info:
@@ -306,7 +306,7 @@ def test_a_quota_set_by_the_cli_is_enforced_by_a_running_replica(cli, pg_databas
         assert f"used {used} of its daily quota of {quota} tokens" in error["message"]
         subprocess.run([EXE, "tenant", "set", "acme", "--daily-tokens", "none"], env=env, check=True,
                        capture_output=True, timeout=60)  # fmt: skip
-        wait_for(lambda: replica.server.app.state.config_changes.received >= 2, within=10, what="the second change")
+        wait_for(lambda: replica.server.runtime.config_changes.received >= 2, within=10, what="the second change")
         assert complete() == used // 3  # no quota any more
     finally:
         replica.stop()
