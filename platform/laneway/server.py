@@ -38,6 +38,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from laneway.api.disconnect import DISCONNECT_EXTENSION
 from laneway.api.request_ids import fresh_request_id, sent_request_id
 from laneway.api.responses import ABORT_EXTENSION
 from laneway.core import load_shedding
@@ -71,6 +72,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._read_timer: asyncio.TimerHandle | None = None
         self._shedding = False
         self._preparing: Preparing | None = None  # the current API request's, until it queues or ends
+        self._on_lost: Callable[[], None] | None = None  # api/disconnect.py's watcher of this request
+        self._lost = False
         super().connection_made(transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
@@ -86,7 +89,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        extensions: Any = {ABORT_EXTENSION: self._abort_stream}
+        extensions: Any = {ABORT_EXTENSION: self._abort_stream, DISCONNECT_EXTENSION: self._watch_disconnect}
         self.scope["extensions"] = extensions
         self._arm()
 
@@ -134,10 +137,27 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.cycle.disconnected = True
         self.transport.abort()
 
+    def _watch_disconnect(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` when the connection is lost (now, if it already is); -> unwatch."""
+        if self._lost:
+            callback()
+            return _nothing
+        self._on_lost = callback
+
+        def unwatch() -> None:
+            if self._on_lost is callback:
+                self._on_lost = None
+
+        return unwatch
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._end_preparing()
+        self._lost = True
         super().connection_lost(exc)
+        callback, self._on_lost = self._on_lost, None
+        if callback is not None:  # uvicorn has marked the cycle disconnected
+            callback()
 
     def _arm(self) -> None:
         if self._read_timer is None and self.read_timeout_s > 0:
@@ -155,6 +175,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.cycle is None or self.cycle.response_complete:  # no request is being served
             self.transport.write(_TIMEOUT_RESPONSE)
         self.transport.close()  # a handler waiting for the body sees a disconnect
+
+
+def _nothing() -> None:
+    pass
 
 
 def protocol_for(settings: Settings, shedder: LoadShedder | None = None) -> type[GuardedHttpProtocol]:
