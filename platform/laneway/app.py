@@ -57,7 +57,7 @@ log = logging.getLogger("laneway")
 
 def create_app(settings: Settings | None = None) -> Litestar:
     settings = settings or Settings.from_env()
-    shedder = LoadShedder(max_delay_s=settings.shed_loop_delay_s)
+    shedder = LoadShedder(max_delay_s=settings.shed_loop_delay_s, max_preparing=settings.shed_max_preparing)
     # None when no OTLP endpoint is set: then no middleware, no SDK import, no span anywhere.
     tracing = build_tracing(settings)
 
@@ -278,9 +278,13 @@ def runtime_readings(
          loop_lag.last_s),
         ("laneway_event_loop_lag_max_seconds", "The worst event-loop lag over the last minute.", "gauge", {},
          max(loop_lag.samples, default=0.0)),
-        ("laneway_shed_total", "Requests refused with 503 overloaded before any work (the loop ran behind).",
-         "counter", {}, shedder.shed),
+        ("laneway_api_requests_preparing", "API requests between their headers and an engine's queue.", "gauge",
+         {}, shedder.preparing),
     ]  # fmt: skip
+    for reason, n in shedder.shed_by.items():
+        out.append(("laneway_shed_total", "Requests refused with 503 overloaded before any work: too many "
+                    "being prepared (backlog) or the loop ran behind (loop_lag).", "counter", {"reason": reason},
+                    n))  # fmt: skip
     for dep in sorted(set(health.errors) | set(health.degraded)):
         labels = {"dependency": dep}
         out.append(("laneway_dependency_errors_total", "Faults of a dependency (Redis, the database).",
