@@ -28,6 +28,7 @@ import asyncio
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the suite's seeding helper, server factory, private Redis
@@ -163,6 +166,13 @@ def long_prompt_flood(port: int, proc: subprocess.Popen[bytes], key: str, second
     return [alone, flooded]
 
 
+def shed_counts(port: int) -> dict[str, int]:
+    """laneway_shed_total by reason, from the gateway's /metrics."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    found = re.findall(r'^laneway_shed_total\{reason="(\w+)"\} ([0-9.e+]+)$', text, re.M)
+    return {reason: int(float(n)) for reason, n in found}
+
+
 def fmt(v: float | None, unit: str = " ms", digits: int = 2) -> str:
     if v is None or v != v:  # None or NaN
         return "-"
@@ -209,7 +219,10 @@ def main() -> None:
                     break
                 capacity = max(capacity, probe["rps"])
                 rate *= 1.5
+            shed_before = shed_counts(mem_port)
             overload = measure(mem_port, mem, mem_key, "laneway (memory), 5x capacity", 5 * capacity, args.seconds)
+            shed_after = shed_counts(mem_port)
+            overload["shed_by"] = {k: v - shed_before.get(k, 0) for k, v in shed_after.items()}
             long_rows = long_prompt_flood(mem_port, mem, mem_key, args.seconds)
             idle_cpu = {"memory": mem, "redis limits + shared slots": shr}
             before = {label: cpu_seconds(p.pid) for label, p in idle_cpu.items()}
@@ -236,7 +249,8 @@ def main() -> None:
           f"({overload['rps'] / capacity:.2f} of "
           f"capacity), successful p99 {fmt(overload['p99'])}; {overload['refused']} refused with 503 in "
           f"{fmt(overload['refused_p50'])} p50 / {fmt(overload['refused_p99'])} p99; "
-          f"{overload['timeouts']} timed out or failed.")  # fmt: skip
+          f"{overload['timeouts']} timed out or failed; shed at the door by reason: "
+          + ", ".join(f"{k} {v}" for k, v in overload["shed_by"].items()) + ".")  # fmt: skip
     print(
         f"\nLong prompts: short streams ({SHORT_RATE:.0f}/s) to one deployment, alone and while another "
         f"tenant sends {LONG_RATE:.0f}/s prompts of ~4K tokens ({len(LONG_BODY['prompt']) // 1024} KB) to another."

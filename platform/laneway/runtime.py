@@ -111,7 +111,7 @@ class Runtime:
     def __init__(self, settings: Settings, *, tracing: Tracing | None = None) -> None:
         self.settings = settings
         self.tracing = tracing  # None when no OTLP endpoint is set
-        self.shedder = LoadShedder(max_delay_s=settings.shed_loop_delay_s)
+        self.shedder = LoadShedder(max_delay_s=settings.shed_loop_delay_s, max_preparing=settings.shed_max_preparing)
         # Before start: refusals are counted from the first request, and the error handlers
         # hold this object, not the gateway.
         self.metrics = GatewayMetrics(tenant_label=settings.metrics_tenant_label)
@@ -371,9 +371,13 @@ def runtime_readings(
          loop_lag.last_s),
         ("laneway_event_loop_lag_max_seconds", "The worst event-loop lag over the last minute.", "gauge", {},
          max(loop_lag.samples, default=0.0)),
-        ("laneway_shed_total", "Requests refused with 503 overloaded before any work (the loop ran behind).",
-         "counter", {}, shedder.shed),
+        ("laneway_api_requests_preparing", "API requests between their headers and an engine's queue.", "gauge",
+         {}, shedder.preparing),
     ]  # fmt: skip
+    for reason, n in shedder.shed_by.items():
+        out.append(("laneway_shed_total", "Requests refused with 503 overloaded before any work: too many "
+                    "being prepared (backlog) or the loop ran behind (loop_lag).", "counter", {"reason": reason},
+                    n))  # fmt: skip
     for dep in sorted(set(health.errors) | set(health.degraded)):
         labels = {"dependency": dep}
         out.append(("laneway_dependency_errors_total", "Faults of a dependency (Redis, the database).",

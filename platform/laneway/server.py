@@ -13,8 +13,9 @@ missing for hostile clients are small to add here:
   socket's send buffer is capped, so a client that stops reading blocks the stream after
   tens of kilobytes, not megabytes.
 
-- load shedding: while the event loop runs behind (core/load_shedding.py), a new /v1 request
-  is answered with a prepared 503 `overloaded` right after its headers, before the app.
+- load shedding: while too many requests are being prepared or the event loop runs behind
+  (core/load_shedding.py), a new /v1 request is answered with a prepared 503 `overloaded`
+  right after its headers, before the app.
 
 uvicorn's own `limit_concurrency` caps connections (503 beyond), `timeout_keep_alive`
 closes idle ones. `GatewayServer` turns the first SIGTERM/SIGINT into a drain (stop
@@ -37,9 +38,11 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from laneway.api.disconnect import DISCONNECT_EXTENSION
 from laneway.api.request_ids import fresh_request_id, sent_request_id
 from laneway.api.responses import ABORT_EXTENSION
-from laneway.core.load_shedding import LoadShedder
+from laneway.core import load_shedding
+from laneway.core.load_shedding import LoadShedder, Preparing
 from laneway.runtime import runtime_of
 from laneway.settings import Settings
 
@@ -56,6 +59,7 @@ _OVERLOADED_HEAD = (  # then the X-Request-Id, as on every response (api/request
 )
 _OVERLOADED_TAIL = b"\r\n\r\n" + _OVERLOADED_BODY
 RECEIVED_AT = "laneway.received_at"  # scope key: when the request's headers were parsed
+PREPARING = "laneway.preparing"  # scope key: an API request's load_shedding.Preparing token
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
@@ -68,6 +72,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._read_timer: asyncio.TimerHandle | None = None
         self._shedding = False
+        self._preparing: Preparing | None = None  # the current API request's, until it queues or ends
+        self._on_lost: Callable[[], None] | None = None  # api/disconnect.py's watcher of this request
+        self._lost = False
         super().connection_made(transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
@@ -83,33 +90,38 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        extensions: Any = {ABORT_EXTENSION: self._abort_stream}
+        extensions: Any = {ABORT_EXTENSION: self._abort_stream, DISCONNECT_EXTENSION: self._watch_disconnect}
         self.scope["extensions"] = extensions
         self._arm()
 
     def on_headers_complete(self) -> None:
         shedder = self.shedder
-        api = self.url.startswith(b"/v1/")
-        if shedder is not None and api:
-            shedder.arrived()
-        if (
-            shedder is not None
-            and api
-            and shedder.overloaded()
-            and (self.cycle is None or self.cycle.response_complete)  # nothing to answer before it
-        ):
-            shedder.shed += 1
-            self._shedding = True  # its body, if any, is read and dropped
-            rid = sent_request_id(self.headers) or fresh_request_id().encode()
-            self.transport.write(_OVERLOADED_HEAD + rid + _OVERLOADED_TAIL)
-            return
         scope: Any = self.scope
+        if shedder is not None and self.url.startswith(b"/v1/"):
+            shedder.arrived()
+            if self.cycle is None or self.cycle.response_complete:  # else: nothing to answer before it
+                if shedder.refusal() is not None:
+                    self._shedding = True  # its body, if any, is read and dropped
+                    rid = sent_request_id(self.headers) or fresh_request_id().encode()
+                    self.transport.write(_OVERLOADED_HEAD + rid + _OVERLOADED_TAIL)
+                    return
+                self._end_preparing()
+                self._preparing = scope[PREPARING] = Preparing(shedder)
         scope[RECEIVED_AT] = time.perf_counter()
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
         if not self._shedding:
             super().on_body(body)
+
+    def on_response_complete(self) -> None:
+        self._end_preparing()
+        super().on_response_complete()
+
+    def _end_preparing(self) -> None:
+        if self._preparing is not None:
+            self._preparing.done()
+            self._preparing = None
 
     def on_message_complete(self) -> None:
         self._disarm()
@@ -126,9 +138,27 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.cycle.disconnected = True
         self.transport.abort()
 
+    def _watch_disconnect(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` when the connection is lost (now, if it already is); -> unwatch."""
+        if self._lost:
+            callback()
+            return _nothing
+        self._on_lost = callback
+
+        def unwatch() -> None:
+            if self._on_lost is callback:
+                self._on_lost = None
+
+        return unwatch
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._end_preparing()
+        self._lost = True
         super().connection_lost(exc)
+        callback, self._on_lost = self._on_lost, None
+        if callback is not None:  # uvicorn has marked the cycle disconnected
+            callback()
 
     def _arm(self) -> None:
         if self._read_timer is None and self.read_timeout_s > 0:
@@ -148,6 +178,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.transport.close()  # a handler waiting for the body sees a disconnect
 
 
+def _nothing() -> None:
+    pass
+
+
 def protocol_for(settings: Settings, shedder: LoadShedder | None = None) -> type[GuardedHttpProtocol]:
     """The protocol class with this gateway's limits (uvicorn takes a class, not an instance)."""
     return type(
@@ -159,7 +193,8 @@ def protocol_for(settings: Settings, shedder: LoadShedder | None = None) -> type
 
 class StartDelay:
     """ASGI wrapper: how long each request waited between its headers and its first step in
-    the app, i.e. how far behind the event loop runs (fed to the load shedder)."""
+    the app, i.e. how far behind the event loop runs (fed to the load shedder); and the
+    request's Preparing token made current for its task, so the pipeline can end it."""
 
     def __init__(self, app: Any, shedder: LoadShedder) -> None:
         self.app = app
@@ -169,7 +204,15 @@ class StartDelay:
         received = scope.get(RECEIVED_AT)
         if received is not None:
             self.shedder.observe(time.perf_counter() - received)
-        await self.app(scope, receive, send)
+        token = scope.get(PREPARING)
+        if token is None:
+            await self.app(scope, receive, send)
+            return
+        load_shedding.current.set(token)  # this task's own context: no reset needed
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            token.done()
 
 
 def server_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Config:

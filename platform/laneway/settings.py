@@ -90,6 +90,9 @@ class Settings:
     # at 200/s or more), new /v1 requests get 503 `overloaded` before any work is spent on them
     # (0 turns it off).
     shed_loop_delay_s: float = 0.02
+    # ... and while this many API requests are already being prepared (body, auth, measuring,
+    # the rate-limit reserve: before an engine's queue), the loop's backlog of work (0: no cap).
+    shed_max_preparing: int = 64
     # When set, /metrics and /schema need "Authorization: Bearer <token>" (default: open).
     metrics_token: str | None = None
     # OpenTelemetry traces (laneway/tracing/): the OTLP/HTTP URL spans are POSTed to, from

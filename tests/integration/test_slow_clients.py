@@ -127,6 +127,65 @@ def test_beyond_the_connection_cap_clients_get_503_not_a_dead_server(tmp_path_fa
     g.stop()
 
 
+def read_answer(sock: socket.socket) -> bytes:
+    """One whole response with a Content-Length (its head may come in a write of its own)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: (\d+)", head).group(1))  # type: ignore[union-attr]
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def test_requests_piling_up_before_the_queue_are_refused_at_the_door_but_running_streams_never_count(
+    gw: Gateway,
+) -> None:
+    """The backlog signal: while max_preparing API requests are between their headers and an
+    engine's queue (here: bodies not yet arrived), the next one gets the prepared 503 before
+    any work, counted as `backlog`; a request that reached the queue (a running stream) is no
+    longer counted, so long generations never close the door."""
+    shedder = gw.server.runtime.shedder
+    body = json.dumps({"model": "sim", "prompt": "hi", "max_tokens": 2}).encode()
+    request = request_bytes(gw, {"model": "sim", "prompt": "hi", "max_tokens": 2})
+    head, payload = request[: -len(body)], request[-len(body) :]
+    stalled = [socket.create_connection(("127.0.0.1", gw.port)) for _ in range(2)]
+    probe = socket.create_connection(("127.0.0.1", gw.port))
+    shedder.max_preparing = 2
+    try:
+        for s in stalled:
+            s.sendall(head + payload[:5])  # the headers and a part of the body: being prepared
+        wait_for(lambda: shedder.preparing == 2, what="two requests being prepared")
+        backlog_before = shedder.shed_by["backlog"]
+        probe.sendall(request)
+        answer = read_answer(probe)
+        assert answer.startswith(b"HTTP/1.1 503") and b'"code": "overloaded"' in answer
+        assert shedder.shed_by["backlog"] == backlog_before + 1
+        stalled[0].sendall(payload[5:])  # one body arrives: that request runs and is answered
+        assert read_answer(stalled[0]).startswith(b"HTTP/1.1 200")
+        wait_for(lambda: shedder.preparing == 1, what="the answered request to leave the count")
+        probe.sendall(request)
+        assert read_answer(probe).startswith(b"HTTP/1.1 200")  # room again: served
+        stalled[1].close()  # a client gone mid-body leaves the count too
+        wait_for(lambda: shedder.preparing == 0, what="the closed connection to leave the count")
+        with httpx.stream("POST", gw.api_url + "/completions", headers={"Authorization": f"Bearer {gw.keys['acme']}"},
+                          json={"model": "sim", "prompt": "hi", "max_tokens": 100_000, "stream": True},
+                          timeout=10) as stream:  # fmt: skip
+            chunks = stream.iter_bytes()
+            next(chunks)  # streaming: it left the count when it queued for the engine
+            assert shedder.preparing == 0
+            shedder.max_preparing = 1
+            probe.sendall(request)
+            assert read_answer(probe).startswith(b"HTTP/1.1 200")  # the stream does not close the door
+        metrics = httpx.get(gw.base_url + "/metrics").text
+        assert f'laneway_shed_total{{reason="backlog"}} {float(shedder.shed_by["backlog"])}' in metrics
+    finally:
+        shedder.max_preparing = 64
+        for s in (*stalled, probe):
+            s.close()
+
+
 def test_an_overloaded_gateway_refuses_api_requests_before_any_work(gw: Gateway) -> None:
     """While the load shedder says the loop runs behind, /v1 requests get a prepared 503 from
     the protocol itself (no auth, no JSON), the connection stays usable, health still answers."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from laneway.core.load_shedding import LoadShedder
+from laneway.core.load_shedding import LoadShedder, Preparing, current, queued
 
 
 class Clock:
@@ -41,3 +41,24 @@ def test_zero_turns_it_off() -> None:
         s.arrived()
     s.observe(10.0)
     assert not s.enabled and not s.overloaded()
+
+
+def test_requests_being_prepared_close_the_door_at_the_cap_and_each_leaves_once() -> None:
+    s = LoadShedder(max_preparing=2)
+    first, second = Preparing(s), Preparing(s)
+    assert s.refusal() == "backlog" and s.shed_by == {"backlog": 1, "loop_lag": 0}
+    first.done()
+    first.done()  # the pipeline, then the protocol at the response's end: counted once
+    assert s.preparing == 1 and s.refusal() is None
+    token = current.set(second)
+    try:
+        queued()  # the running request reached an engine's queue
+    finally:
+        current.reset(token)
+    assert s.preparing == 0
+
+
+def test_the_cap_is_off_with_shedding_or_at_zero() -> None:
+    for s in (LoadShedder(max_delay_s=0, max_preparing=1), LoadShedder(max_preparing=0)):
+        Preparing(s)
+        assert s.refusal() is None

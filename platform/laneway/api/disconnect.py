@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from litestar import Request
@@ -11,6 +11,10 @@ from litestar import Request
 from laneway.core.pipeline import CLIENT_CLOSED, Call
 
 T = TypeVar("T")
+# ASGI scope extension (laneway's server, server.py): watch(callback) -> unwatch. The callback
+# runs when the connection is lost (at once if it already is): no task per request for it.
+DISCONNECT_EXTENSION = "laneway.watch_disconnect"
+Watch = Callable[[Callable[[], None]], Callable[[], None]]
 
 
 class ClientDisconnected(Exception):
@@ -29,14 +33,24 @@ async def until_disconnect(request: Request[Any, Any, Any], work: Awaitable[T], 
     assert current is not None
     gone = False
 
-    async def watch() -> None:
+    def left() -> None:
         nonlocal gone
-        await _disconnected(request)
         gone = True
         call.fail(CLIENT_CLOSED, "client_disconnected")
         current.cancel()
 
-    watcher = asyncio.ensure_future(watch())
+    scope: Any = request.scope
+    watch: Watch | None = (scope.get("extensions") or {}).get(DISCONNECT_EXTENSION)
+    stop: Callable[[], object]
+    if watch is not None:
+        stop = watch(left)
+    else:  # another ASGI server: a watcher task reads the next message
+
+        async def watcher() -> None:
+            await _disconnected(request)
+            left()
+
+        stop = asyncio.ensure_future(watcher()).cancel
     try:
         result = await work
     except asyncio.CancelledError:
@@ -45,7 +59,7 @@ async def until_disconnect(request: Request[Any, Any, Any], work: Awaitable[T], 
             raise ClientDisconnected from None
         raise
     finally:
-        watcher.cancel()
+        stop()
     if gone and current.cancelling():  # it finished as the client left: the cancel is ours
         current.uncancel()
         raise ClientDisconnected

@@ -19,8 +19,8 @@ there that the lease has accounted for the request).
 
 from __future__ import annotations
 
+import os
 import re
-import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -72,7 +72,13 @@ def request_id(scope: Scope) -> str:
 
 
 def fresh_request_id() -> str:
-    return "req_" + uuid.uuid4().hex
+    return "req_" + random_hex()
+
+
+def random_hex() -> str:
+    """128 random bits as 32 hex digits, as uuid4().hex looks (without building a UUID: a
+    third of the cost, paid by every request and every shed one)."""
+    return os.urandom(16).hex()
 
 
 def sent_request_id(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from litestar import Request
@@ -23,6 +23,7 @@ from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Receive, Scope, Send
 
+from laneway.api.disconnect import DISCONNECT_EXTENSION, Watch
 from laneway.core.pipeline import CLIENT_CLOSED, Lease
 
 log = logging.getLogger("laneway.api")
@@ -94,7 +95,19 @@ class _LeasedASGIStream(ASGIStreamingResponse):
 
     async def send_body(self, send: Send, receive: Receive) -> None:
         sender = asyncio.ensure_future(self._send_chunks(send))
-        watcher = asyncio.ensure_future(_disconnected(receive))
+        watch: Watch | None = ((self._scope or {}).get("extensions") or {}).get(DISCONNECT_EXTENSION)
+        watcher: asyncio.Future[None] | None = None
+        unwatch: Callable[[], object]
+        if watch is not None:  # laneway's server tells when the connection goes: no task for it
+
+            def gone() -> None:
+                self.lease.call.fail(CLIENT_CLOSED, "client_disconnected")
+                sender.cancel()
+
+            unwatch = watch(gone)
+        else:  # another ASGI server: a task waits for the disconnect message
+            watcher = asyncio.ensure_future(_disconnected(receive))
+            unwatch = watcher.cancel
         loop = asyncio.get_running_loop()
         # One watchdog timer per stream, not a timeout armed around every chunk's send (that
         # was ~8 % of a stream's CPU): it cuts the stream once a single send has stayed blocked
@@ -114,13 +127,13 @@ class _LeasedASGIStream(ASGIStreamingResponse):
 
         watchdog = loop.call_later(period, check) if self.send_timeout_s > 0 else None
         try:
-            await asyncio.wait({sender, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({sender} if watcher is None else {sender, watcher}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if watchdog is not None:
                 watchdog.cancel()
-            watcher.cancel()
+            unwatch()
             if not sender.done():  # the client hung up (or this task is being cancelled)
-                if watcher.done() and not watcher.cancelled():
+                if watcher is not None and watcher.done() and not watcher.cancelled():
                     self.lease.call.fail(CLIENT_CLOSED, "client_disconnected")
                 sender.cancel()
                 await asyncio.wait({sender})

@@ -51,6 +51,9 @@ class KeyAuthenticator:
     """API key -> tenant, off the database's critical path.
 
     - Fresh entries (younger than ttl_s) are served from memory: the hot path does no I/O.
+    - In the last quarter of its ttl, a request still served fresh starts the key's lookup in
+      the background (refresh ahead): a key in steady use never makes a request wait on the
+      database, and is still never served fresh longer than ttl_s after the database spoke.
     - Past that, the key is looked up again, once however many requests need it at the same
       moment (single flight), so an expiring entry under load costs one query, not hundreds.
     - When the lookup fails or takes longer than lookup_timeout_s (the database is down or
@@ -99,6 +102,8 @@ class KeyAuthenticator:
         now = self._clock()
         if entry is not None and entry.fresh_until > now and entry.generation == self._generation:
             outcome = entry.outcome
+            if entry.fresh_until - now < self._ttl * 0.25 and digest not in self._inflight:
+                self._start_lookup(digest)  # refresh ahead, off this request's path
         elif entry is not None and now < self._database_down_until and self._usable_stale(entry, now):
             outcome = self._stale_outcome(digest, entry)
         else:

@@ -4,18 +4,60 @@ When the event loop runs behind, a new request would only wait for the loop, tim
 client, and take CPU from the requests that can still make it: goodput collapses while every
 client waits (measured: 110 -> 23 requests a second at 5x capacity). So the HTTP protocol asks
 this object, as soon as a request's headers are parsed and before the app sees it, whether
-the loop is saturated, and if so answers a prepared 503 `overloaded` + Retry-After itself
-(tens of microseconds: no routing, auth or JSON). Saturation is read from two delays: how late
-a request starts after its headers arrived (measured on every request) and how late the
-loop-lag monitor's timer fires. A delay over `max_delay_s` while API requests arrive at
-`min_rate` a second or more sheds new API requests for `hold_s`; requests already in
-progress and streams are never cut.
+to let it in, and if not answers a prepared 503 `overloaded` + Retry-After itself (tens of
+microseconds: no routing, auth or JSON). Two signals, each with its reason in
+`laneway_shed_total{reason}`:
+
+- `backlog`: more than `max_preparing` API requests are between their headers and their
+  place in an engine's queue (reading the body, auth, measuring, the rate-limit reserve).
+  That phase is CPU work and a few awaits, so this count is the backlog of work the loop owes
+  right now; a request waiting for an engine slot or streaming tokens is not in it, so long
+  generations never count against it. It sees a burst in the very loop turn that reads it,
+  where a delay is only seen once the loop has fallen behind. Counted by a `Preparing`
+  token per request (the protocol makes it, the pipeline ends it when the request queues,
+  the protocol again when its response ends or its connection goes: it cannot leak).
+- `loop_lag`: how late a request starts after its headers arrived (measured on every
+  request) or the loop-lag monitor's timer fires. A delay over `max_delay_s` while API
+  requests arrive at `min_rate` a second or more sheds new API requests for `hold_s`.
+
+Requests already in progress and streams are never cut.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
+
+REASONS = ("backlog", "loop_lag")
+
+
+class Preparing:
+    """One admitted API request until it reaches an engine's queue (or ends)."""
+
+    __slots__ = ("_shedder",)
+
+    def __init__(self, shedder: LoadShedder) -> None:
+        self._shedder: LoadShedder | None = shedder
+        shedder.preparing += 1
+
+    def done(self) -> None:
+        """Idempotent: the first caller ends it."""
+        if self._shedder is not None:
+            self._shedder.preparing -= 1
+            self._shedder = None
+
+
+# The running request's token, set by the server's ASGI wrapper for the request's task (and
+# so seen by the tasks it starts).
+current: ContextVar[Preparing | None] = ContextVar("laneway_preparing", default=None)
+
+
+def queued() -> None:
+    """The running request is prepared: it waits for an engine slot now, not for the loop."""
+    token = current.get()
+    if token is not None:
+        token.done()
 
 
 class LoadShedder:
@@ -24,6 +66,7 @@ class LoadShedder:
         max_delay_s: float = 0.02,
         hold_s: float = 0.05,
         min_rate: float = 200.0,
+        max_preparing: int = 64,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.max_delay_s = max_delay_s
@@ -31,16 +74,22 @@ class LoadShedder:
         # A delay only means saturation under load: a garbage-collection pause while a few
         # requests a second arrive is not a reason to refuse any of them.
         self.min_arrivals = max(1, int(min_rate * _WINDOW_S))
+        self.max_preparing = max_preparing
         self.clock = clock
         self._until = 0.0
         self._window_start = 0.0
         self._arrivals = 0  # API requests whose headers arrived in the current window
         self._previous = 0  # ... and in the one before it
-        self.shed = 0  # requests refused, ever
+        self.preparing = 0  # API requests between their headers and an engine's queue
+        self.shed_by = dict.fromkeys(REASONS, 0)  # requests refused, ever, by reason
 
     @property
     def enabled(self) -> bool:
         return self.max_delay_s > 0
+
+    @property
+    def shed(self) -> int:
+        return sum(self.shed_by.values())
 
     def arrived(self) -> None:
         now = self.clock()
@@ -56,6 +105,19 @@ class LoadShedder:
 
     def overloaded(self) -> bool:
         return self.enabled and self.clock() < self._until
+
+    def refusal(self) -> str | None:
+        """Why a new API request must be refused now (a reason of REASONS, counted), or None."""
+        if not self.enabled:
+            return None
+        if 0 < self.max_preparing <= self.preparing:
+            reason = "backlog"
+        elif self.clock() < self._until:
+            reason = "loop_lag"
+        else:
+            return None
+        self.shed_by[reason] += 1
+        return reason
 
 
 _WINDOW_S = 0.1

@@ -34,7 +34,20 @@ class Period:
 
 
 def period(kind: str, now: float) -> Period:
-    """The `kind` period that contains `now` (epoch seconds)."""
+    """The `kind` period that contains `now` (epoch seconds). Every reservation asks for both
+    kinds: the current ones are kept, with their bounds in epoch seconds, while `now` is in them."""
+    hit = _current.get(kind)
+    if hit is not None and hit[0] <= now < hit[1]:
+        return hit[2]
+    found = _period(kind, now)
+    _current[kind] = (found.start.timestamp(), found.resets_at.timestamp(), found)
+    return found
+
+
+_current: dict[str, tuple[float, float, Period]] = {}
+
+
+def _period(kind: str, now: float) -> Period:
     at = datetime.fromtimestamp(now, UTC)
     if kind == "day":
         start = at.replace(hour=0, minute=0, second=0, microsecond=0)

@@ -39,6 +39,7 @@ from laneway.types import TenantSnapshot
 
 # A concurrency slot whose holder vanished (a replica crashed) is reclaimed after this long.
 STALE_HOLDER_S = 600
+SETTLE_LINGER_S = 0.005  # how long a settle waits for others to share its pipeline
 
 
 def too_large(tenant: TenantSnapshot, tokens: int) -> GatewayError:
@@ -592,16 +593,25 @@ class RedisRateLimiter:
         return len(self._settles)
 
     async def _run_settles(self) -> None:
-        """Send queued settles in pipelines of up to 256; on a fault keep them and retry."""
+        """Send queued settles in pipelines of up to 256; on a fault keep them and retry.
+        The first settle of a batch waits SETTLE_LINGER_S for others to join it: under load
+        one pipeline then carries several (a pipeline costs several times a single call),
+        and a concurrency slot or a refund comes back a few milliseconds later."""
         backoff = self._retry_after
         while self._settles or not self._closing:
             if not self._settles:
                 self._settles_ready.clear()
                 await self._settles_ready.wait()
+                if not self._closing:
+                    await asyncio.sleep(SETTLE_LINGER_S)
                 continue
             batch = [self._settles[i] for i in range(min(256, len(self._settles)))]
             try:
-                replies = await run_scripts(self._redis, [(self._settle, keys, args) for keys, args in batch])
+                if len(batch) == 1:  # alone: one EVALSHA, without a pipeline's bookkeeping
+                    keys, args = batch[0]
+                    replies: list[Any] = [await self._settle(keys=keys, args=args)]
+                else:
+                    replies = await run_scripts(self._redis, [(self._settle, keys, args) for keys, args in batch])
                 failed = next((r for r in replies if isinstance(r, Exception)), None)
                 if failed is not None:
                     raise failed

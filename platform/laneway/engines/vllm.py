@@ -474,24 +474,33 @@ class VLLMEngine:
         counted = 0
         finish: dict[int, FinishReason] = {}
         usage: _Usage | None = None
-        async for line in r.content:
-            if not line.startswith(b"data: "):
-                continue
-            data = line[6:].strip()
-            if data == b"[DONE]":
+        rest = b""  # a line not complete yet
+        done = False
+        # Whatever has arrived, split into lines here: one await per network read, where
+        # readline() costs one per line (two per event, with the blank line between events).
+        async for received in r.content.iter_any():
+            *lines, rest = (rest + received).split(b"\n")
+            for line in lines:
+                if not line.startswith(b"data: "):
+                    continue
+                data = line[6:].strip()
+                if data == b"[DONE]":
+                    done = True
+                    break
+                chunk = _decode_chunk(data)
+                if chunk.error is not None:
+                    raise EngineError(f"vLLM error: {chunk.error}")
+                if chunk.usage is not None:
+                    usage = chunk.usage
+                for choice in chunk.choices:
+                    text, calls, logprobs = choice.content(), choice.calls(), choice.token_logprobs()
+                    if text or calls or logprobs:
+                        counted += 1
+                        yield Delta(text=text, tokens=1, index=choice.index, tool_calls=calls, logprobs=logprobs)
+                    if choice.finish_reason:
+                        finish[choice.index] = _FINISH.get(choice.finish_reason, "stop")
+            if done:
                 break
-            chunk = _decode_chunk(data)
-            if chunk.error is not None:
-                raise EngineError(f"vLLM error: {chunk.error}")
-            if chunk.usage is not None:
-                usage = chunk.usage
-            for choice in chunk.choices:
-                text, calls, logprobs = choice.content(), choice.calls(), choice.token_logprobs()
-                if text or calls or logprobs:
-                    counted += 1
-                    yield Delta(text=text, tokens=1, index=choice.index, tool_calls=calls, logprobs=logprobs)
-                if choice.finish_reason:
-                    finish[choice.index] = _FINISH.get(choice.finish_reason, "stop")
         total = usage.completion_tokens if usage is not None and usage.completion_tokens else counted
         prompt = usage.prompt_tokens if usage is not None and usage.prompt_tokens else None
         for i in range(n - 1):
