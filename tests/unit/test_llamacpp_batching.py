@@ -93,6 +93,22 @@ async def test_a_long_prompt_is_fed_in_chunks_between_the_others_decode_steps(ba
     short.cancel()
 
 
+async def test_a_short_prompt_behind_a_long_one_is_fed_first(batched: LlamaCppEngine) -> None:
+    decoder = batched._decoder
+    assert decoder is not None
+    long = await request(batched, prompt="the " * 470, max_tokens=1)
+    assert 400 < long.prompt_tokens < 500  # 16 tokens a step: 30 steps of prefill, in a sequence's 512 cells
+    start = decoder.steps
+    task = asyncio.ensure_future(run(batched, long))
+    while decoder.steps < start + 2:  # the long one is prefilling
+        await asyncio.sleep(0.0005)
+    stream = batched.generate(await request(batched, prompt="hello", max_tokens=2))
+    first = await stream.__anext__()
+    assert first.tokens == 1 and not task.done()  # its first token came before the long prompt was in
+    await stream.aclose()
+    await task
+
+
 async def test_a_cancelled_sequence_leaves_with_its_cells_cleared_and_its_slot_back(batched: LlamaCppEngine) -> None:
     import llama_cpp
 

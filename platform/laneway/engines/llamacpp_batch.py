@@ -1,9 +1,10 @@
 """Continuous batching for llama.cpp: one context holding `parallel` sequences, one thread
 driving it with the low-level API.
 
-Each step builds one llama_batch from every decoding sequence's next token plus a chunk of
-a waiting sequence's prompt (chunked prefill: a long prompt holds the others' decode up for
-one chunk at most, never for its whole length), runs one llama_decode, then samples each
+Each step builds one llama_batch from every decoding sequence's next token plus chunks of
+waiting prompts, shortest first (chunked prefill: a long prompt holds the others' decode up
+for one chunk at most, never for its whole length, and a short prompt behind it is fed in
+the next step, without the long one's chunk), runs one llama_decode, then samples each
 sequence that has logits with its own sampler chain (logit biases, penalties, a grammar,
 temperature / top_p / seed). Sequences join between steps; a cancelled one leaves before the
 next step and its KV cells are cleared. A request's n choices run one after another in its
@@ -314,11 +315,19 @@ class BatchDecoder:
                 seq.pos += 1
                 n += 1
         decoding = n
-        for seq in self._running:  # then prompt chunks, first come first served, in what is left
-            left = len(seq.prompt) - seq.fed
-            if left <= 0 or n >= self.n_batch:
-                continue
-            take = min(left, self.n_batch - n)
+        # Then prompts, shortest remaining first, in what is left of the step: a short prompt
+        # that arrives behind a long one is fed in the next step. A step that finishes a prompt
+        # carries no longer prompt's partial chunk, so that prompt's first token waits for its
+        # own tokens only (on a CPU a step's time grows with its tokens); the long one goes on
+        # in the next step.
+        waiting = sorted((s for s in self._running if s.fed < len(s.prompt)), key=lambda s: len(s.prompt) - s.fed)
+        finishing = False
+        for seq in waiting:
+            left, room = len(seq.prompt) - seq.fed, self.n_batch - n
+            if room <= 0 or (finishing and left > room):
+                break
+            take = min(left, room)
+            finishing = take == left
             for j in range(take):
                 last = seq.fed + j == len(seq.prompt) - 1 and not seq.reserve
                 self._add(n, seq.prompt[seq.fed + j], seq.fed + j, seq.seq_id, last)
