@@ -1,6 +1,7 @@
 """llama.cpp with continuous batching (engines/llamacpp_batch.py): one model and one context of
 `parallel` sequences; each step decodes every running sequence's next token together with a
-chunk of a waiting prompt; a cancelled sequence leaves between steps with its cells cleared."""
+chunk of a waiting prompt; a cancelled sequence leaves between steps with its cells cleared; a
+warmed system prompt's cells are copied into a sequence whose prompt starts with it."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from laneway.engines.base import system_prompt_chat
 from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN
 from laneway.engines.llamacpp import LlamaCppEngine
-from laneway.types import Delta, GenerationRequest
+from laneway.types import ChatTurn, Delta, GenerationRequest
 
 
 def engine(path: Path, **config: Any) -> LlamaCppEngine:
@@ -91,6 +93,22 @@ async def test_a_long_prompt_is_fed_in_chunks_between_the_others_decode_steps(ba
     short.cancel()
 
 
+async def test_a_short_prompt_behind_a_long_one_is_fed_first(batched: LlamaCppEngine) -> None:
+    decoder = batched._decoder
+    assert decoder is not None
+    long = await request(batched, prompt="the " * 470, max_tokens=1)
+    assert 400 < long.prompt_tokens < 500  # 16 tokens a step: 30 steps of prefill, in a sequence's 512 cells
+    start = decoder.steps
+    task = asyncio.ensure_future(run(batched, long))
+    while decoder.steps < start + 2:  # the long one is prefilling
+        await asyncio.sleep(0.0005)
+    stream = batched.generate(await request(batched, prompt="hello", max_tokens=2))
+    first = await stream.__anext__()
+    assert first.tokens == 1 and not task.done()  # its first token came before the long prompt was in
+    await stream.aclose()
+    await task
+
+
 async def test_a_cancelled_sequence_leaves_with_its_cells_cleared_and_its_slot_back(batched: LlamaCppEngine) -> None:
     import llama_cpp
 
@@ -111,3 +129,91 @@ async def test_n_choices_reuse_the_prompts_cells_and_differ_by_seed(batched: Lla
     assert len(set(by_choice.values())) == 3
     assert [d.finish_reason for d in deltas if d.finish_reason] == ["length"] * 3
     await idle(batched)
+
+
+SYSTEM = "you are the model that can answer each user with what is true and not what is said " * 2
+
+
+async def chat(e: LlamaCppEngine, user: str, **kw: Any) -> GenerationRequest:
+    m = await e.measure(messages=[ChatTurn("system", SYSTEM), ChatTurn("user", user)])
+    return GenerationRequest(request_id="r", prompt=m.text, prompt_tokens=m.tokens, prompt_ids=m.ids,
+                             **{"max_tokens": 24, "seed": 3, **kw})  # fmt: skip
+
+
+@pytest.fixture
+async def warmed(demo_model_path: Path) -> AsyncIterator[LlamaCppEngine]:
+    e = engine(demo_model_path, n_batch=16, warmup_system_prompts=[SYSTEM])
+    await e.start()
+    await e.warmup([])
+    yield e
+    await e.close()
+
+
+async def test_a_warmed_system_prompt_is_reused_and_decodes_what_the_cold_prompt_does(
+    warmed: LlamaCppEngine, demo_model_path: Path
+) -> None:
+    cold = engine(demo_model_path, n_batch=16)
+    await cold.start()
+    try:
+        warm_ids = (await warmed.measure(messages=system_prompt_chat(SYSTEM))).ids
+        for kw in ({"seed": 11, "temperature": 0.9}, {"temperature": 0}, {"seed": 2, "n": 2}):
+            r = await chat(warmed, "how many people see the world", **kw)
+            shared = next(i for i, (a, b) in enumerate(zip(warm_ids, r.prompt_ids or (), strict=False)) if a != b)
+            before = warmed.prefix_tokens_reused
+            a = await run(warmed, r)
+            b = await run(cold, await chat(cold, "how many people see the world", **kw))
+            assert [(d.index, d.text, d.finish_reason) for d in a] == [(d.index, d.text, d.finish_reason) for d in b]
+            assert warmed.prefix_tokens_reused - before == shared > 40  # the system turn and the user marker
+        assert warmed.prefix_hits == 3 and cold.prefix_hits == 0
+    finally:
+        await cold.close()
+
+
+async def test_reserved_sequences_come_beside_the_slots_and_all_slots_share_the_prefix(warmed: LlamaCppEngine) -> None:
+    import llama_cpp
+
+    assert llama_cpp.llama_n_seq_max(warmed._batch_ctx.ctx) == 4 + 1
+    results = await asyncio.gather(*[run(warmed, await chat(warmed, f"test {i}", seed=i)) for i in range(4)])
+    assert [sum(d.tokens for d in r) for r in results] == [24] * 4
+    assert warmed.prefix_hits == 4
+    assert warmed._decoder is not None and warmed._decoder.max_batched_sequences == 4
+    await idle(warmed)
+
+
+async def test_a_short_prompt_sharing_only_a_few_tokens_is_computed_in_full(warmed: LlamaCppEngine) -> None:
+    deltas = await run(warmed, await request(warmed, prompt="<|im_start|>system\nyou"))
+    assert sum(d.tokens for d in deltas) == 24
+    assert warmed.prefix_hits == 0  # a few shared tokens are not worth a copy of the whole stream
+
+
+async def test_cancelling_a_sequence_that_reused_the_prefix_leaves_the_prefix_for_the_next(
+    warmed: LlamaCppEngine,
+) -> None:
+    import llama_cpp
+
+    memory = llama_cpp.llama_get_memory(warmed._batch_ctx.ctx)
+    prefix_end = llama_cpp.llama_memory_seq_pos_max(memory, 4)
+    assert prefix_end == len((await warmed.measure(messages=system_prompt_chat(SYSTEM))).ids) - 1
+    first = text(await run(warmed, await chat(warmed, "what time is it")))
+    stream = warmed.generate(await chat(warmed, "what time is it", max_tokens=400))
+    got = [await stream.__anext__() for _ in range(3)]
+    assert all(d.finish_reason is None for d in got)
+    await stream.aclose()
+    await idle(warmed)
+    assert all(llama_cpp.llama_memory_seq_pos_max(memory, s) == -1 for s in range(4))  # its own cells: gone
+    assert llama_cpp.llama_memory_seq_pos_max(memory, 4) == prefix_end  # the shared prefix: whole
+    again = text(await run(warmed, await chat(warmed, "what time is it")))
+    assert again == first and warmed.prefix_hits == 3
+
+
+async def test_warm_up_itself_runs_the_system_prompts_chat_from_the_prefix(demo_model_path: Path) -> None:
+    e = engine(demo_model_path, warmup_system_prompts=[SYSTEM, SYSTEM.upper()])
+    await e.start()
+    try:
+        prompts = [(await e.measure(messages=system_prompt_chat(s))).text for s in e.system_prompts]
+        await e.warmup(["hello", *prompts])
+        assert e.warmed_prompts == 3 and e.prefix_hits == 2
+        lengths = [(await e.measure(prompt=p)).tokens for p in prompts]
+        assert e.prefix_tokens_reused == sum(n - 1 for n in lengths)  # all but the last token, for its logits
+    finally:
+        await e.close()

@@ -88,6 +88,12 @@ def embedder(engine: Engine) -> EmbeddingEngine | None:
     return None
 
 
+def system_prompt_chat(system: str) -> list[ChatTurn]:
+    """The chat a deployment's warm-up system prompt is warmed as (and, in llama.cpp, kept
+    computed for prefix reuse)."""
+    return [ChatTurn("system", system), ChatTurn("user", "Hello")]
+
+
 async def run_warmup(engine: Engine, prompts: Sequence[str]) -> int:
     """Run each prompt through the engine for one token (the shared body of every adapter's
     warmup()); returns how many ran."""

@@ -33,7 +33,14 @@ from typing import Any
 import numpy as np
 
 from laneway.engines import extras
-from laneway.engines.base import EngineError, EngineRequestError, run_embedding_warmup, run_warmup, unit_rows
+from laneway.engines.base import (
+    EngineError,
+    EngineRequestError,
+    run_embedding_warmup,
+    run_warmup,
+    system_prompt_chat,
+    unit_rows,
+)
 from laneway.engines.chat_template import CHATML, render_chat
 from laneway.engines.demo_model import BANNED_BYTE_TOKENS
 from laneway.engines.llamacpp_batch import BatchDecoder, BatchSequence
@@ -103,7 +110,9 @@ class LlamaCppEngine:
     byte tokens), ban_tokens (list of ids), logit_bias ({id: bias}), embedding (serve
     embeddings only), pooling (mean | cls | last; with embedding), batching (one context of
     `parallel` sequences decoded together: engines/llamacpp_batch.py; otherwise one context
-    per slot, each decoding one sequence), n_batch (tokens per batched step)."""
+    per slot, each decoding one sequence), n_batch (tokens per batched step),
+    warmup_system_prompts (batched: each is computed once at warm-up and kept in a reserved
+    sequence, and a prompt starting with the same tokens reuses its cells)."""
 
     def __init__(
         self,
@@ -145,6 +154,9 @@ class LlamaCppEngine:
             self.n_threads = os.cpu_count() or 1
         self._decoder: BatchDecoder | None = None
         self._batch_ctx: Any = None
+        # One reserved sequence of the batch context per warm-up system prompt, for prefix reuse.
+        self.system_prompts = [str(x) for x in config.get("warmup_system_prompts", ())] if self.batching else []
+        self._prefixes_warmed = 0
         pooling = config.get("pooling")
         if pooling is not None and str(pooling) not in POOLING_TYPES:
             raise EngineError(f"llama.cpp config: pooling must be one of {', '.join(POOLING_TYPES)}, not {pooling!r}")
@@ -224,13 +236,15 @@ class LlamaCppEngine:
         self._pool = ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix=f"llamacpp-{self.alias}")
 
     def _batch_context(self, llama: Any) -> Any:
-        """One context on the loaded model with a sequence per slot, each `n_ctx` cells."""
+        """One context on the loaded model with a sequence per slot and one per warm-up system
+        prompt (after the slots' ids), each its own stream of `n_ctx` cells."""
         import llama_cpp
         from llama_cpp._internals import LlamaContext
 
+        sequences = self.parallel + len(self.system_prompts)
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = self.n_ctx * self.parallel
-        params.n_seq_max = self.parallel
+        params.n_ctx = self.n_ctx * sequences
+        params.n_seq_max = sequences
         params.n_batch = params.n_ubatch = self.n_batch
         params.n_threads = params.n_threads_batch = self.n_threads
         return LlamaContext(model=llama._model, params=params, verbose=False)
@@ -288,7 +302,56 @@ class LlamaCppEngine:
         if self.embedding:
             self.warmed_prompts += await run_embedding_warmup(self, prompts)
             return
+        while self._decoder is not None and self._prefixes_warmed < len(self.system_prompts):
+            await self._warm_prefix(self.parallel + self._prefixes_warmed, self.system_prompts[self._prefixes_warmed])
+            self._prefixes_warmed += 1
         self.warmed_prompts += await run_warmup(self, prompts)
+
+    async def _warm_prefix(self, seq_id: int, system: str) -> None:
+        """Compute a system prompt's chat, as warm-up renders it, into the reserved sequence
+        `seq_id`, where its cells stay for later prompts that start with the same tokens."""
+        assert self._decoder is not None
+        loop = asyncio.get_running_loop()
+        measured = await self.measure(messages=system_prompt_chat(system))
+        if measured.tokens > self.n_ctx:
+            raise EngineError(f"warm-up system prompt {seq_id - self.parallel} is longer than the context")
+        req = GenerationRequest(request_id=f"prefix-{seq_id}", prompt=measured.text, prompt_tokens=measured.tokens,
+                                max_tokens=1, prompt_ids=measured.ids)  # fmt: skip
+        done: asyncio.Future[None] = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:  # on the loop
+            if done.done():
+                return
+            if error is None:
+                done.set_result(None)
+            else:
+                done.set_exception(EngineError(f"llama.cpp could not compute a warm-up system prompt: {error}"))
+
+        def emit(error: Any) -> None:  # from the decoder thread: a failed step
+            loop.call_soon_threadsafe(settle, error)
+
+        def on_exit() -> None:  # from the decoder thread: the cells are kept (or it was stopped)
+            loop.call_soon_threadsafe(settle, None)
+
+        ids = list(measured.ids) if measured.ids is not None else self._tokenize(measured.text)
+        seq = BatchSequence(seq_id, req, self._plan(req), ids, emit=emit, on_exit=on_exit, reserve=True)
+        self._decoder.submit(seq)
+        try:
+            await done
+        except asyncio.CancelledError:
+            seq.cancel.set()
+            self._decoder.wake()
+            raise
+
+    @property
+    def prefix_hits(self) -> int:
+        """Requests that started from a warmed system prompt's cells."""
+        return self._decoder.prefix_hits if self._decoder is not None else 0
+
+    @property
+    def prefix_tokens_reused(self) -> int:
+        """Prompt tokens those requests did not compute."""
+        return self._decoder.prefix_tokens_reused if self._decoder is not None else 0
 
     # ---- embeddings (config `embedding: true`) ----
     async def measure_inputs(self, inputs: Sequence[str]) -> list[int]:

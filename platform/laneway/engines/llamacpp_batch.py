@@ -1,13 +1,23 @@
 """Continuous batching for llama.cpp: one context holding `parallel` sequences, one thread
 driving it with the low-level API.
 
-Each step builds one llama_batch from every decoding sequence's next token plus a chunk of
-a waiting sequence's prompt (chunked prefill: a long prompt holds the others' decode up for
-one chunk at most, never for its whole length), runs one llama_decode, then samples each
+Each step builds one llama_batch from every decoding sequence's next token plus chunks of
+waiting prompts, shortest first (chunked prefill: a long prompt holds the others' decode up
+for one chunk at most, never for its whole length, and a short prompt behind it is fed in
+the next step, without the long one's chunk), runs one llama_decode, then samples each
 sequence that has logits with its own sampler chain (logit biases, penalties, a grammar,
 temperature / top_p / seed). Sequences join between steps; a cancelled one leaves before the
 next step and its KV cells are cleared. A request's n choices run one after another in its
 sequence, keeping the prompt's KV cells: only the prompt's last token is decoded again.
+
+Prefix reuse: the deployment's warm-up system prompts are computed once into reserved
+sequences (ids after the user sequences'; a "reserve" sequence is prefill only and keeps its
+cells). A joining sequence whose prompt's token ids start with one of them gets that
+sequence's cells copied into its own (llama_memory_seq_cp) and prefills only the rest; at
+least its last prompt token is decoded, for the logits of its first sample. Each sequence has
+its own stream of cells (llama.cpp's default, non-unified KV), so the copy is of the whole
+stream's buffer, the cells beyond the shared tokens are then dropped, and clearing a user
+sequence can never touch a reserved one.
 
 ChoiceText (one choice's tokens -> deltas) is shared with the one-context-per-slot path.
 """
@@ -30,6 +40,10 @@ from laneway.types import Delta, FinishReason, GenerationRequest, TokenLogprob, 
 log = logging.getLogger("laneway.engines.llamacpp")
 
 PENALTY_LAST_N = 64  # tokens the presence/frequency penalties look back over (llama.cpp's default)
+# Fewer shared tokens than this are computed, not copied: a copy moves the whole stream's
+# buffer (n_ctx cells), which outweighs prefilling a handful of tokens (every chat shares its
+# first few: BOS and the template's opening marker).
+MIN_PREFIX_REUSE = 16
 
 
 class ChoiceText:
@@ -137,6 +151,22 @@ class BatchSequence:
     next_token: int | None = None  # sampled, to be decoded in the next step
     sampler: Any = None
     choice: ChoiceText | None = None
+    reserve: bool = False  # prefill only, and its cells are kept as a shared prefix (warm-up)
+
+
+@dataclass(frozen=True, eq=False)
+class Prefix:
+    """A warmed prompt prefix: its cells stay in a reserved sequence for the context's life."""
+
+    seq_id: int
+    tokens: np.ndarray  # the token ids in those cells
+
+
+def shared_tokens(prefix: np.ndarray, prompt: np.ndarray) -> int:
+    """How many leading token ids the two have in common."""
+    n = min(len(prefix), len(prompt))
+    differ = np.flatnonzero(prefix[:n] != prompt[:n])
+    return int(differ[0]) if len(differ) else n
 
 
 class BatchDecoder:
@@ -155,6 +185,9 @@ class BatchDecoder:
         self.steps = 0  # llama_decode calls (tests: sequences really share them)
         self.max_batched_sequences = 0  # the most sequences one step ever carried
         self.mixed_steps = 0  # steps that carried a prompt chunk beside other sequences' decode tokens
+        self.prefixes: list[Prefix] = []  # the decoder thread's alone
+        self.prefix_hits = 0  # sequences that started from a warmed prefix's cells
+        self.prefix_tokens_reused = 0  # prompt tokens those copies saved computing
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -187,7 +220,9 @@ class BatchDecoder:
                     self._running, self._incoming = [], []
                     break
                 for seq in self._incoming:
-                    self._begin_choice(seq, 0)
+                    if not seq.reserve:
+                        self._reuse_prefix(seq)
+                        self._begin_choice(seq, 0)
                 self._running += self._incoming
                 self._incoming = []
             try:
@@ -228,6 +263,32 @@ class BatchDecoder:
             self.ctx.kv_cache_seq_rm(seq.seq_id, keep, -1)
             seq.fed = seq.pos = keep
 
+    def _reuse_prefix(self, seq: BatchSequence) -> None:
+        """Start the sequence from the warmed prefix sharing the most leading tokens with its
+        prompt, when that saves at least MIN_PREFIX_REUSE tokens."""
+        if not self.prefixes:
+            return
+        prompt = np.asarray(seq.prompt[:-1], dtype=np.int32)  # the last token is always decoded
+        best, reuse = None, MIN_PREFIX_REUSE - 1
+        for prefix in self.prefixes:
+            shared = shared_tokens(prefix.tokens, prompt)
+            if shared > reuse:
+                best, reuse = prefix, shared
+        if best is None:
+            return
+        # Across streams llama.cpp copies only whole buffers; the cells past the shared tokens go.
+        self.ctx.kv_cache_seq_cp(best.seq_id, seq.seq_id, -1, -1)
+        self.ctx.kv_cache_seq_rm(seq.seq_id, reuse, -1)
+        seq.fed = seq.pos = reuse
+        self.prefix_hits += 1
+        self.prefix_tokens_reused += reuse
+
+    def _keep_prefix(self, seq: BatchSequence) -> None:
+        """A reserve sequence is computed: its cells become a prefix for later sequences."""
+        self._running.remove(seq)
+        self.prefixes.append(Prefix(seq.seq_id, np.asarray(seq.prompt, dtype=np.int32)))
+        seq.on_exit()
+
     def _retire(self, seq: BatchSequence) -> None:
         if seq in self._running:
             self._running.remove(seq)
@@ -254,13 +315,21 @@ class BatchDecoder:
                 seq.pos += 1
                 n += 1
         decoding = n
-        for seq in self._running:  # then prompt chunks, first come first served, in what is left
-            left = len(seq.prompt) - seq.fed
-            if left <= 0 or n >= self.n_batch:
-                continue
-            take = min(left, self.n_batch - n)
+        # Then prompts, shortest remaining first, in what is left of the step: a short prompt
+        # that arrives behind a long one is fed in the next step. A step that finishes a prompt
+        # carries no longer prompt's partial chunk, so that prompt's first token waits for its
+        # own tokens only (on a CPU a step's time grows with its tokens); the long one goes on
+        # in the next step.
+        waiting = sorted((s for s in self._running if s.fed < len(s.prompt)), key=lambda s: len(s.prompt) - s.fed)
+        finishing = False
+        for seq in waiting:
+            left, room = len(seq.prompt) - seq.fed, self.n_batch - n
+            if room <= 0 or (finishing and left > room):
+                break
+            take = min(left, room)
+            finishing = take == left
             for j in range(take):
-                last = seq.fed + j == len(seq.prompt) - 1
+                last = seq.fed + j == len(seq.prompt) - 1 and not seq.reserve
                 self._add(n, seq.prompt[seq.fed + j], seq.fed + j, seq.seq_id, last)
                 if last:
                     sampled.append((seq, n))
@@ -277,6 +346,8 @@ class BatchDecoder:
         self.max_batched_sequences = max(self.max_batched_sequences, len({s.seq_id for s, _ in sampled}))
         for seq, i in sampled:
             self._sample(seq, i)
+        for seq in [s for s in self._running if s.reserve and s.fed == len(s.prompt)]:
+            self._keep_prefix(seq)
 
     def _sample(self, seq: BatchSequence, i: int) -> None:
         choice = seq.choice

@@ -9,12 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from laneway.db.repositories import DeploymentSpec
-from laneway.engines.base import Engine, EngineError
+from laneway.engines.base import Engine, EngineError, system_prompt_chat
 from laneway.engines.llamacpp import LlamaCppEngine
 from laneway.engines.sim import SimEngine
 from laneway.engines.trtllm import TritonTRTLLMEngine
 from laneway.engines.vllm import VLLMEngine
-from laneway.types import ChatTurn
 
 log = logging.getLogger("laneway.engines")
 
@@ -354,6 +353,5 @@ async def warmup_prompts(d: LiveDeployment) -> list[str]:
         long = long[: len(long) * 3 // 4]
     prompts = ["Hello", long]
     for system in d.spec.config.get("warmup_system_prompts", ()):
-        chat = [ChatTurn("system", str(system)), ChatTurn("user", "Hello")]
-        prompts.append((await engine.measure(messages=chat)).text)
+        prompts.append((await engine.measure(messages=system_prompt_chat(str(system)))).text)
     return prompts
