@@ -71,7 +71,7 @@ class LeasedStream(Stream):
 
 
 class _LeasedASGIStream(ASGIStreamingResponse):
-    __slots__ = ("_blocked_since", "_scope", "_stalled", "lease", "send_timeout_s")
+    __slots__ = ("_blocked_since", "_ended", "_scope", "_stalled", "lease", "send_timeout_s")
 
     def __init__(self, *, lease: Lease, send_timeout_s: float, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -80,6 +80,7 @@ class _LeasedASGIStream(ASGIStreamingResponse):
         self._scope: Any = None
         self._blocked_since: float | None = None  # when the send under way began
         self._stalled = False
+        self._ended = False  # the last body event is out: a hang-up after it loses nothing
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._scope = scope
@@ -101,6 +102,10 @@ class _LeasedASGIStream(ASGIStreamingResponse):
         if watch is not None:  # laneway's server tells when the connection goes: no task for it
 
             def gone() -> None:
+                # The connection can close between the last chunk's send and this task seeing
+                # the sender done (a draining server closes it at once): that stream was whole.
+                if self._ended or sender.done():
+                    return
                 self.lease.call.fail(CLIENT_CLOSED, "client_disconnected")
                 sender.cancel()
 
@@ -133,7 +138,7 @@ class _LeasedASGIStream(ASGIStreamingResponse):
                 watchdog.cancel()
             unwatch()
             if not sender.done():  # the client hung up (or this task is being cancelled)
-                if watcher is not None and watcher.done() and not watcher.cancelled():
+                if watcher is not None and watcher.done() and not watcher.cancelled() and not self._ended:
                     self.lease.call.fail(CLIENT_CLOSED, "client_disconnected")
                 sender.cancel()
                 await asyncio.wait({sender})
@@ -152,6 +157,7 @@ class _LeasedASGIStream(ASGIStreamingResponse):
                 data = chunk if isinstance(chunk, bytes) else chunk.encode(self.encoding)
                 await self._send(send, data, more=True)
             await self._send(send, b"", more=False)
+            self._ended = True
         finally:
             # Cut short inside a send, the body is suspended, not finished: close it now, which
             # stops its generation (left to the garbage collector it would run on meanwhile).
