@@ -202,11 +202,15 @@ def test_priority_reaches_vllm_which_serves_the_more_urgent_waiting_request_firs
         assert r.usage is not None and r.usage.completion_tokens == max_tokens
         done.append(name)
 
+    # vLLM idle first: a request an earlier test left (an abort still on its way) would hold a
+    # slot, and its end would free one out of turn.
+    wait_for(lambda: metric(real_vllm, "vllm:num_requests_running") + metric(real_vllm, "vllm:num_requests_waiting")
+             == 0, within=120, step=0.1, what="vLLM idle")  # fmt: skip
     lengths = [200] + [500] * (RealVLLM.MAX_NUM_SEQS - 1)
     threads = [threading.Thread(target=call, args=(f"filler-{i}", 0, n)) for i, n in enumerate(lengths)]
     for t in threads:
         t.start()
-    wait_for(lambda: metric(real_vllm, "vllm:num_requests_running") == RealVLLM.MAX_NUM_SEQS, within=30,
+    wait_for(lambda: metric(real_vllm, "vllm:num_requests_running") == RealVLLM.MAX_NUM_SEQS, within=120,
              step=0.05, what="vLLM running every filler")  # fmt: skip
     for name, priority, max_tokens in (("later", 10, 1), ("urgent", 1, 100)):
         threads.append(threading.Thread(target=call, args=(name, priority, max_tokens)))
