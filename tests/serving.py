@@ -8,7 +8,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -146,6 +147,24 @@ def start_gateway(data_dir: Path, *, database_url: str | None = None, wait_ready
     config = Settings(data_dir=data_dir, database_url=url, bootstrap_demo=False, **settings)
     server = ServerThread(create_app(config)).start(wait_ready=wait_ready)
     return Gateway(server=server, keys=keys, database_url=url, settings=config)
+
+
+@contextmanager
+def replica_pair(start_first: Callable[[], Gateway], start_second: Callable[[], Gateway]) -> Iterator[list[Gateway]]:
+    """Two replicas of one deployment (the first seeds; the second shares its keys), both
+    stopped at the end, and the first stopped too if the second fails to start."""
+    a = start_first()
+    try:
+        b = start_second()
+    except BaseException:
+        a.stop()
+        raise
+    b.keys = a.keys
+    try:
+        yield [a, b]
+    finally:
+        a.stop()
+        b.stop()
 
 
 def free_port() -> int:

@@ -16,7 +16,7 @@ import openai
 import pytest
 from laneway.core.quota import period
 from services import PrivateRedis
-from serving import Gateway, sim_model, start_gateway, wait_for
+from serving import Gateway, replica_pair, sim_model, start_gateway, wait_for
 
 QUOTA = 100
 
@@ -39,18 +39,9 @@ def replica(data: Path, redis: PrivateRedis, database_url: str, seed: bool) -> G
 
 @pytest.fixture
 def replicas(private_redis: PrivateRedis, pg_database: str, tmp_path: Path) -> Iterator[list[Gateway]]:
-    a = replica(tmp_path / "a", private_redis, pg_database, seed=True)
-    try:
-        b = replica(tmp_path / "b", private_redis, pg_database, seed=False)
-    except BaseException:
-        a.stop()
-        raise
-    b.keys = a.keys
-    try:
-        yield [a, b]
-    finally:
-        a.stop()
-        b.stop()
+    with replica_pair(lambda: replica(tmp_path / "a", private_redis, pg_database, seed=True),
+                      lambda: replica(tmp_path / "b", private_redis, pg_database, seed=False)) as pair:  # fmt: skip
+        yield pair
 
 
 def complete(gw: Gateway, model: str = "sim", max_tokens: int = 9) -> int:

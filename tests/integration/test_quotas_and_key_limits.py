@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 from services import require_service
-from serving import Gateway, KeySpec, sim_model, start_gateway, wait_for
+from serving import Gateway, KeySpec, replica_pair, sim_model, start_gateway, wait_for
 
 REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 PASSWORD = "correct horse battery"
@@ -69,18 +69,11 @@ def replicas(tmp_path_factory: pytest.TempPathFactory, pg_database_module: str) 
         "admin_password": PASSWORD,
         "usage_flush_interval_s": 0.05,
     }
-    a = start_gateway(tmp_path_factory.mktemp("a"), seed_with=_seed(), **shared)
-    try:
-        b = start_gateway(tmp_path_factory.mktemp("b"), **shared)  # the schema and rows are a's
-    except BaseException:
-        a.stop()
-        raise
-    b.keys = a.keys
-    try:
-        yield [a, b]
-    finally:
-        a.stop()
-        b.stop()
+    with replica_pair(
+        lambda: start_gateway(tmp_path_factory.mktemp("a"), seed_with=_seed(), **shared),
+        lambda: start_gateway(tmp_path_factory.mktemp("b"), **shared),
+    ) as pair:  # b: a's schema, rows
+        yield pair
 
 
 @pytest.fixture
