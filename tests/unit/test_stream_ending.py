@@ -40,18 +40,29 @@ async def _chunks() -> AsyncIterator[bytes]:
         yield f"data: {i}\n\n".encode()
 
 
-async def _stream(close_after_last: bool) -> _Lease:
+async def _endless() -> AsyncIterator[bytes]:
+    while True:
+        yield b"data: x\n\n"
+        await asyncio.sleep(0.001)
+
+
+async def _stream(body: AsyncIterator[bytes], hang_up: Callable[[Any, int], bool]) -> _Lease:
+    """Send `body` through the leased stream on laneway's disconnect watcher; the connection
+    is lost on the loop's next turn (as after uvicorn's transport.close()) after the body
+    event for which hang_up(message, events sent so far) is true."""
     lease = _Lease()
     watchers: list[Callable[[], None]] = []
     loop = asyncio.get_running_loop()
+    sent = 0
 
     def watch(callback: Callable[[], None]) -> Callable[[], None]:
         watchers.append(callback)
         return lambda: watchers.remove(callback) if callback in watchers else None
 
     async def send(message: Any) -> None:
-        if message["type"] == "http.response.body" and not message.get("more_body") and close_after_last:
-            # as uvicorn's transport.close(): connection_lost runs on the loop's next turn
+        nonlocal sent
+        sent += 1
+        if message["type"] == "http.response.body" and hang_up(message, sent):
             loop.call_soon(lambda: [w() for w in list(watchers)])
 
     async def receive() -> Any:
@@ -60,55 +71,23 @@ async def _stream(close_after_last: bool) -> _Lease:
     response = _LeasedASGIStream(
         lease=lease,  # type: ignore[arg-type]
         send_timeout_s=0,
-        iterator=_chunks(),
+        iterator=body,
         content_length=0,
         headers={},
         media_type="text/event-stream",
         status_code=200,
     )
     scope: Any = {"type": "http", "extensions": {DISCONNECT_EXTENSION: watch}}
-    await response(scope, receive, send)
+    await asyncio.wait_for(response(scope, receive, send), 5)
     await asyncio.sleep(0)
     return lease
 
 
 async def test_a_connection_closed_right_after_the_last_chunk_leaves_the_stream_whole() -> None:
-    lease = await _stream(close_after_last=True)
+    lease = await _stream(_chunks(), lambda message, _: not message.get("more_body"))
     assert lease.released and lease.call.failed == []
 
 
 async def test_a_hang_up_before_the_end_is_still_a_client_disconnect() -> None:
-    lease = _Lease()
-    watchers: list[Callable[[], None]] = []
-
-    def watch(callback: Callable[[], None]) -> Callable[[], None]:
-        watchers.append(callback)
-        return lambda: None
-
-    async def endless() -> AsyncIterator[bytes]:
-        while True:
-            yield b"data: x\n\n"
-            await asyncio.sleep(0.001)
-
-    sent = 0
-
-    async def send(message: Any) -> None:
-        nonlocal sent
-        sent += 1
-        if sent == 3:
-            asyncio.get_running_loop().call_soon(lambda: [w() for w in list(watchers)])
-
-    async def receive() -> Any:
-        await asyncio.Event().wait()
-
-    response = _LeasedASGIStream(
-        lease=lease,  # type: ignore[arg-type]
-        send_timeout_s=0,
-        iterator=endless(),
-        content_length=0,
-        headers={},
-        media_type="text/event-stream",
-        status_code=200,
-    )
-    await asyncio.wait_for(response({"type": "http", "extensions": {DISCONNECT_EXTENSION: watch}}, receive, send), 5)
+    lease = await _stream(_endless(), lambda _, sent: sent == 3)
     assert lease.released and lease.call.failed == ["client_disconnected"]
