@@ -112,7 +112,8 @@ class Runtime:
     def __init__(self, settings: Settings, *, tracing: Tracing | None = None) -> None:
         self.settings = settings
         self.tracing = tracing  # None when no OTLP endpoint is set
-        self.shedder = LoadShedder(max_delay_s=settings.shed_loop_delay_s, max_preparing=settings.shed_max_preparing)
+        self.shedder = LoadShedder(max_delay_s=settings.shed_loop_delay_s, max_preparing=settings.shed_max_preparing,
+                                   cpu_target=settings.shed_cpu_target)  # fmt: skip
         # Before start: refusals are counted from the first request, and the error handlers
         # hold this object, not the gateway.
         self.metrics = GatewayMetrics(tenant_label=settings.metrics_tenant_label)
@@ -209,7 +210,7 @@ class Runtime:
             metrics=self.metrics,
             shared_slots=shared_slots,
         )
-        self.loop_lag = loop_lag = LoopLagMonitor(on_sample=self.shedder.observe)
+        self.loop_lag = loop_lag = LoopLagMonitor(on_sample=self.shedder.tick)
         await loop_lag.start()
         steps.started_step("loop lag", loop_lag.stop)
         self.metrics.watch(lambda: runtime_readings(gateway, health, recorder, loop_lag, self.shedder))
@@ -374,10 +375,15 @@ def runtime_readings(
          max(loop_lag.samples, default=0.0)),
         ("laneway_api_requests_preparing", "API requests between their headers and an engine's queue.", "gauge",
          {}, shedder.preparing),
+        ("laneway_event_loop_busy_ratio", "Share of the last ticks the event loop's thread spent on the CPU.",
+         "gauge", {}, shedder.busy),
+        ("laneway_api_admit_ratio", "Share of new API requests let in by the CPU load shedder (1: all).", "gauge",
+         {}, shedder.admit),
     ]  # fmt: skip
     for reason, n in shedder.shed_by.items():
-        out.append(("laneway_shed_total", "Requests refused with 503 overloaded before any work: too many "
-                    "being prepared (backlog) or the loop ran behind (loop_lag).", "counter", {"reason": reason},
+        out.append(("laneway_shed_total", "Requests refused with 503 overloaded before any work: the loop "
+                    "over its CPU target (cpu), too many being prepared (backlog) or the loop behind "
+                    "(loop_lag).", "counter", {"reason": reason},
                     n))  # fmt: skip
     for dep in sorted(set(health.errors) | set(health.degraded)):
         labels = {"dependency": dep}

@@ -217,6 +217,32 @@ def test_an_overloaded_gateway_refuses_api_requests_before_any_work(gw: Gateway)
         sock.close()
 
 
+def test_a_gateway_over_its_cpu_target_lets_in_only_its_admitted_share(gw: Gateway) -> None:
+    """The cpu signal: with half of new API requests admitted, every other one gets the prepared
+    503 at the door (counted as `cpu`) and the rest reach the app; /metrics shows the share."""
+    shedder = gw.server.runtime.shedder
+    sock = socket.create_connection(("127.0.0.1", gw.port))
+    body = json.dumps({"model": "sim", "prompt": "hi", "max_tokens": 2}).encode()
+    request = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body  # fmt: skip
+    shedder.cpu_target = 0.0  # the monitor's ticks leave the share alone: this test sets it
+    shedder.admit = 0.5
+    try:
+        cpu_before = shedder.shed_by["cpu"]
+        statuses = []
+        for _ in range(6):
+            sock.sendall(request)  # one connection, kept alive through the refusals
+            statuses.append(read_answer(sock).split(b" ", 2)[1])
+        assert sorted(statuses) == [b"401"] * 3 + [b"503"] * 3, statuses  # a wrong key: the app ran
+        assert shedder.shed_by["cpu"] == cpu_before + 3
+        metrics = httpx.get(gw.base_url + "/metrics").text
+        assert f'laneway_shed_total{{reason="cpu"}} {float(shedder.shed_by["cpu"])}' in metrics
+        assert "laneway_api_admit_ratio 0.5" in metrics
+    finally:
+        shedder.admit, shedder.cpu_target = 1.0, 0.9
+        sock.close()
+
+
 def test_an_idle_connection_outlives_the_sdks_own_keep_alive_expiry(gw: Gateway) -> None:
     """httpx (and so the OpenAI SDKs) drops an idle pooled connection after 5 s. Were the
     server to drop it at the same moment, a request sent on it just then would fail with a read

@@ -46,7 +46,7 @@ def test_zero_turns_it_off() -> None:
 def test_requests_being_prepared_close_the_door_at_the_cap_and_each_leaves_once() -> None:
     s = LoadShedder(max_preparing=2)
     first, second = Preparing(s), Preparing(s)
-    assert s.refusal() == "backlog" and s.shed_by == {"backlog": 1, "loop_lag": 0}
+    assert s.refusal() == "backlog" and s.shed_by == {"cpu": 0, "backlog": 1, "loop_lag": 0}
     first.done()
     first.done()  # the pipeline, then the protocol at the response's end: counted once
     assert s.preparing == 1 and s.refusal() is None
@@ -62,3 +62,55 @@ def test_the_cap_is_off_with_shedding_or_at_zero() -> None:
     for s in (LoadShedder(max_delay_s=0, max_preparing=1), LoadShedder(max_preparing=0)):
         Preparing(s)
         assert s.refusal() is None
+
+
+def _tick(s: LoadShedder, wall: Clock, cpu: Clock, busy: float, arrivals: int = 30, lag_s: float = 0.0) -> None:
+    """One 50 ms tick of the loop-lag monitor in which the loop's thread was `busy` of the time
+    while `arrivals` API requests came in (30 per tick: 600 a second)."""
+    for _ in range(arrivals):
+        s.arrived()
+    wall.now += 0.05
+    cpu.now += 0.05 * busy
+    s.tick(lag_s)
+
+
+def test_a_saturated_loop_lets_in_only_the_share_that_keeps_it_at_its_cpu_target() -> None:
+    wall, cpu = Clock(), Clock()
+    s = LoadShedder(cpu_target=0.9, clock=wall, cpu_clock=cpu)
+    _tick(s, wall, cpu, 0.5)  # the first tick only starts the measurement
+    assert s.admit == 1.0 and s.refusal() is None
+    # Demand at 5x what the loop can do: busy = min(1, 5 * admitted share).
+    busy_seen = []
+    for _ in range(30):
+        _tick(s, wall, cpu, min(1.0, 5 * s.admit), lag_s=0.03 if s.admit > 0.3 else 0.0)
+        busy_seen.append(min(1.0, 5 * s.admit))
+    assert 0.16 <= s.admit <= 0.19, s.admit  # ~0.9 / 5: the loop at its target, not behind
+    assert all(0.8 <= b <= 0.95 for b in busy_seen[-10:]), busy_seen
+    # Admitting is deterministic: of 1,000 new requests, the admitted share gets in.
+    refused = [s.refusal() for _ in range(1000)]
+    assert abs(refused.count(None) - 1000 * s.admit) <= 1
+    assert set(refused) == {None, "cpu"} and s.shed_by["cpu"] == refused.count("cpu")
+
+
+def test_the_door_opens_again_as_soon_as_the_loop_has_room() -> None:
+    wall, cpu = Clock(), Clock()
+    s = LoadShedder(cpu_target=0.9, clock=wall, cpu_clock=cpu)
+    for _ in range(10):
+        _tick(s, wall, cpu, 1.0, lag_s=0.1)
+    assert s.admit < 0.05  # closed down to (about) its floor, never to zero
+    assert s.admit >= 0.02
+    for _ in range(4):  # the flood stopped: the loop idles at 10 % with the same arrivals
+        _tick(s, wall, cpu, 0.1)
+    assert s.admit == 1.0 and s.refusal() is None
+
+
+def test_a_busy_loop_at_a_low_rate_refuses_nothing_and_zero_turns_the_cpu_signal_off() -> None:
+    wall, cpu = Clock(), Clock()
+    s = LoadShedder(cpu_target=0.9, min_rate=200, clock=wall, cpu_clock=cpu)
+    for _ in range(10):
+        _tick(s, wall, cpu, 1.0, arrivals=2)  # a long prompt's templating while 40 requests/s arrive
+    assert s.admit == 1.0
+    off = LoadShedder(cpu_target=0, clock=wall, cpu_clock=cpu)
+    for _ in range(10):
+        _tick(off, wall, cpu, 1.0, lag_s=0.01)
+    assert off.admit == 1.0 and off.refusal() is None

@@ -5,8 +5,18 @@ client, and take CPU from the requests that can still make it: goodput collapses
 client waits (measured: 110 -> 23 requests a second at 5x capacity). So the HTTP protocol asks
 this object, as soon as a request's headers are parsed and before the app sees it, whether
 to let it in, and if not answers a prepared 503 `overloaded` + Retry-After itself (tens of
-microseconds: no routing, auth or JSON). Two signals, each with its reason in
+microseconds: no routing, auth or JSON). Three signals, each with its reason in
 `laneway_shed_total{reason}`:
+
+- `cpu`: the event loop's thread is busy more than `cpu_target` of the time (its CPU time
+  over wall time, read every 50 ms tick of the loop-lag monitor) while API requests arrive at
+  `min_rate` a second or more. Then only a fraction of new API requests is let in, adjusted
+  each tick so the loop stays at the target: `admit *= target / busy` (a proportional step,
+  so at 5x the demand it closes in a few ticks; halved again while the loop also runs behind),
+  and it opens the same way once the loop has room. Admitting is deterministic (a credit of
+  `admit` per arrival), never random. This is the signal that keeps refusals fast: it acts
+  while the loop still has spare time to refuse in, where a loop delay is only seen once every
+  request already waits for it.
 
 - `backlog`: more than `max_preparing` API requests are between their headers and their
   place in an engine's queue (reading the body, auth, measuring, the rate-limit reserve).
@@ -29,7 +39,8 @@ import time
 from collections.abc import Callable
 from contextvars import ContextVar
 
-REASONS = ("backlog", "loop_lag")
+REASONS = ("cpu", "backlog", "loop_lag")
+MIN_ADMIT = 0.02  # never shut the door completely: the fraction let in keeps measuring
 
 
 class Preparing:
@@ -67,7 +78,9 @@ class LoadShedder:
         hold_s: float = 0.05,
         min_rate: float = 200.0,
         max_preparing: int = 64,
+        cpu_target: float = 0.9,
         clock: Callable[[], float] = time.perf_counter,
+        cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
         self.max_delay_s = max_delay_s
         self.hold_s = hold_s
@@ -76,6 +89,14 @@ class LoadShedder:
         self.min_arrivals = max(1, int(min_rate * _WINDOW_S))
         self.max_preparing = max_preparing
         self.clock = clock
+        # cpu: the loop's busy target (0: off), the loop thread's CPU clock, the fraction of new
+        # API requests let in, and its credit (admit per arrival; a request passes at 1).
+        self.cpu_target = cpu_target
+        self.cpu_clock = cpu_clock
+        self.admit = 1.0
+        self.busy = 0.0  # the loop thread's busy share over the last tick (smoothed)
+        self._credit = 0.0
+        self._ticked: tuple[float, float] | None = None  # (wall, cpu) at the last tick
         self._until = 0.0
         self._window_start = 0.0
         self._arrivals = 0  # API requests whose headers arrived in the current window
@@ -103,6 +124,27 @@ class LoadShedder:
         if self.enabled and delay_s > self.max_delay_s and self._arrivals + self._previous >= self.min_arrivals:
             self._until = self.clock() + self.hold_s
 
+    def tick(self, lag_s: float = 0.0) -> None:
+        """The loop-lag monitor's tick (on the loop's thread, every ~50 ms): read how busy the
+        loop was since the last one and set the fraction of new API requests let in."""
+        self.observe(lag_s)
+        now, cpu = self.clock(), self.cpu_clock()
+        last, self._ticked = self._ticked, (now, cpu)
+        if last is None or now <= last[0] or not self.enabled or self.cpu_target <= 0:
+            return
+        busy = min(1.0, max(0.0, (cpu - last[1]) / (now - last[0])))
+        self.busy = busy = (self.busy + busy) / 2  # two ticks: one slow callback is not a trend
+        if self._arrivals + self._previous < self.min_arrivals:
+            self.admit = 1.0  # a busy loop at a low rate (a long prompt, a collection): not load
+            return
+        # Proportional: at busy b with a fraction p let in, p * target / b would have hit the
+        # target. A saturated loop reads 1.0 whatever the excess, so a loop that is also behind
+        # closes twice as fast.
+        factor = self.cpu_target / max(busy, 1e-3)
+        if lag_s > self.max_delay_s:
+            factor = min(factor, 0.5)
+        self.admit = min(1.0, max(MIN_ADMIT, self.admit * factor))
+
     def overloaded(self) -> bool:
         return self.enabled and self.clock() < self._until
 
@@ -110,7 +152,9 @@ class LoadShedder:
         """Why a new API request must be refused now (a reason of REASONS, counted), or None."""
         if not self.enabled:
             return None
-        if 0 < self.max_preparing <= self.preparing:
+        if self.admit < 1.0 and self._refuse_for_cpu():
+            reason = "cpu"
+        elif 0 < self.max_preparing <= self.preparing:
             reason = "backlog"
         elif self.clock() < self._until:
             reason = "loop_lag"
@@ -118,6 +162,13 @@ class LoadShedder:
             return None
         self.shed_by[reason] += 1
         return reason
+
+    def _refuse_for_cpu(self) -> bool:
+        self._credit += self.admit
+        if self._credit >= 1.0:
+            self._credit -= 1.0
+            return False
+        return True
 
 
 _WINDOW_S = 0.1
