@@ -93,9 +93,10 @@ class Settings:
     # ... and while this many API requests are already being prepared (body, auth, measuring,
     # the rate-limit reserve: before an engine's queue), the loop's backlog of work (0: no cap).
     shed_max_preparing: int = 64
-    # ... and while the event loop's thread is busy more than this share of the time, only the
-    # fraction of new /v1 requests that keeps it there is let in (0 turns it off).
-    shed_cpu_target: float = 0.9
+    # ... and, when set (0 < x < 1), while the event loop's thread is busy more than this share
+    # of the time, only the fraction of new /v1 requests that keeps it there is let in: faster
+    # refusals and successes at 5x, but less goodput (README, "Overload"); 0 (default): off.
+    shed_cpu_target: float = 0.0
     # When set, /metrics and /schema need "Authorization: Bearer <token>" (default: open).
     metrics_token: str | None = None
     # OpenTelemetry traces (laneway/tracing/): the OTLP/HTTP URL spans are POSTed to, from

@@ -225,6 +225,7 @@ def test_a_gateway_over_its_cpu_target_lets_in_only_its_admitted_share(gw: Gatew
     body = json.dumps({"model": "sim", "prompt": "hi", "max_tokens": 2}).encode()
     request = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n"
                f"Content-Length: {len(body)}\r\n\r\n").encode() + body  # fmt: skip
+    target = shedder.cpu_target
     shedder.cpu_target = 0.0  # the monitor's ticks leave the share alone: this test sets it
     shedder.admit = 0.5
     try:
@@ -239,7 +240,7 @@ def test_a_gateway_over_its_cpu_target_lets_in_only_its_admitted_share(gw: Gatew
         assert f'laneway_shed_total{{reason="cpu"}} {float(shedder.shed_by["cpu"])}' in metrics
         assert "laneway_api_admit_ratio 0.5" in metrics
     finally:
-        shedder.admit, shedder.cpu_target = 1.0, 0.9
+        shedder.admit, shedder.cpu_target = 1.0, target
         sock.close()
 
 
