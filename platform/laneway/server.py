@@ -16,6 +16,9 @@ missing for hostile clients are small to add here:
 - load shedding: while too many requests are being prepared or the event loop runs behind
   (core/load_shedding.py), a new /v1 request is answered with a prepared 503 `overloaded`
   right after its headers, before the app.
+- the generation routes below Litestar: POST /v1/completions and /v1/chat/completions are
+  served by api/fast.py's plain-ASGI route (the same handlers, errors and headers; Litestar's
+  per-request layers cost as much CPU as the request's own work), unless tracing is on.
 
 uvicorn's own `limit_concurrency` caps connections (503 beyond), `timeout_keep_alive`
 closes idle ones. `GatewayServer` turns the first SIGTERM/SIGINT into a drain (stop
@@ -39,6 +42,8 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from laneway.api.disconnect import DISCONNECT_EXTENSION
+from laneway.api.errors import ErrorHandlers
+from laneway.api.fast import FastRoutes
 from laneway.api.request_ids import fresh_request_id, sent_request_id
 from laneway.api.responses import ABORT_EXTENSION
 from laneway.core import load_shedding
@@ -218,6 +223,9 @@ class StartDelay:
 def server_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Config:
     runtime = runtime_of(app)  # None: another ASGI app (a test's stand-in engine), no load shedding
     shedder = runtime.shedder if runtime is not None else None
+    asgi = app
+    if runtime is not None and runtime.tracing is None:  # traced requests need Litestar's middleware
+        asgi = FastRoutes(app, runtime.provide_api, ErrorHandlers(runtime.metrics))
     options: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
@@ -230,7 +238,7 @@ def server_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Con
         "access_log": False,  # one line per request costs more than the request (see bench/)
         **overrides,
     }
-    return uvicorn.Config(StartDelay(app, shedder) if shedder is not None else app, **options)
+    return uvicorn.Config(StartDelay(asgi, shedder) if shedder is not None else asgi, **options)
 
 
 class GatewayServer(uvicorn.Server):

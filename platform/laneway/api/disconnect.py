@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
-
-from litestar import Request
+from typing import Any, Protocol, TypeVar
 
 from laneway.core.pipeline import CLIENT_CLOSED, Call
 
@@ -17,11 +15,20 @@ DISCONNECT_EXTENSION = "laneway.watch_disconnect"
 Watch = Callable[[Callable[[], None]], Callable[[], None]]
 
 
+class Connection(Protocol):
+    """A request as until_disconnect reads it (Litestar's Request, or api/fast.py's)."""
+
+    @property
+    def scope(self) -> Any: ...
+    @property
+    def receive(self) -> Callable[[], Awaitable[Any]]: ...
+
+
 class ClientDisconnected(Exception):
     pass
 
 
-async def until_disconnect(request: Request[Any, Any, Any], work: Awaitable[T], call: Call) -> T:
+async def until_disconnect(request: Connection, work: Awaitable[T], call: Call) -> T:
     """Await `work` in this task while a watcher task listens for the client hanging up; if it
     does, the call is marked 499, this task is cancelled (the work stops at its current
     await, releasing what it holds into the call's lease) and ClientDisconnected is raised.
@@ -66,6 +73,6 @@ async def until_disconnect(request: Request[Any, Any, Any], work: Awaitable[T], 
     return result
 
 
-async def _disconnected(request: Request[Any, Any, Any]) -> None:
+async def _disconnected(request: Connection) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass

@@ -85,8 +85,9 @@ class ErrorHandlers:
         return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
 
     def internal_error(self, request: Request, exc: Exception) -> Response[bytes]:  # type: ignore[type-arg]
-        rid = request_id(request.scope)
-        log.exception("unhandled error on %s %s (request %s)", request.method, request.url.path, rid, exc_info=exc)
+        scope = request.scope  # read off the scope: api/fast.py passes its own request here
+        rid = request_id(scope)
+        log.exception("unhandled error on %s %s (request %s)", scope["method"], scope["path"], rid, exc_info=exc)
         self._count(request, 500, "internal_error")
         return error_response(500, "The gateway failed to handle this request; it has been logged.",
                               code="internal_error")  # fmt: skip

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
 from litestar import Controller, MediaType, Request, Response, get, post
@@ -40,13 +40,27 @@ if TYPE_CHECKING:
     from laneway.tracing.otel import RequestTrace
 
 T = TypeVar("T")
+
+
+class Incoming(Protocol):
+    """What the generation handlers read of a request: Litestar's Request, or api/fast.py's."""
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    @property
+    def scope(self) -> Any: ...
+    @property
+    def receive(self) -> Callable[[], Awaitable[Any]]: ...
+    async def body(self) -> bytes: ...
+
+
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-async def authenticate(request: Request, auth: KeyAuthenticator) -> TenantSnapshot:  # type: ignore[type-arg]
+async def authenticate(request: Incoming, auth: KeyAuthenticator) -> TenantSnapshot:
     """The tenant of the request's API key (401/403/503 otherwise); an `auth` span when traced."""
     header = request.headers.get("authorization")
-    trace: RequestTrace | None = cast("dict[str, Any]", request.scope).get(TRACE_KEY)
+    trace: RequestTrace | None = request.scope.get(TRACE_KEY)
     if trace is None:  # tracing off: this branch is all it costs
         return await auth.authenticate(header)
     return await trace.auth(auth.authenticate(header))
@@ -56,7 +70,7 @@ async def authenticate(request: Request, auth: KeyAuthenticator) -> TenantSnapsh
 _UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `([^`]+)`$")
 
 
-async def _decode(request: Request, kind: type[T]) -> T:  # type: ignore[type-arg]
+async def _decode(request: Incoming, kind: type[T]) -> T:
     body = await request.body()
     if not body:
         raise invalid_request("Request body is empty; expected a JSON object.", code="invalid_json")
@@ -174,7 +188,7 @@ class _Hinted(Protocol):
     def user(self) -> str | None: ...
 
 
-def _hints(request: Request, req: _Hinted) -> dict[str, Any]:  # type: ignore[type-arg]
+def _hints(request: Incoming, req: _Hinted) -> dict[str, Any]:
     """Task, lane and priority (headers win over request metadata), the end user and the
     client's X-Request-Id."""
     if req.user is not None and "\x00" in req.user:  # stored on the usage row: PostgreSQL text can't hold NUL
@@ -262,95 +276,105 @@ class OpenAIController(Controller):
 
     @post("/chat/completions", status_code=200, operation_class=openapi.CHAT)
     async def chat_completions(self, request: Request, api: Api) -> Response[bytes] | Stream:  # type: ignore[type-arg]
-        tenant = await authenticate(request, api.authenticator)
-        req = await _decode(request, p.ChatCompletionRequest)
-        stop = _common_checks(req)
-        features = _chat_features(req)
-        turns = [_turn(i, m) for i, m in enumerate(req.messages)]
-        gateway = api.gateway
-        hints = _hints(request, req)
-        hints["task"] = hints["task"] or "chat"
-        call = await gateway.prepare(
-            tenant,
-            endpoint="chat",
-            alias=req.model,
-            stream=req.stream,
-            messages=turns,
-            max_tokens=req.max_completion_tokens or req.max_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            seed=req.seed,
-            stop=stop,
-            **hints,
-            **_sampling(req),
-            **features,
-        )
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        want_logprobs = features["logprobs"] is not None
-
-        def body(deltas: list[Delta]) -> p.ChatCompletion:
-            collected = Collected.of(call.generation.n, deltas)
-            return p.ChatCompletion(
-                id=call.request_id,
-                created=int(time.time()),
-                model=call.alias,
-                choices=chat_choices(collected, want_logprobs),
-                usage=_usage(call),
-                system_fingerprint=call.fingerprint,
-            )
-
-        return await _respond(
-            request, api, call, lambda lease: _chat_events(gateway, lease, include_usage, want_logprobs), body
-        )
+        return await chat_completions(request, api)
 
     @post("/completions", status_code=200, operation_class=openapi.COMPLETION)
     async def completions(self, request: Request, api: Api) -> Response[bytes] | Stream:  # type: ignore[type-arg]
-        tenant = await authenticate(request, api.authenticator)
-        req = await _decode(request, p.CompletionRequest)
-        stop = _common_checks(req)
-        prompt = req.prompt
-        if isinstance(prompt, list):
-            if len(prompt) != 1:
-                raise unsupported("prompt", "a list of several prompts")
-            prompt = prompt[0]
-        gateway = api.gateway
-        call = await gateway.prepare(
-            tenant,
-            endpoint="completions",
-            alias=req.model,
-            stream=req.stream,
-            prompt=prompt,
-            max_tokens=req.max_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            seed=req.seed,
-            stop=stop,
-            logprobs=req.logprobs,
-            **_hints(request, req),
-            **_sampling(req),
-        )
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        echo = prompt if req.echo else ""
-        want_logprobs = req.logprobs is not None
+        return await completions(request, api)
 
-        def body(deltas: list[Delta]) -> p.Completion:
-            collected = Collected.of(call.generation.n, deltas)
-            return p.Completion(
-                id=call.request_id,
-                created=int(time.time()),
-                model=call.alias,
-                choices=completion_choices(collected, echo, want_logprobs),
-                usage=_usage(call),
-                system_fingerprint=call.fingerprint,
-            )
 
-        return await _respond(
-            request,
-            api,
-            call,
-            lambda lease: _completion_events(gateway, lease, include_usage, echo, want_logprobs),
-            body,
+async def chat_completions(request: Incoming, api: ApiServices) -> Response[bytes] | Stream:
+    """POST /v1/chat/completions, for the controller and for api/fast.py's plain-ASGI route."""
+    tenant = await authenticate(request, api.authenticator)
+    req = await _decode(request, p.ChatCompletionRequest)
+    stop = _common_checks(req)
+    features = _chat_features(req)
+    turns = [_turn(i, m) for i, m in enumerate(req.messages)]
+    gateway = api.gateway
+    hints = _hints(request, req)
+    hints["task"] = hints["task"] or "chat"
+    call = await gateway.prepare(
+        tenant,
+        endpoint="chat",
+        alias=req.model,
+        stream=req.stream,
+        messages=turns,
+        max_tokens=req.max_completion_tokens or req.max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        seed=req.seed,
+        stop=stop,
+        **hints,
+        **_sampling(req),
+        **features,
+    )
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    want_logprobs = features["logprobs"] is not None
+
+    def body(deltas: list[Delta]) -> p.ChatCompletion:
+        collected = Collected.of(call.generation.n, deltas)
+        return p.ChatCompletion(
+            id=call.request_id,
+            created=int(time.time()),
+            model=call.alias,
+            choices=chat_choices(collected, want_logprobs),
+            usage=_usage(call),
+            system_fingerprint=call.fingerprint,
         )
+
+    return await _respond(
+        request, api, call, lambda lease: _chat_events(gateway, lease, include_usage, want_logprobs), body
+    )
+
+
+async def completions(request: Incoming, api: ApiServices) -> Response[bytes] | Stream:
+    """POST /v1/completions, for the controller and for api/fast.py's plain-ASGI route."""
+    tenant = await authenticate(request, api.authenticator)
+    req = await _decode(request, p.CompletionRequest)
+    stop = _common_checks(req)
+    prompt = req.prompt
+    if isinstance(prompt, list):
+        if len(prompt) != 1:
+            raise unsupported("prompt", "a list of several prompts")
+        prompt = prompt[0]
+    gateway = api.gateway
+    call = await gateway.prepare(
+        tenant,
+        endpoint="completions",
+        alias=req.model,
+        stream=req.stream,
+        prompt=prompt,
+        max_tokens=req.max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        seed=req.seed,
+        stop=stop,
+        logprobs=req.logprobs,
+        **_hints(request, req),
+        **_sampling(req),
+    )
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    echo = prompt if req.echo else ""
+    want_logprobs = req.logprobs is not None
+
+    def body(deltas: list[Delta]) -> p.Completion:
+        collected = Collected.of(call.generation.n, deltas)
+        return p.Completion(
+            id=call.request_id,
+            created=int(time.time()),
+            model=call.alias,
+            choices=completion_choices(collected, echo, want_logprobs),
+            usage=_usage(call),
+            system_fingerprint=call.fingerprint,
+        )
+
+    return await _respond(
+        request,
+        api,
+        call,
+        lambda lease: _completion_events(gateway, lease, include_usage, echo, want_logprobs),
+        body,
+    )
 
 
 async def admitted(gateway: Gateway, lease: Lease, work: Callable[[], Awaitable[T]]) -> T:
@@ -387,7 +411,7 @@ async def _admit_and_collect(gateway: Gateway, lease: Lease) -> list[Delta]:
 
 
 async def _respond(
-    request: Request,  # type: ignore[type-arg]
+    request: Incoming,
     api: ApiServices,
     call: Call,
     events: Callable[[Lease], AsyncIterator[bytes]],

@@ -588,6 +588,9 @@ class Gateway:
                                     tool_calls=delta.tool_calls, logprobs=delta.logprobs)  # fmt: skip
                         if left == 0:
                             return
+                    elif text is delta.text and delta.prompt_tokens is None:
+                        if text or delta.tool_calls or delta.logprobs:
+                            yield delta  # nothing held back or cut: the engine's own (no copy per chunk)
                     elif text or delta.tool_calls or delta.logprobs:
                         yield Delta(text=text, tokens=delta.tokens, index=i,
                                     tool_calls=delta.tool_calls, logprobs=delta.logprobs)  # fmt: skip
