@@ -56,9 +56,10 @@ PENALTY_LAST_N = 64  # tokens the presence/frequency penalties look back over (l
 # first few: BOS and the template's opening marker).
 MIN_PREFIX_REUSE = 16
 # The fewest prompt tokens a step carries under the time budget (when n_batch has room): where
-# a token costs more than the budget allows, steps this big keep prefill moving at near its
-# full-chunk speed (SmolLM2 on one core of a loaded 2-core VM: 16-token steps prefilled 48
-# tokens/s, 32: 52, 64 and up: 76-82, with ~13 ms a token).
+# a token costs more than the budget allows, prefill still moves, at a cost: llama.cpp's CPU
+# kernels are slower a token on small batches (SmolLM2, one core of a loaded 2-core VM: 16-token
+# steps prefilled 48 tokens/s, 32: 52, 64 and up: 76-82). 32 keeps the hold behind a step near
+# a short prompt's own prefill there; 64 would keep full speed but double the hold.
 MIN_STEP_PROMPT_TOKENS = 32
 COST_EWMA = 0.3  # weight of the latest step in the seconds-per-token estimate
 
