@@ -16,7 +16,10 @@ Rows (each measured against its baseline in the same run):
                 per-slot tokens/s at 8 streams.
   long prompt   TTFT of a short prompt sent while a --long-tokens prompt prefills (sent once
                 the long one is a quarter into its prefill); baseline: the short prompt's TTFT
-                on the idle engine. Goal: <= 2x (batched).
+                on the idle engine. Goal: <= 2x (batched). Also for the batched design with
+                no step budget (`max_step_ms` 0: every step takes up to n_batch tokens), and
+                the long prompt's own TTFT alone in both (what smaller steps cost its
+                prefill); baseline: no step budget.
   prefix        TTFT of a chat whose system prompt (--system-tokens) is a warmed
                 `warmup_system_prompts` entry; baseline: the same chat on the same design
                 without it (cold). Goal: <= 0.5x (batched; per-slot has no reserved sequences).
@@ -77,7 +80,10 @@ def models(names: list[str], workdir: Path) -> list[Model]:
 
 
 THREADS: dict[str, int] = {}  # --threads: n_threads for every context (none: each design's default)
-N_BATCH: dict[str, int] = {}  # --n-batch: tokens per step of the batched design (none: its default, 512)
+N_BATCH: dict[str, Any] = {}  # --n-batch, --max-step-ms: of the batched design (none: its defaults)
+
+
+NO_BUDGET = {"max_step_ms": 0}  # the batched design as before the step budget: up to n_batch a step
 
 
 async def started(model: Model, batched: bool, parallel: int, **config: Any) -> LlamaCppEngine:
@@ -133,8 +139,9 @@ def text_of_tokens(engine: LlamaCppEngine, tokens: int) -> str:
     return text
 
 
-async def short_under_long(engine: LlamaCppEngine, long_tokens: int, repeat: int) -> tuple[float, float]:
-    """(the short prompt's median TTFT on the idle engine, while a long prompt prefills)."""
+async def short_under_long(engine: LlamaCppEngine, long_tokens: int, repeat: int) -> tuple[float, float, float]:
+    """(the short prompt's median TTFT on the idle engine, while a long prompt prefills, the long
+    prompt's TTFT alone)."""
     short = await request(engine, 1, 1, messages=[ChatTurn("user", "What is the capital of France?")])
     long = await request(engine, 1, 2, prompt=text_of_tokens(engine, long_tokens))
     long_alone = await _ttft(engine, long)
@@ -147,7 +154,7 @@ async def short_under_long(engine: LlamaCppEngine, long_tokens: int, repeat: int
         return ttft
 
     unloaded = await median_of(repeat, lambda: _ttft(engine, short))
-    return unloaded, await median_of(repeat, loaded)
+    return unloaded, await median_of(repeat, loaded), long_alone
 
 
 async def _ttft(engine: LlamaCppEngine, req: GenerationRequest) -> float:
@@ -181,17 +188,18 @@ Row = tuple[str, str, str, str, str, str]  # model, row, design, value, baseline
 async def bench_model(model: Model, args: argparse.Namespace) -> list[Row]:
     rows: list[Row] = []
     agg: dict[tuple[bool, int], tuple[float, float, float]] = {}
-    latency: dict[bool, tuple[float, float]] = {}
-    for batched in (False, True):
-        engine = await started(model, batched, args.parallel)
+    latency: dict[bool | None, tuple[float, float, float]] = {}  # None: batched without a step budget
+    for batched in (False, True, None):
+        engine = await started(model, bool(batched), args.parallel, **({} if batched is not None else NO_BUDGET))
         try:
             await streams(engine, 1, 4)  # first-call costs out of the way
-            for n in args.streams:
-                agg[batched, n] = await streams(engine, n, args.tokens)
+            if batched is not None:
+                for n in args.streams:
+                    agg[batched, n] = await streams(engine, n, args.tokens)
             latency[batched] = await short_under_long(engine, args.long_tokens, args.repeat)
         finally:
             await engine.close()
-    design = {False: "per-slot", True: "batched"}
+    design = {False: "per-slot", True: "batched", None: "batched, max_step_ms 0"}
     for n in args.streams:
         base_tps, base_ttft, base_cpu = agg[False, n]
         for batched in (False, True):
@@ -201,11 +209,16 @@ async def bench_model(model: Model, args: argparse.Namespace) -> list[Row]:
                          f"{tps / base_tps:.2f}x"))  # fmt: skip
             rows.append((model.name, f"{n} streams: tokens per CPU-second", design[batched], f"{cpu:.0f}",
                          f"{base_cpu:.0f}", f"{cpu / base_cpu:.2f}x"))  # fmt: skip
-    for batched in (False, True):
-        unloaded, loaded = latency[batched]
+    for batched in (False, None, True):
+        unloaded, loaded, _ = latency[batched]
         rows.append((model.name, f"short TTFT, {args.long_tokens}-token prompt prefilling", design[batched],
                      f"{loaded * 1000:.0f} ms", f"{unloaded * 1000:.0f} ms idle",
                      f"{loaded / unloaded:.2f}x"))  # fmt: skip
+    base_long = latency[None][2]
+    for batched in (None, True):
+        long = latency[batched][2]
+        rows.append((model.name, f"{args.long_tokens}-token prompt's TTFT alone", design[batched],
+                     f"{long * 1000:.0f} ms", f"{base_long * 1000:.0f} ms", f"{long / base_long:.2f}x"))  # fmt: skip
     for batched in (False, True):
         cold, warm = await prefix(model, batched, args.parallel, args.system_tokens, args.repeat)
         rows.append((model.name, f"TTFT, {args.system_tokens}-token system prompt warmed", design[batched],
@@ -245,12 +258,16 @@ def main() -> None:
     ap.add_argument("--system-tokens", type=int, default=400)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--n-batch", type=int, default=0, help="tokens per batched step (0: the default, 512)")
+    ap.add_argument("--max-step-ms", type=float, default=-1,
+                    help="the batched design's step budget (-1: the default, 100; 0: none)")  # fmt: skip
     ap.add_argument("--threads", type=int, default=0, help="n_threads of every context (0: each design's default)")
     args = ap.parse_args()
     if args.threads:
         THREADS["n_threads"] = args.threads
     if args.n_batch:
         N_BATCH["n_batch"] = args.n_batch
+    if args.max_step_ms >= 0:
+        N_BATCH["max_step_ms"] = args.max_step_ms
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         for model in models(args.models, Path(tmp)):
@@ -258,7 +275,8 @@ def main() -> None:
     print(
         f"\nllama.cpp engines: {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}; "
         f"parallel {args.parallel}, {args.tokens} tokens a stream, latencies the median of {args.repeat}, "
-        f"n_threads {args.threads or 'default'}, n_batch {args.n_batch or 'default'}\n"
+        f"n_threads {args.threads or 'default'}, n_batch {args.n_batch or 'default'}, "
+        f"max_step_ms {args.max_step_ms if args.max_step_ms >= 0 else 'default'}\n"
     )
     head = ("model", "measure", "design", "value", "baseline", "ratio")
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]

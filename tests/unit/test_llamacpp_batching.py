@@ -14,6 +14,8 @@ import pytest
 from laneway.engines.base import system_prompt_chat
 from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN
 from laneway.engines.llamacpp import LlamaCppEngine
+from laneway.engines.llamacpp_batch import MIN_STEP_PROMPT_TOKENS as FLOOR
+from laneway.engines.llamacpp_batch import step_prompt_tokens
 from laneway.types import ChatTurn, Delta, GenerationRequest
 
 
@@ -129,6 +131,61 @@ async def test_n_choices_reuse_the_prompts_cells_and_differ_by_seed(batched: Lla
     assert len(set(by_choice.values())) == 3
     assert [d.finish_reason for d in deltas if d.finish_reason] == ["length"] * 3
     await idle(batched)
+
+
+def test_a_steps_prompt_tokens_fit_its_time_budget_between_the_floor_and_n_batch() -> None:
+    # 2 ms a token, 100 ms a step: 50 tokens, less the decoding sequences' own
+    assert step_prompt_tokens(0.002, 0.1, 0, 512) == 50
+    assert step_prompt_tokens(0.002, 0.1, 8, 512) == 42
+    assert step_prompt_tokens(0.02, 0.1, 8, 512) == FLOOR  # slow hardware: never below the floor
+    assert step_prompt_tokens(0.02, 0.1, 500, 512) == 12  # nor beyond what n_batch leaves
+    assert step_prompt_tokens(0.00001, 0.1, 8, 512) == 504  # fast hardware: full chunks
+    assert step_prompt_tokens(None, 0.1, 0, 512) == FLOOR  # nothing measured: a short first step
+    assert step_prompt_tokens(None, 0.0, 3, 512) == step_prompt_tokens(0.02, 0.0, 3, 512) == 509  # no budget
+
+
+@pytest.mark.parametrize(("max_step_ms", "chunk"), [(1e-6, FLOOR), (1e9, 512), (0, 512)])
+async def test_a_long_prompt_alone_is_fed_in_chunks_sized_to_the_step_budget(
+    demo_model_path: Path, max_step_ms: float, chunk: int
+) -> None:
+    e = engine(demo_model_path, max_step_ms=max_step_ms)  # n_batch 512
+    await e.start()
+    try:
+        decoder = e._decoder
+        assert decoder is not None
+        await run(e, await request(e, max_tokens=2))  # a token's cost measured
+        long = await request(e, prompt="the " * 470, max_tokens=1)
+        assert long.prompt_tokens > 400
+        before = decoder.steps
+        await run(e, long)  # one token: sampled in the step that ends the prompt
+        # a tiny budget: floor-sized chunks; a huge one, or none: n_batch
+        assert decoder.steps - before == -(-long.prompt_tokens // chunk)
+    finally:
+        await e.close()
+
+
+async def test_the_step_budget_only_cuts_the_prompt_into_smaller_chunks(demo_model_path: Path) -> None:
+    # llama.cpp's sums depend on the chunk size (a seeded choice can tell n_batch 32 from 512),
+    # so the budget's text is the text of floor-sized chunks without it; greedy, that of full ones
+    engines = [
+        engine(demo_model_path, max_step_ms=1e-6),
+        engine(demo_model_path, max_step_ms=0, n_batch=FLOOR),
+        engine(demo_model_path, max_step_ms=0),
+    ]
+    for e in engines:
+        await e.start()
+    try:
+        for kw in ({"seed": 11, "temperature": 0.9}, {"temperature": 0}, {"seed": 2, "n": 2}):
+            a, b, c = [[(d.index, d.text) for d in await run(e, await request(e, prompt="the cat " * 120, **kw))]
+                       for e in engines]  # fmt: skip
+            assert a == b
+            if kw.get("temperature") == 0:
+                assert a == c
+        small = engines[0]._decoder
+        assert small is not None and small.prompt_budget == FLOOR
+    finally:
+        for e in engines:
+            await e.close()
 
 
 SYSTEM = "you are the model that can answer each user with what is true and not what is said " * 2

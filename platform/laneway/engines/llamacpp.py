@@ -96,6 +96,8 @@ def _grammar(schema_json: str) -> Any:
         raise EngineRequestError(f"the JSON schema cannot be used to constrain the output: {exc}") from exc
 
 
+# Batched: a step's prompt tokens are sized to take about this long (config max_step_ms).
+DEFAULT_MAX_STEP_MS = 100.0
 # Config `pooling` -> llama.cpp's LLAMA_POOLING_TYPE_* (none and rank give no one-vector-per-input).
 POOLING_TYPES = {"mean": 1, "cls": 2, "last": 3}
 _POOLING_NONE, _POOLING_RANK, _POOLING_UNSPECIFIED = 0, 4, -1
@@ -110,7 +112,9 @@ class LlamaCppEngine:
     byte tokens), ban_tokens (list of ids), logit_bias ({id: bias}), embedding (serve
     embeddings only), pooling (mean | cls | last; with embedding), batching (one context of
     `parallel` sequences decoded together: engines/llamacpp_batch.py; otherwise one context
-    per slot, each decoding one sequence), n_batch (tokens per batched step),
+    per slot, each decoding one sequence), n_batch (tokens per batched step), max_step_ms
+    (batched: the time a step's prompt tokens are sized to, from the measured cost of a token;
+    default 100, 0: every step takes up to n_batch),
     warmup_system_prompts (batched: each is computed once at warm-up and kept in a reserved
     sequence, and a prompt starting with the same tokens reuses its cells)."""
 
@@ -150,6 +154,9 @@ class LlamaCppEngine:
         self.embedding = bool(config.get("embedding", False))
         self.batching = bool(config.get("batching", True)) and not self.embedding
         self.n_batch = max(16, int(config.get("n_batch", 512)))
+        # A short prompt arriving while a long one prefills waits for the step in flight: about
+        # this long at most (engines/README.md says why 100 ms).
+        self.max_step_ms = float(config.get("max_step_ms", DEFAULT_MAX_STEP_MS))
         if self.batching and "n_threads" not in config:  # one context decodes for every slot: all cores
             self.n_threads = os.cpu_count() or 1
         self._decoder: BatchDecoder | None = None
@@ -228,7 +235,8 @@ class LlamaCppEngine:
             except Exception as exc:
                 raise EngineError(f"llama.cpp could not make a context of {self.parallel} sequences: {exc}") from exc
             self._decoder = BatchDecoder(first._model, self._batch_ctx, n_batch=self.n_batch, n_vocab=self._n_vocab,
-                                         eog=self._eog, name=f"llamacpp-batch-{self.alias}")  # fmt: skip
+                                         eog=self._eog, name=f"llamacpp-batch-{self.alias}",
+                                         max_step_s=self.max_step_ms / 1000)  # fmt: skip
             self._free = SlotPool(list(range(self.parallel)))  # sequence ids
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llamacpp-{self.alias}")
             return

@@ -6,7 +6,17 @@ waiting prompts, shortest first (chunked prefill: a long prompt holds the others
 for one chunk at most, never for its whole length, and a short prompt behind it is fed in
 the next step, without the long one's chunk), runs one llama_decode, then samples each
 sequence that has logits with its own sampler chain (logit biases, penalties, a grammar,
-temperature / top_p / seed). Sequences join between steps; a cancelled one leaves before the
+temperature / top_p / seed).
+
+A step that is running cannot be interrupted, so a prompt that arrives while a long one
+prefills waits for the chunk in flight. Each step's prompt tokens are therefore sized to a
+time budget (`max_step_s`): the decoder keeps an EWMA of the seconds per token of its past
+steps that carried prompt tokens and feeds as many prompt tokens as fit in the budget beside
+the decoding sequences' tokens (those always go in), never fewer than MIN_STEP_PROMPT_TOKENS
+(progress and throughput on slow hardware, where a step's fixed cost would otherwise
+dominate) and never more than `n_batch` (fast hardware keeps full chunks). The budget holds
+for every step, a lone prompt's too: the step in flight when a short prompt arrives was
+sized before it came. Sequences join between steps; a cancelled one leaves before the
 next step and its KV cells are cleared. A request's n choices run one after another in its
 sequence, keeping the prompt's KV cells: only the prompt's last token is decoded again.
 
@@ -28,6 +38,7 @@ import codecs
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +55,28 @@ PENALTY_LAST_N = 64  # tokens the presence/frequency penalties look back over (l
 # buffer (n_ctx cells), which outweighs prefilling a handful of tokens (every chat shares its
 # first few: BOS and the template's opening marker).
 MIN_PREFIX_REUSE = 16
+# The fewest prompt tokens a step carries under the time budget (when n_batch has room): where
+# a token costs more than the budget allows, prefill still moves, at a cost: llama.cpp's CPU
+# kernels are slower a token on small batches (SmolLM2, one core of a loaded 2-core VM: 16-token
+# steps prefilled 48 tokens/s, 32: 52, 64 and up: 76-82). 32 keeps the hold behind a step near
+# a short prompt's own prefill there; 64 would keep full speed but double the hold.
+MIN_STEP_PROMPT_TOKENS = 32
+COST_EWMA = 0.3  # weight of the latest step in the seconds-per-token estimate
+
+
+def step_prompt_tokens(token_seconds: float | None, max_step_s: float, decoding: int, n_batch: int) -> int:
+    """How many prompt tokens the next step may carry beside `decoding` decode tokens: as many
+    as fit in `max_step_s` at `token_seconds` a token (the step's tokens, decode ones
+    included), at least MIN_STEP_PROMPT_TOKENS and at most what n_batch leaves. No budget
+    (max_step_s <= 0): what n_batch leaves. Nothing measured yet: the minimum, so the first
+    step is short and measures the cost."""
+    room = max(0, n_batch - decoding)
+    if max_step_s <= 0:
+        return room
+    floor = min(MIN_STEP_PROMPT_TOKENS, room)
+    if token_seconds is None or token_seconds <= 0:
+        return floor
+    return max(floor, min(room, int(max_step_s / token_seconds) - decoding))
 
 
 class ChoiceText:
@@ -173,8 +206,11 @@ class BatchDecoder:
     """The thread that owns one llama.cpp context of many sequences (see the module doc)."""
 
     def __init__(self, model: Any, ctx: Any, *, n_batch: int, n_vocab: int, eog: Callable[[int], bool],
-                 name: str) -> None:  # fmt: skip
+                 name: str, max_step_s: float = 0.0) -> None:  # fmt: skip
         self.model, self.ctx, self.n_batch, self.n_vocab, self.eog = model, ctx, n_batch, n_vocab, eog
+        self.max_step_s = max_step_s  # the time budget of a step's prompt tokens (<= 0: none, n_batch)
+        self.token_seconds: float | None = None  # EWMA of a step's seconds per token (steps with prompt tokens)
+        self.prompt_budget = n_batch  # the prompt-token budget of the latest step with prompt tokens (operators, tests)
         from llama_cpp._internals import LlamaBatch
 
         self._batch = LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
@@ -306,6 +342,7 @@ class BatchDecoder:
             self._retire(seq)
         if not self._running:
             return
+        started = time.perf_counter()
         n = 0
         sampled: list[tuple[BatchSequence, int]] = []
         for seq in self._running:  # every decoding sequence's next token
@@ -319,11 +356,15 @@ class BatchDecoder:
         # that arrives behind a long one is fed in the next step. A step that finishes a prompt
         # carries no longer prompt's partial chunk, so that prompt's first token waits for its
         # own tokens only (on a CPU a step's time grows with its tokens); the long one goes on
-        # in the next step.
+        # in the next step. The prompt tokens fit the step's time budget (step_prompt_tokens).
         waiting = sorted((s for s in self._running if s.fed < len(s.prompt)), key=lambda s: len(s.prompt) - s.fed)
+        end = n
+        if waiting:
+            budget = step_prompt_tokens(self.token_seconds, self.max_step_s, decoding, self.n_batch)
+            self.prompt_budget, end = budget, decoding + budget
         finishing = False
         for seq in waiting:
-            left, room = len(seq.prompt) - seq.fed, self.n_batch - n
+            left, room = len(seq.prompt) - seq.fed, end - n
             if room <= 0 or (finishing and left > room):
                 break
             take = min(left, room)
@@ -346,6 +387,11 @@ class BatchDecoder:
         self.max_batched_sequences = max(self.max_batched_sequences, len({s.seq_id for s, _ in sampled}))
         for seq, i in sampled:
             self._sample(seq, i)
+        if n > decoding:  # what a token cost, for the next steps' budgets (decode-only steps are
+            # mostly fixed cost per step and say little about a prompt token's)
+            cost = (time.perf_counter() - started) / n
+            prev = self.token_seconds
+            self.token_seconds = cost if prev is None else prev + COST_EWMA * (cost - prev)
         for seq in [s for s in self._running if s.reserve and s.fed == len(s.prompt)]:
             self._keep_prefix(seq)
 
