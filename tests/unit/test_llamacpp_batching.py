@@ -15,7 +15,7 @@ from laneway.engines.base import system_prompt_chat
 from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN
 from laneway.engines.llamacpp import LlamaCppEngine
 from laneway.engines.llamacpp_batch import MIN_STEP_PROMPT_TOKENS as FLOOR
-from laneway.engines.llamacpp_batch import step_prompt_tokens
+from laneway.engines.llamacpp_batch import WHOLE_PROMPT_TOKENS, step_prompt_tokens
 from laneway.types import ChatTurn, Delta, GenerationRequest
 
 
@@ -160,6 +160,22 @@ async def test_a_long_prompt_alone_is_fed_in_chunks_sized_to_the_step_budget(
         await run(e, long)  # one token: sampled in the step that ends the prompt
         # a tiny budget: floor-sized chunks; a huge one, or none: n_batch
         assert decoder.steps - before == -(-long.prompt_tokens // chunk)
+    finally:
+        await e.close()
+
+
+async def test_a_short_prompt_goes_whole_into_one_step_even_past_the_budget(demo_model_path: Path) -> None:
+    e = engine(demo_model_path, max_step_ms=1e-6)  # a budget of the floor, 32 tokens
+    await e.start()
+    try:
+        decoder = e._decoder
+        assert decoder is not None
+        await run(e, await request(e, max_tokens=2))
+        short = await request(e, prompt="the " * 50, max_tokens=1)
+        assert FLOOR < short.prompt_tokens <= WHOLE_PROMPT_TOKENS
+        before = decoder.steps
+        await run(e, short)
+        assert decoder.steps - before == 1  # not 32 + the rest: one step, whole
     finally:
         await e.close()
 

@@ -61,6 +61,9 @@ MIN_PREFIX_REUSE = 16
 # steps prefilled 48 tokens/s, 32: 52, 64 and up: 76-82). 32 keeps the hold behind a step near
 # a short prompt's own prefill there; 64 would keep full speed but double the hold.
 MIN_STEP_PROMPT_TOKENS = 32
+# A prompt of up to this many tokens, not yet cut, goes into one step whole even past the
+# budget: cutting a 37-token chat into 32 + 5 would cost it a whole extra step of waiting.
+WHOLE_PROMPT_TOKENS = 2 * MIN_STEP_PROMPT_TOKENS
 COST_EWMA = 0.3  # weight of the latest step in the seconds-per-token estimate
 
 
@@ -180,6 +183,7 @@ class BatchSequence:
     cancel: threading.Event = field(default_factory=threading.Event)
     index: int = 0  # the choice being decoded
     fed: int = 0  # prompt tokens in the KV cells
+    cut: bool = False  # its prompt was fed in parts (a whole short one is never split later)
     pos: int = 0  # the next token's position
     next_token: int | None = None  # sampled, to be decoded in the next step
     sampler: Any = None
@@ -365,10 +369,13 @@ class BatchDecoder:
         finishing = False
         for seq in waiting:
             left, room = len(seq.prompt) - seq.fed, end - n
+            if not finishing and not seq.cut and left <= min(WHOLE_PROMPT_TOKENS, self.n_batch - n):
+                room = max(room, left)  # a short prompt whole, in the step that starts it
             if room <= 0 or (finishing and left > room):
                 break
             take = min(left, room)
             finishing = take == left
+            seq.cut = seq.cut or not finishing
             for j in range(take):
                 last = seq.fed + j == len(seq.prompt) - 1 and not seq.reserve
                 self._add(n, seq.prompt[seq.fed + j], seq.fed + j, seq.seq_id, last)
