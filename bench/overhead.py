@@ -183,8 +183,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rates", type=float, nargs="*", default=[100, 300, 1000])
-    ap.add_argument("--limits-only", type=int, metavar="ROUNDS", default=0,
-                    help="only memory vs Redis limits: ROUNDS rounds of the rows, interleaved; the medians and ratios")
+    ap.add_argument(
+        "--limits-only",
+        type=int,
+        metavar="ROUNDS",
+        default=0,
+        help="only memory vs Redis limits: ROUNDS rounds of the rows, interleaved; the medians and ratios",
+    )
     args = ap.parse_args()
     if args.limits_only:
         limits_only(args.rates, args.seconds, args.limits_only)

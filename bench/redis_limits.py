@@ -24,10 +24,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from services import PrivateRedis  # noqa: E402
-
 from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter  # noqa: E402
 from laneway.types import TenantSnapshot  # noqa: E402
+from services import PrivateRedis  # noqa: E402
 
 # Limits on everything the script checks: both buckets, concurrency, both quotas, the key's too.
 LIMITED = TenantSnapshot(1, "bench", 11, rpm=10**9, tpm=10**12, max_concurrency=10**6,

@@ -25,13 +25,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from hiredis import pack_command  # a dependency: redis[hiredis]
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
-
-try:
-    from hiredis import pack_command as _hiredis_pack
-except ImportError:  # pragma: no cover - hiredis is a dependency (redis[hiredis])
-    _hiredis_pack = None
 
 _Call = tuple[Any, list[str], list[Any], asyncio.Future[Any]]
 
@@ -48,6 +44,7 @@ class ScriptBatcher:
         self._scheduled = False  # a flush is due (next loop turn, or when the batch in flight ends)
         self._lingering: asyncio.TimerHandle | None = None  # a flush due after lingering calls' wait
         self._sending: asyncio.Task[None] | None = None
+        self.round_trips = 0  # batches sent (tests, benches)
 
     def call(self, script: Any, keys: list[str], args: list[Any], *, linger: float = 0.0) -> asyncio.Future[Any]:
         """Run `script` (a registered redis-py Script) with the next batch; the future gets its
@@ -91,6 +88,7 @@ class ScriptBatcher:
             self._flush()
 
     async def _send(self, batch: list[_Call]) -> None:
+        self.round_trips += 1
         try:
             if not self._own:
                 replies = await run_scripts(self._redis, [(script, keys, args) for script, keys, args, _ in batch])
@@ -125,7 +123,7 @@ class ScriptBatcher:
         if self._conn is None:
             self._conn = self._redis.connection_pool.make_connection()
         conn = self._conn
-        packed = [self._pack(conn, script, keys, args) for script, keys, args, _ in batch]
+        packed = [self._pack(script, keys, args) for script, keys, args, _ in batch]
         for attempt in (0, 1):
             replies: list[Any] = []
             try:
@@ -146,11 +144,8 @@ class ScriptBatcher:
         raise AssertionError("unreachable")
 
     @staticmethod
-    def _pack(conn: Any, script: Any, keys: list[str], args: list[Any]) -> bytes:
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        if _hiredis_pack is not None:
-            return bytes(_hiredis_pack(command))
-        return b"".join(conn.pack_command(*command))  # pragma: no cover
+    def _pack(script: Any, keys: list[str], args: list[Any]) -> bytes:
+        return bytes(pack_command(("EVALSHA", script.sha, len(keys), *keys, *args)))
 
     def flush_soon(self) -> None:
         """Send the lingering calls now (shutting down)."""
