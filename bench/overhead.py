@@ -251,7 +251,17 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rates", type=float, nargs="*", default=[100, 300, 1000])
     ap.add_argument("--overload-only", action="store_true", help="only the capacity ramp and the 5x rows")
+    ap.add_argument(
+        "--limits-only",
+        type=int,
+        metavar="ROUNDS",
+        default=0,
+        help="only memory vs Redis limits: ROUNDS rounds of the rows, interleaved; the medians and ratios",
+    )
     args = ap.parse_args()
+    if args.limits_only:
+        limits_only(args.rates, args.seconds, args.limits_only)
+        return
     work = Path(tempfile.mkdtemp(prefix="lw-overhead-"))
     up_port = free_port()
     upstream = subprocess.Popen(pinned(OTHER_CORE, PY, str(ROOT / "bench" / "upstream.py"), "--port", str(up_port)))
@@ -329,6 +339,66 @@ def main() -> None:
         + ", ".join(f"{label} {pct_:.2f} % of a core" for label, pct_ in idle_pct.items())
         + " (goal < 1 %)."
     )
+
+
+def limits_only(rates: list[float], seconds: float, rounds: int) -> None:
+    """Memory vs Redis limits (vs Redis limits + shared slots), the rows interleaved round after
+    round so a change in the machine's load hits every mode alike; the medians, and each Redis
+    mode's ratio to memory's."""
+    work = Path(tempfile.mkdtemp(prefix="lw-overhead-"))
+    up_port = free_port()
+    upstream = subprocess.Popen(pinned(OTHER_CORE, PY, str(ROOT / "bench" / "upstream.py"), "--port", str(up_port)))
+    redis = PrivateRedis().start()
+    time.sleep(0.5)
+    up_url = f"http://127.0.0.1:{up_port}"
+    modes = ("memory", "redis limits", "redis limits + shared slots")
+    got: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    redis_us: dict[tuple[str, float], list[float]] = {}
+    try:
+        with gateway(up_url, work, None) as mem, gateway(up_url, work, redis.url, shared_slots=False) as red, \
+                gateway(up_url, work, redis.url) as shr:  # fmt: skip
+            gateways = dict(zip(modes, (mem, red, shr), strict=True))
+            for _, port, key in gateways.values():  # warm all up
+                load(f"http://127.0.0.1:{port}/v1/completions", 100, 1, key, False)
+            for _ in range(rounds):
+                for rate in rates:
+                    for mode, (proc, port, key) in gateways.items():
+                        before = asyncio.run(redis_usec(redis.url))
+                        r = measure(port, proc, key, mode, rate, seconds)
+                        spent = asyncio.run(redis_usec(redis.url)) - before
+                        got.setdefault((mode, rate), []).append(r)
+                        redis_us.setdefault((mode, rate), []).append(spent / max(1, r["rps"] * seconds))
+    finally:
+        redis.stop()
+        upstream.terminate()
+    print(f"# bench/overhead.py --limits-only {rounds} on {platform.node()} ({os.cpu_count()} CPUs); gateway pinned "
+          f"to core {GATEWAY_CORE}; {seconds:g} s per row; medians of {rounds} interleaved rounds")  # fmt: skip
+    print("\n| mode | rate | p50 | p99 | success | gateway CPU / request | vs memory | Redis time / request |")
+    print("|---|---|---|---|---|---|---|---|")
+    for rate in rates:
+        base = pct([r["cpu_ms"] for r in got[("memory", rate)]], 0.5)
+        for mode in modes:
+            rs = got[(mode, rate)]
+            cpu = pct([r["cpu_ms"] for r in rs], 0.5)
+            print(f"| {mode} | {rate:.0f}/s | {fmt(pct([r['p50'] for r in rs], 0.5))} "
+                  f"| {fmt(pct([r['p99'] for r in rs], 0.5))} | {pct([r['success'] for r in rs], 0.5) * 100:.1f} % "
+                  f"| {fmt(cpu)} | {cpu / base:.2f}x | {pct(redis_us[(mode, rate)], 0.5):.0f} us |")  # fmt: skip
+    print("\nAll rounds, CPU / request (ms): " + "; ".join(
+        f"{mode} {rate:.0f}/s " + " ".join(f"{r['cpu_ms']:.2f}" for r in got[(mode, rate)])
+        for rate in rates for mode in modes))  # fmt: skip
+
+
+async def redis_usec(url: str) -> int:
+    """Redis's own time in scripts and commands so far (commandstats, top-level calls only)."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(url)
+    try:
+        stats = await client.info("commandstats")
+    finally:
+        await client.aclose()
+    # A script's own commands are counted in its EVALSHA and again alone: the scripts only.
+    return sum(int(v["usec"]) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
 
 
 if __name__ == "__main__":

@@ -20,10 +20,12 @@ out lost (core/quota_recovery.py).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from redis.exceptions import RedisError
@@ -33,13 +35,15 @@ from laneway.core.dependencies import DependencyHealth
 from laneway.core.errors import GatewayError, dependency_unavailable
 from laneway.core.quota import PERIOD_KINDS, Period, period, quota_exceeded, quota_limit, quota_too_small, quotas
 from laneway.core.quota_recovery import CounterRecovery
-from laneway.core.redis_batch import ScriptBatcher, run_scripts
+from laneway.core.redis_batch import ScriptBatcher
 from laneway.db.repositories import UsageRepository
 from laneway.types import TenantSnapshot
 
+log = logging.getLogger(__name__)
+
 # A concurrency slot whose holder vanished (a replica crashed) is reclaimed after this long.
 STALE_HOLDER_S = 600
-SETTLE_LINGER_S = 0.005  # how long a settle waits for others to share its pipeline
+SETTLE_LINGER_S = 0.005  # how long a settle waits for a batch of reserves to ride with
 
 
 def too_large(tenant: TenantSnapshot, tokens: int) -> GatewayError:
@@ -417,9 +421,9 @@ class RedisRateLimiter:
       "open" serves with this replica's own limits (process memory, the same tenant limits:
       with N replicas a tenant may get up to N times its limit while Redis is down), "closed"
       refuses with 503 rate_limiter_unavailable + Retry-After. Never a 500.
-    - Settles are batched in one pipeline by a background task, off the response path; those
-      that fail are kept (bounded) and retried until Redis answers, so a tenant's concurrency
-      holders and refunds are never lost to an outage.
+    - Settles go off the response path, riding with the next batch of reserves
+      (core/redis_batch.py); those that fail are kept (bounded) and retried until Redis
+      answers, so a tenant's concurrency holders and refunds are never lost to an outage.
     """
 
     remote = True
@@ -457,7 +461,7 @@ class RedisRateLimiter:
         self._prefix = prefix
         self._reserve = self._redis.register_script(_RESERVE)
         self._settle = self._redis.register_script(_SETTLE)
-        self._batch = ScriptBatcher(self._redis)  # a loop turn's reserves share one round trip
+        self._batch = ScriptBatcher(self._redis, own_connection=True)  # a loop turn's reserves: one round trip
         self.failure_mode = failure_mode
         self._retry_after = retry_after_s
         self._health = health or DependencyHealth()
@@ -466,8 +470,9 @@ class RedisRateLimiter:
         self.fallback = MemoryRateLimiter(clock, lambda: self.wall_clock())
         self._open_until = 0.0  # breaker: Redis is not asked before this time
         self._probing = False
-        self._settles: deque[tuple[list[str], list[int | str]]] = deque(maxlen=100_000)
-        self._settles_ready = asyncio.Event()
+        self._settles: deque[tuple[list[str], list[int | str]]] = deque(maxlen=100_000)  # failed: retried
+        self._outstanding = 0  # settles handed to the batcher, not answered yet
+        self._key_cache: dict[tuple[int, int, tuple[str, ...]], list[str]] = {}
         self._settler: asyncio.Task[None] | None = None
         self._closing = False
         self.recovery: CounterRecovery | None = None  # set by load_used(): counters from the usage rows
@@ -484,7 +489,17 @@ class RedisRateLimiter:
         return f"{self._prefix}rl:{{{tenant_id}}}:epoch:{period_name}"
 
     def _all_keys(self, tenant: TenantSnapshot, periods: tuple[str, ...]) -> list[str]:
-        """_RESERVE's and _SETTLE's KEYS; the key's buckets share its tenant's hash slot."""
+        """_RESERVE's and _SETTLE's KEYS; the key's buckets share its tenant's hash slot.
+        Kept per tenant, key and periods (eleven strings built on every call otherwise)."""
+        at = (tenant.id, tenant.api_key_id, periods)
+        keys = self._key_cache.get(at)
+        if keys is None:
+            if len(self._key_cache) >= 4096:  # a new day: the old periods' lists go
+                self._key_cache.clear()
+            keys = self._key_cache[at] = self._build_keys(tenant, periods)
+        return keys
+
+    def _build_keys(self, tenant: TenantSnapshot, periods: tuple[str, ...]) -> list[str]:
         key_base = f"{self._prefix}rl:{{{tenant.id}}}:key:{tenant.api_key_id}:"
         return [*self._keys(tenant.id), key_base + "rpm", key_base + "tpm", key_base + "inflight",
                 *(self._counter(tenant.id, name) for name in periods),
@@ -583,53 +598,61 @@ class RedisRateLimiter:
                                   used_tokens, repr(self.wall_clock()), *reservation.epochs])  # fmt: skip
 
     def _queue_settle(self, keys: list[str], args: list[int | str]) -> None:
+        """Send it with the next batch of reserves, or alone after SETTLE_LINGER_S: under load
+        a settle rides in a write that goes out anyway, and a concurrency slot or a refund
+        comes back a few milliseconds later. One that fails is kept and retried."""
+        self._outstanding += 1
+        linger = 0.0 if self._closing else SETTLE_LINGER_S
+        reply = self._batch.call(self._settle, keys, args, linger=linger)
+        reply.add_done_callback(partial(self._settle_sent, keys, args))
+
+    def _settle_sent(self, keys: list[str], args: list[int | str], reply: asyncio.Future[Any]) -> None:
+        self._outstanding -= 1
+        exc = asyncio.CancelledError() if reply.cancelled() else reply.exception()
+        if exc is None:
+            return
+        if not isinstance(exc, RedisError | OSError | asyncio.CancelledError):
+            log.error("a rate-limit settle failed and is dropped: %r", exc)
+            return
+        self._trip(exc)
         self._settles.append((keys, args))
-        self._settles_ready.set()
         if self._settler is None or self._settler.done():
             self._settler = asyncio.get_running_loop().create_task(self._run_settles(), name="redis-settles")
 
     @property
     def pending_settles(self) -> int:
-        return len(self._settles)
+        """Settles not yet answered by Redis: in flight, or kept after a fault."""
+        return self._outstanding + len(self._settles)
 
     async def _run_settles(self) -> None:
-        """Send queued settles in pipelines of up to 256; on a fault keep them and retry.
-        The first settle of a batch waits SETTLE_LINGER_S for others to join it: under load
-        one pipeline then carries several (a pipeline costs several times a single call),
-        and a concurrency slot or a refund comes back a few milliseconds later."""
+        """Retry the settles that failed, in batches of up to 256, backing off while Redis
+        does not answer (a tenant's holders and refunds are never lost to an outage)."""
         backoff = self._retry_after
-        while self._settles or not self._closing:
-            if not self._settles:
-                self._settles_ready.clear()
-                await self._settles_ready.wait()
-                if not self._closing:
-                    await asyncio.sleep(SETTLE_LINGER_S)
-                continue
-            batch = [self._settles[i] for i in range(min(256, len(self._settles)))]
-            try:
-                if len(batch) == 1:  # alone: one EVALSHA, without a pipeline's bookkeeping
-                    keys, args = batch[0]
-                    replies: list[Any] = [await self._settle(keys=keys, args=args)]
-                else:
-                    replies = await run_scripts(self._redis, [(self._settle, keys, args) for keys, args in batch])
-                failed = next((r for r in replies if isinstance(r, Exception)), None)
-                if failed is not None:
-                    raise failed
-            except (RedisError, OSError) as exc:
-                self._trip(exc)
-                if self._closing:
-                    return  # close() gave up waiting; what is left expires in Redis
+        while self._settles:
+            if not self._closing:
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+            batch = [self._settles.popleft() for _ in range(min(256, len(self._settles)))]
+            replies = [self._batch.call(self._settle, keys, args) for keys, args in batch]
+            failed, fault = [], None
+            for call, reply in zip(batch, replies, strict=True):
+                try:
+                    await reply
+                except (RedisError, OSError) as exc:
+                    failed.append(call)
+                    fault = exc
+            if fault is None:
+                backoff = self._retry_after
                 continue
-            backoff = self._retry_after
-            for _ in batch:
-                self._settles.popleft()
+            self._trip(fault)
+            self._settles.extendleft(reversed(failed))  # first in line again
+            if self._closing:
+                return  # close() gave up waiting; what is left expires in Redis
+            backoff = min(backoff * 2, 30.0)
 
     async def settled(self, timeout_s: float = 2.0) -> bool:
         """Wait until every queued settle has been sent (tests, shutdown); False on timeout."""
         deadline = self._clock() + timeout_s
-        while self._settles:
+        while self.pending_settles:
             if self._clock() > deadline:
                 return False
             await asyncio.sleep(0.002)
@@ -638,13 +661,18 @@ class RedisRateLimiter:
     async def close(self, timeout_s: float = 2.0) -> None:
         """Send what is still queued (for up to timeout_s), then close the connections."""
         self._closing = True
-        self._settles_ready.set()
-        if self._settler is not None:
-            try:
-                async with asyncio.timeout(timeout_s):
-                    await asyncio.shield(self._settler)
-            except TimeoutError:
+        self._batch.flush_soon()
+        try:
+            async with asyncio.timeout(timeout_s):
+                while self._outstanding or (self._settler is not None and not self._settler.done()):
+                    if self._settler is not None and not self._settler.done():
+                        await asyncio.shield(self._settler)
+                    else:
+                        await asyncio.sleep(0.002)
+        except TimeoutError:
+            if self._settler is not None:
                 self._settler.cancel()
         if self.recovery is not None:
             await self.recovery.close()
+        await self._batch.close()
         await self._redis.aclose()

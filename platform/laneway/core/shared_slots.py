@@ -316,6 +316,7 @@ class SharedSlots:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self._batch.close()
         await self._redis.aclose()
 
     # ---- health ----
