@@ -89,6 +89,21 @@ def load(url: str, rate: float, seconds: float, key: str | None, stream: bool,
 
 
 @contextmanager
+def bench_services() -> Iterator[tuple[Path, str, PrivateRedis]]:
+    """A work directory, the fake engine (on the other core) and a private redis-server."""
+    work = Path(tempfile.mkdtemp(prefix="lw-overhead-"))
+    up_port = free_port()
+    upstream = subprocess.Popen(pinned(OTHER_CORE, PY, str(ROOT / "bench" / "upstream.py"), "--port", str(up_port)))
+    redis = PrivateRedis().start()
+    time.sleep(0.5)
+    try:
+        yield work, f"http://127.0.0.1:{up_port}", redis
+    finally:
+        redis.stop()
+        upstream.terminate()
+
+
+@contextmanager
 def gateway(
     upstream: str,
     work: Path,
@@ -262,14 +277,8 @@ def main() -> None:
     if args.limits_only:
         limits_only(args.rates, args.seconds, args.limits_only)
         return
-    work = Path(tempfile.mkdtemp(prefix="lw-overhead-"))
-    up_port = free_port()
-    upstream = subprocess.Popen(pinned(OTHER_CORE, PY, str(ROOT / "bench" / "upstream.py"), "--port", str(up_port)))
-    redis = PrivateRedis().start()
-    time.sleep(0.5)
-    up_url = f"http://127.0.0.1:{up_port}"
     rows: list[dict[str, Any]] = []
-    try:
+    with bench_services() as (work, up_url, redis):
         with gateway(up_url, work, None) as (mem, mem_port, mem_key), \
                 gateway(up_url, work, redis.url, shared_slots=False) as (red, red_port, red_key), \
                 gateway(up_url, work, redis.url) as (shr, shr_port, shr_key), \
@@ -302,9 +311,6 @@ def main() -> None:
             before = {label: cpu_seconds(p.pid) for label, p in idle_cpu.items()}
             time.sleep(IDLE_S)
             idle_pct = {label: (cpu_seconds(p.pid) - before[label]) / IDLE_S * 100 for label, p in idle_cpu.items()}
-    finally:
-        redis.stop()
-        upstream.terminate()
     print(f"# bench/overhead.py on {platform.node()} ({os.cpu_count()} CPUs, Python {platform.python_version()}); "
           f"gateway pinned to core {GATEWAY_CORE}; {args.seconds:g} s per row; answers of 16 tokens")  # fmt: skip
     print("\n| client | rate | p50 | p99 | max | success | achieved RPS | gateway CPU / request |")
@@ -345,16 +351,10 @@ def limits_only(rates: list[float], seconds: float, rounds: int) -> None:
     """Memory vs Redis limits (vs Redis limits + shared slots), the rows interleaved round after
     round so a change in the machine's load hits every mode alike; the medians, and each Redis
     mode's ratio to memory's."""
-    work = Path(tempfile.mkdtemp(prefix="lw-overhead-"))
-    up_port = free_port()
-    upstream = subprocess.Popen(pinned(OTHER_CORE, PY, str(ROOT / "bench" / "upstream.py"), "--port", str(up_port)))
-    redis = PrivateRedis().start()
-    time.sleep(0.5)
-    up_url = f"http://127.0.0.1:{up_port}"
     modes = ("memory", "redis limits", "redis limits + shared slots")
     got: dict[tuple[str, float], list[dict[str, Any]]] = {}
     redis_us: dict[tuple[str, float], list[float]] = {}
-    try:
+    with bench_services() as (work, up_url, redis):
         with gateway(up_url, work, None) as mem, gateway(up_url, work, redis.url, shared_slots=False) as red, \
                 gateway(up_url, work, redis.url) as shr:  # fmt: skip
             gateways = dict(zip(modes, (mem, red, shr), strict=True))
@@ -368,9 +368,6 @@ def limits_only(rates: list[float], seconds: float, rounds: int) -> None:
                         spent = asyncio.run(redis_usec(redis.url)) - before
                         got.setdefault((mode, rate), []).append(r)
                         redis_us.setdefault((mode, rate), []).append(spent / max(1, r["rps"] * seconds))
-    finally:
-        redis.stop()
-        upstream.terminate()
     print(f"# bench/overhead.py --limits-only {rounds} on {platform.node()} ({os.cpu_count()} CPUs); gateway pinned "
           f"to core {GATEWAY_CORE}; {seconds:g} s per row; medians of {rounds} interleaved rounds")  # fmt: skip
     print("\n| mode | rate | p50 | p99 | success | gateway CPU / request | vs memory | Redis time / request |")
