@@ -588,12 +588,12 @@ class Gateway:
                                     tool_calls=delta.tool_calls, logprobs=delta.logprobs)  # fmt: skip
                         if left == 0:
                             return
-                    elif text is delta.text and delta.prompt_tokens is None:
-                        if text or delta.tool_calls or delta.logprobs:
-                            yield delta  # nothing held back or cut: the engine's own (no copy per chunk)
                     elif text or delta.tool_calls or delta.logprobs:
-                        yield Delta(text=text, tokens=delta.tokens, index=i,
-                                    tool_calls=delta.tool_calls, logprobs=delta.logprobs)  # fmt: skip
+                        if text is delta.text and delta.prompt_tokens is None:
+                            yield delta  # nothing held back or cut: the engine's own (no copy per chunk)
+                        else:
+                            yield Delta(text=text, tokens=delta.tokens, index=i,
+                                        tool_calls=delta.tool_calls, logprobs=delta.logprobs)  # fmt: skip
                 # An engine that ends without a reason ran out of tokens.
                 for i in range(n):
                     if reasons[i] is None:
