@@ -80,14 +80,14 @@ def models(names: list[str], workdir: Path) -> list[Model]:
 
 
 THREADS: dict[str, int] = {}  # --threads: n_threads for every context (none: each design's default)
-N_BATCH: dict[str, Any] = {}  # --n-batch, --max-step-ms: of the batched design (none: its defaults)
+BATCHED: dict[str, Any] = {}  # --n-batch, --max-step-ms: of the batched design (none: its defaults)
 
 
 NO_BUDGET = {"max_step_ms": 0}  # the batched design as before the step budget: up to n_batch a step
 
 
 async def started(model: Model, batched: bool, parallel: int, **config: Any) -> LlamaCppEngine:
-    config = {**THREADS, **(N_BATCH if batched else {}), **config}
+    config = {**THREADS, **(BATCHED if batched else {}), **config}
     engine = LlamaCppEngine(
         model.name,
         {"model_path": str(model.path), "parallel": parallel, "batching": batched, **model.config, **config},
@@ -265,9 +265,9 @@ def main() -> None:
     if args.threads:
         THREADS["n_threads"] = args.threads
     if args.n_batch:
-        N_BATCH["n_batch"] = args.n_batch
+        BATCHED["n_batch"] = args.n_batch
     if args.max_step_ms >= 0:
-        N_BATCH["max_step_ms"] = args.max_step_ms
+        BATCHED["max_step_ms"] = args.max_step_ms
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         for model in models(args.models, Path(tmp)):
