@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 from services import IN_CI
-from serving import free_port
+from serving import free_port, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 ENGINES = REPO / ".engines"
@@ -210,6 +210,14 @@ class RealTriton:
     def outcome(self, request_id: str) -> dict[str, Any] | None:
         ends = [r for r in self.records() if r["event"] != "received" and r["id"] == request_id]
         return ends[-1] if ends else None
+
+    def ended(self, request_id: str, within: float = 10.0) -> dict[str, Any]:
+        """The request's outcome once the model has written it: the model records it after its
+        final response is sent, so the gateway's answer can reach the test first."""
+        wait_for(lambda: self.outcome(request_id) is not None, within=within, what=f"the model ending {request_id}")
+        outcome = self.outcome(request_id)
+        assert outcome is not None
+        return outcome
 
     def restart(self, *, within: float = 60.0) -> RealTriton:
         """Kill it and start again on the same port (what a deployment's url names)."""

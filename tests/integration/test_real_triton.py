@@ -93,7 +93,7 @@ def test_chat_streamed_and_not_reach_triton_as_the_ensemble_and_count_right(
     sent = record["inputs"]
     assert sent["max_tokens"] == [5] and sent["stream"] == [True] and sent["random_seed"] == [11]
     assert sent["temperature"] == [0.5] and "presence_penalty" not in sent and "frequency_penalty" not in sent
-    assert triton.outcome(record["id"]) == {"event": "completed", "id": record["id"], "tokens": 5}
+    assert triton.ended(record["id"]) == {"event": "completed", "id": record["id"], "tokens": 5}
 
     marker2 = uuid.uuid4().hex
     stream = client.chat.completions.create(
@@ -119,7 +119,7 @@ def test_completions_streamed_and_not_and_stop_before_max_tokens(client: openai.
     # word that completed it was generated, so it is billed.
     record = received_with(triton, marker)
     assert record["inputs"]["stop_words"] == [stop]
-    assert triton.outcome(record["id"])["tokens"] == len(before) + 1  # type: ignore[index]
+    assert triton.ended(record["id"])["tokens"] == len(before) + 1
     assert r.usage is not None and r.usage.completion_tokens == len(before) + 1
 
     chunks = list(client.completions.create(model="trt", prompt="x", max_tokens=200, seed=5, stop=[stop], stream=True))
@@ -164,9 +164,8 @@ def test_a_client_that_disconnects_mid_stream_cancels_the_request_on_triton(
             if i == 3:
                 break  # leaving the block closes the connection
     request_id = received_with(triton, marker)["id"]
-    wait_for(lambda: triton.outcome(request_id) is not None, within=10, what="the model ending the request")
-    outcome = triton.outcome(request_id)
-    assert outcome is not None and outcome["event"] == "cancelled" and outcome["tokens"] < 100, outcome
+    outcome = triton.ended(request_id)
+    assert outcome["event"] == "cancelled" and outcome["tokens"] < 100, outcome
     wait_for(lambda: gw.engine("trt").active_slots == 0, within=5, what="the engine slot freed")
 
 
