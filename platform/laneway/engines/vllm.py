@@ -1,4 +1,4 @@
-"""vLLM through its OpenAI-compatible HTTP server (aiohttp: pooled keep-alive connections).
+"""vLLM through its OpenAI-compatible HTTP server (engines/http1.py: pooled keep-alive connections).
 
 - Chat requests go to /v1/chat/completions with the messages, so vLLM applies the model's
   own chat template; completions go to /v1/completions. laneway's stop sequences, seed,
@@ -37,11 +37,11 @@ import logging
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
-import aiohttp
 import msgspec
 import numpy as np
 
 from laneway.engines.base import EngineError, EngineRequestError, run_embedding_warmup, run_warmup, unit_rows
+from laneway.engines.http1 import Http1Pool, Http1Response, UpstreamError
 from laneway.types import (
     ChatTurn,
     Delta,
@@ -245,7 +245,7 @@ class VLLMEngine:
         self.embeddings = bool(config.get("embeddings", False))
         if self.embeddings:
             self.info = dataclasses.replace(self.info, capabilities=frozenset({"embeddings"}), generates=False)
-        self._session: aiohttp.ClientSession | None = None
+        self._session: Http1Pool | None = None
         self._poller: asyncio.Task[None] | None = None
         self._active = 0
         self.tokenize_calls = 0  # /tokenize round trips (tests, and a hot-path check)
@@ -253,14 +253,12 @@ class VLLMEngine:
         self.kv_cache_usage = 0.0
 
     async def start(self) -> None:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        self._session = aiohttp.ClientSession(
-            base_url=self.base_url + "/",
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=self.timeout_s),
-            connector=aiohttp.TCPConnector(limit=self.info.max_concurrency + 8, keepalive_timeout=30),
-            skip_auto_headers=("User-Agent",),
-        )
+        headers = [("Authorization", f"Bearer {self.api_key}")] if self.api_key else []
+        try:
+            self._session = Http1Pool(self.base_url, limit=self.info.max_concurrency + 8, connect_timeout_s=5.0,
+                                      read_timeout_s=self.timeout_s, headers=headers)  # fmt: skip
+        except ValueError as exc:
+            raise EngineError(f"vLLM config: {exc}") from exc
         if not await self.health():
             await self._session.close()
             raise EngineError(f"vLLM at {self.base_url} is not healthy")
@@ -274,9 +272,9 @@ class VLLMEngine:
     async def _served_max_model_len(self) -> int | None:
         """max_model_len of the served model, as vLLM lists it in /v1/models (None if absent)."""
         try:
-            async with self._http().get("v1/models", timeout=aiohttp.ClientTimeout(total=5.0)) as r:
-                cards = (await r.json(content_type=None)).get("data", [])
-        except (aiohttp.ClientError, TimeoutError, ValueError):
+            _, answer = await self._call("GET", "/v1/models", timeout_s=5.0)
+            cards = msgspec.json.decode(answer).get("data", [])
+        except (UpstreamError, TimeoutError, msgspec.DecodeError, AttributeError):
             return None
         for card in cards:
             if card.get("id") == self.model and isinstance(card.get("max_model_len"), int):
@@ -299,28 +297,35 @@ class VLLMEngine:
     def overloaded(self) -> bool:
         return self.waiting > self.max_waiting or self.kv_cache_usage > self.max_kv_usage
 
-    def _http(self) -> aiohttp.ClientSession:
+    def _http(self) -> Http1Pool:
         if self._session is None:
             raise EngineError(f"deployment for {self.alias} is not started")
         return self._session
 
+    async def _call(self, method: str, path: str, body: bytes = b"", *, timeout_s: float,
+                    headers: Sequence[tuple[str, str]] = ()) -> tuple[int, bytes]:  # fmt: skip
+        """A request off the hot path, whole: (status, body) within `timeout_s`."""
+        async with asyncio.timeout(timeout_s):
+            async with await self._http().request(method, path, body, headers) as r:
+                return r.status, await r.read()
+
     async def health(self) -> bool:
         try:
-            async with self._http().get("health", timeout=aiohttp.ClientTimeout(total=5.0)) as r:
-                return r.status == 200
-        except (aiohttp.ClientError, TimeoutError):
+            status, _ = await self._call("GET", "/health", timeout_s=5.0)
+        except (UpstreamError, TimeoutError):
             return False
+        return status == 200
 
     async def _poll_metrics(self) -> None:
         while True:
             try:
-                async with self._http().get("metrics", timeout=aiohttp.ClientTimeout(total=5.0)) as r:
-                    values = parse_prometheus(await r.text())
+                _, text = await self._call("GET", "/metrics", timeout_s=5.0)
+                values = parse_prometheus(text.decode("utf-8", "replace"))
                 self.waiting = values.get("vllm:num_requests_waiting", 0.0)
                 self.kv_cache_usage = values.get(
                     "vllm:kv_cache_usage_perc", values.get("vllm:gpu_cache_usage_perc", 0.0)
                 )
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except (UpstreamError, TimeoutError) as exc:
                 log.warning("reading %s/metrics failed: %s", self.base_url, exc)
             await asyncio.sleep(self.metrics_poll_s)
 
@@ -349,12 +354,11 @@ class VLLMEngine:
             body["prompt"] = text
         self.tokenize_calls += 1
         try:
-            async with self._http().post("tokenize", data=_encode(body), timeout=aiohttp.ClientTimeout(total=10.0),
-                                         headers={"Content-Type": "application/json"}) as r:  # fmt: skip
-                if r.status != 200:
-                    raise EngineError(f"vLLM /tokenize answered {r.status}")
-                count = int((await r.json(content_type=None))["count"])
-        except (aiohttp.ClientError, TimeoutError, KeyError, ValueError) as exc:
+            status, answer = await self._call("POST", "/tokenize", _encode(body), timeout_s=10.0, headers=_JSON)
+            if status != 200:
+                raise EngineError(f"vLLM /tokenize answered {status}")
+            count = int(msgspec.json.decode(answer)["count"])
+        except (UpstreamError, TimeoutError, KeyError, ValueError, TypeError, msgspec.DecodeError) as exc:
             raise EngineError(f"vLLM /tokenize failed: {exc}") from exc
         return PromptMeasure(text=text, tokens=count)
 
@@ -374,16 +378,16 @@ class VLLMEngine:
                                 **self.extra_body}  # fmt: skip
         if request.priority:
             body["priority"] = request.priority
-        headers = {"X-Request-Id": request.request_id, "Content-Type": "application/json"}
-        headers.update(request.trace_headers)  # vLLM started with --otlp-traces-endpoint joins the trace
         self._active += 1
         try:  # a cancelled await closes the connection: vLLM aborts the request
-            async with self._http().post("v1/embeddings", data=_encode(body), headers=headers) as r:
+            headers = _headers(request.request_id, request.trace_headers)
+            r = await self._http().request("POST", "/v1/embeddings", _encode(body), headers)
+            async with r:
                 if r.status != 200:
                     detail = (await r.read()).decode("utf-8", "replace")[:500]
                     raise EngineError(f"vLLM answered {r.status}: {detail}")
                 answer = _decode_embeddings(await r.read())
-        except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError) as exc:
+        except (UpstreamError, TimeoutError, msgspec.DecodeError) as exc:
             raise EngineError(f"vLLM embeddings request failed: {exc}") from exc
         finally:
             self._active -= 1
@@ -432,19 +436,18 @@ class VLLMEngine:
                 body["response_format"] = req.response_format
             if req.logprobs is not None:
                 body.update(logprobs=True, top_logprobs=req.logprobs)
-            return "v1/chat/completions", body
+            return "/v1/chat/completions", body
         if req.logprobs is not None:
             body["logprobs"] = req.logprobs
         body["prompt"] = req.prompt
-        return "v1/completions", body
+        return "/v1/completions", body
 
     async def generate(self, req: GenerationRequest) -> AsyncGenerator[Delta, None]:
         path, body = self._body(req)
         self._active += 1
-        headers = {"X-Request-Id": req.request_id, "Content-Type": "application/json"}
-        headers.update(req.trace_headers)  # vLLM started with --otlp-traces-endpoint joins the trace
         try:
-            async with self._http().post(path, data=_encode(body), headers=headers) as r:
+            r = await self._http().request("POST", path, _encode(body), _headers(req.request_id, req.trace_headers))
+            async with r:  # closed before its end (the client left, an error): vLLM aborts the request
                 if r.status != 200:
                     raise _refused(r.status, await r.read())
                 if req.stream:
@@ -462,12 +465,12 @@ class VLLMEngine:
                             finish_reason=_FINISH.get(choice.finish_reason or "", "length"),
                             prompt_tokens=(usage.prompt_tokens or None) if last else None, index=choice.index,
                             tool_calls=choice.calls(), logprobs=choice.token_logprobs())  # fmt: skip
-        except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError) as exc:
+        except (UpstreamError, TimeoutError, msgspec.DecodeError) as exc:
             raise EngineError(f"vLLM request failed: {exc}") from exc
         finally:
             self._active -= 1
 
-    async def _deltas(self, r: aiohttp.ClientResponse, n: int) -> AsyncGenerator[Delta, None]:
+    async def _deltas(self, r: Http1Response, n: int) -> AsyncGenerator[Delta, None]:
         """The SSE stream: a delta per chunk of a choice (text, tool-call fragments, logprobs),
         then each choice's finish, the last with the usage chunk's counts (authoritative:
         chunks and tokens need not be one to one)."""
@@ -478,7 +481,7 @@ class VLLMEngine:
         done = False
         # Whatever has arrived, split into lines here: one await per network read, where
         # readline() costs one per line (two per event, with the blank line between events).
-        async for received in r.content.iter_any():
+        async for received in r.chunks():
             *lines, rest = (rest + received).split(b"\n")
             for line in lines:
                 if not line.startswith(b"data: "):
@@ -533,6 +536,15 @@ def _refused(status: int, body: bytes) -> EngineError:
             said = None
         return EngineRequestError(said.message[:500] if said is not None and said.message else detail)
     return EngineError(f"vLLM answered {status}: {detail}")
+
+
+_JSON = (("Content-Type", "application/json"),)
+
+
+def _headers(request_id: str, trace_headers: tuple[tuple[str, str], ...]) -> list[tuple[str, str]]:
+    """A generation's headers: its id (vLLM's request id, in its logs) and, with tracing on,
+    the span's W3C headers (vLLM started with --otlp-traces-endpoint joins the trace)."""
+    return [("X-Request-Id", request_id), *_JSON, *trace_headers]
 
 
 def _message(m: ChatTurn) -> dict[str, Any]:
