@@ -273,9 +273,19 @@ def main() -> None:
         default=0,
         help="only memory vs Redis limits: ROUNDS rounds of the rows, interleaved; the medians and ratios",
     )
+    ap.add_argument(
+        "--ab",
+        nargs=2,
+        metavar=("SRC", "ROUNDS"),
+        help="only this tree vs another source tree (SRC, e.g. a `git worktree` of main): both with memory "
+        "limits, non-streaming and 16-chunk streams, ROUNDS interleaved rounds; the medians and ratios",
+    )
     args = ap.parse_args()
     if args.limits_only:
         limits_only(args.rates, args.seconds, args.limits_only)
+        return
+    if args.ab:
+        ab(Path(args.ab[0]), args.rates, args.seconds, int(args.ab[1]))
         return
     rows: list[dict[str, Any]] = []
     with bench_services() as (work, up_url, redis):
@@ -383,6 +393,49 @@ def limits_only(rates: list[float], seconds: float, rounds: int) -> None:
     print("\nAll rounds, CPU / request (ms): " + "; ".join(
         f"{mode} {rate:.0f}/s " + " ".join(f"{r['cpu_ms']:.2f}" for r in got[(mode, rate)])
         for rate in rates for mode in modes))  # fmt: skip
+
+
+def ab(src: Path, rates: list[float], seconds: float, rounds: int) -> None:
+    """This tree against another source tree (its `platform/` first on PYTHONPATH), same fake
+    engine, memory limits, rows interleaved round after round; the medians, and this tree's
+    ratio to the other (the baseline)."""
+    other = src.resolve() / "platform"
+    if not (other / "laneway").is_dir():
+        raise SystemExit(f"{src} has no platform/laneway")
+    trees = {"baseline": {"PYTHONPATH": str(other)}, "this tree": {}}
+    kinds = {"non-streaming": False, "16-chunk streams": True}
+    got: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
+    with bench_services() as (work, up_url, _):
+        with gateway(up_url, work, None, env_extra=trees["baseline"]) as base, \
+                gateway(up_url, work, None) as this:  # fmt: skip
+            gateways = {"baseline": base, "this tree": this}
+            for _, port, key in gateways.values():
+                load(f"http://127.0.0.1:{port}/v1/completions", 100, 1, key, False)
+            for _ in range(rounds):
+                for rate in rates:
+                    for kind, stream in kinds.items():
+                        for tree, (proc, port, key) in gateways.items():
+                            settle(port, quiet_s=0.3)
+                            r = measure(port, proc, key, tree, rate, seconds, stream=stream)
+                            got.setdefault((tree, kind, rate), []).append(r)
+    print(f"# bench/overhead.py --ab {src} {rounds} on {platform.node()} ({os.cpu_count()} CPUs, load "
+          f"{os.getloadavg()[0]:.1f}); gateway pinned to core {GATEWAY_CORE}; {seconds:g} s per row; medians of "
+          f"{rounds} interleaved rounds; memory limits")  # fmt: skip
+    print("\n| kind | rate | tree | p50 | p99 | success | gateway CPU / request | vs baseline | every round |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for rate in rates:
+        for kind in kinds:
+            base_cpu = pct([r["cpu_ms"] for r in got[("baseline", kind, rate)]], 0.5)
+            for tree in trees:
+                rs = got[(tree, kind, rate)]
+                cpu = pct([r["cpu_ms"] for r in rs], 0.5)
+                print(f"| {kind} | {rate:.0f}/s | {tree} | {fmt(pct([r['p50'] for r in rs], 0.5))} "
+                      f"| {fmt(pct([r['p99'] for r in rs], 0.5))} | {pct([r['success'] for r in rs], 0.5) * 100:.1f} % "
+                      f"| {fmt(cpu)} | {cpu / base_cpu:.2f}x | {every(rs)} |")  # fmt: skip
+
+
+def every(rows: list[dict[str, Any]]) -> str:
+    return " ".join(f"{r['cpu_ms']:.2f}" for r in rows)
 
 
 async def redis_usec(url: str) -> int:
