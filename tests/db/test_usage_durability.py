@@ -12,6 +12,7 @@ from laneway.db import migrate
 from laneway.db.repositories import TenantRepository, UsageRepository
 from laneway.db.session import make_engine, make_sessionmaker
 from services import PrivatePostgres
+from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 
@@ -53,6 +54,34 @@ async def test_one_row_postgres_refuses_does_not_block_the_others(db_engine: Asy
     lost = {"r3", "x" * 500} if postgres else set()
     assert len(ids) == 25 - len(lost) and not lost & set(ids)
     assert recorder.rejected == len(lost) and recorder.written == len(ids) and recorder.dropped == 0
+
+
+async def test_rows_that_arrive_during_a_write_wait_for_the_next_flush(db_engine: AsyncEngine) -> None:
+    """Under steady traffic some rows always arrive while a batch is written; they belong to
+    the next flush. (Flushing them at once kept the writer in a loop: a transaction per few
+    rows, a quarter of the gateway's CPU at 1,000 requests/s on PostgreSQL.)"""
+    inserts = 0
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        nonlocal inserts
+        inserts += statement.lstrip().upper().startswith("INSERT INTO USAGE_RECORDS")
+
+    event.listen(db_engine.sync_engine, "before_cursor_execute", count)
+    sessions = make_sessionmaker(db_engine)
+    async with sessions() as s, s.begin():
+        await TenantRepository(s).create("acme")
+    recorder = UsageRecorder(sessions, interval_s=0.25, batch_size=500)
+    await recorder.start()
+    loop = asyncio.get_running_loop()
+    started, sent = loop.time(), 0
+    while loop.time() - started < 1.0:  # ~1 s of a row every 2 ms
+        recorder.record(usage(sent))
+        sent += 1
+        await asyncio.sleep(0.002)
+    elapsed = loop.time() - started
+    await recorder.stop()
+    assert len(await stored(db_engine)) == sent and recorder.written == sent
+    assert inserts <= elapsed / 0.25 + 2, f"{inserts} writes for {sent} rows in {elapsed:.2f} s"
 
 
 async def test_rows_wait_out_a_database_outage_then_are_written_once(private_pg: PrivatePostgres) -> None:
