@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
+import ssl
+import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from laneway.engines.http1 import Http1Pool, UpstreamError, UpstreamTimeout
@@ -345,9 +349,43 @@ async def test_headers_with_line_breaks_are_refused(upstream: Upstream) -> None:
         await pool.close()
 
 
-def test_only_plain_http_upstreams() -> None:
+def test_only_http_and_https_upstreams() -> None:
     async def make() -> None:
-        Http1Pool("https://example.invalid")
+        Http1Pool("ftp://example.invalid")
 
-    with pytest.raises(ValueError, match="http://"):
+    with pytest.raises(ValueError, match="https://"):
         asyncio.run(make())
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (its own CA)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed: no certificate for the TLS test")
+    d = tmp_path_factory.mktemp("tls")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(d / "key.pem"),
+                    "-out", str(d / "cert.pem")], check=True, capture_output=True)  # fmt: skip
+    return d / "cert.pem", d / "key.pem"
+
+
+async def test_an_https_upstream(certificate: tuple[Path, Path]) -> None:
+    cert, key = certificate
+    up = Upstream()
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    server = await asyncio.start_server(up.handle, "127.0.0.1", 0, ssl=server_tls)
+    port = server.sockets[0].getsockname()[1]
+    trusting = Http1Pool(f"https://127.0.0.1:{port}", tls=ssl.create_default_context(cafile=str(cert)))
+    stranger = Http1Pool(f"https://127.0.0.1:{port}")  # the system's trust store: not this CA
+    try:
+        for _ in range(2):
+            assert await echo(trusting, b"secret") == b"secret"
+        assert up.connections == 1  # kept alive over TLS too
+        with pytest.raises(UpstreamError, match="cannot connect"):
+            await stranger.request("GET", "/echo")
+    finally:
+        await trusting.close()
+        await stranger.close()
+        server.close()
+        up.close_idle()

@@ -22,7 +22,8 @@
   over `max_waiting` or `max_kv_cache_usage` reports itself overloaded, and the registry
   sends new requests to its siblings while it is.
 
-Config: base_url (required), model (the served model name; default: the alias), api_key,
+Config: base_url (required; http or https), ca_file (a private CA for https), model (the
+served model name; default: the alias), api_key,
 tokenize ("auto" | "always" | "never", or a bool), max_concurrency, max_waiting,
 max_kv_cache_usage, metrics_poll_s, timeout_s, extra_body (dict merged into every request),
 embeddings.
@@ -34,6 +35,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import ssl
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
@@ -232,6 +234,7 @@ class VLLMEngine:
         self.timeout_s = float(config.get("timeout_s", 600))
         self.extra_body: dict[str, Any] = dict(config.get("extra_body", {}))
         self.api_key = config.get("api_key")
+        self.ca_file = config.get("ca_file")  # an https base_url signed by a private CA
         capabilities = CAPABILITIES | ({"tools"} if config.get("tool_calling") else set())
         self.info = EngineInfo(
             engine="vllm",
@@ -255,9 +258,10 @@ class VLLMEngine:
     async def start(self) -> None:
         headers = [("Authorization", f"Bearer {self.api_key}")] if self.api_key else []
         try:
+            tls = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else None
             self._session = Http1Pool(self.base_url, limit=self.info.max_concurrency + 8, connect_timeout_s=5.0,
-                                      read_timeout_s=self.timeout_s, headers=headers)  # fmt: skip
-        except ValueError as exc:
+                                      read_timeout_s=self.timeout_s, headers=headers, tls=tls)  # fmt: skip
+        except (ValueError, OSError) as exc:
             raise EngineError(f"vLLM config: {exc}") from exc
         if not await self.health():
             await self._session.close()
