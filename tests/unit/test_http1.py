@@ -15,6 +15,7 @@ import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from laneway.engines.http1 import Http1Pool, UpstreamError, UpstreamTimeout
@@ -126,6 +127,15 @@ async def upstream() -> AsyncIterator[Upstream]:
         up.close_idle()
 
 
+@contextlib.asynccontextmanager
+async def opened(base_url: str, **options: Any) -> AsyncIterator[Http1Pool]:
+    pool = Http1Pool(base_url, **options)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
 async def echo(pool: Http1Pool, body: bytes = b"hello") -> bytes:
     async with await pool.request("POST", "/echo", body, [("X-Request-Id", "r1")]) as r:
         assert r.status == 200
@@ -133,8 +143,7 @@ async def echo(pool: Http1Pool, body: bytes = b"hello") -> bytes:
 
 
 async def test_keep_alive_reuses_one_connection(upstream: Upstream) -> None:
-    pool = Http1Pool(upstream.url, headers=[("Authorization", "Bearer k")])
-    try:
+    async with opened(upstream.url, headers=[("Authorization", "Bearer k")]) as pool:
         for i in range(5):
             assert await echo(pool, b"n%d" % i) == b"n%d" % i
         assert upstream.connections == 1 and pool.connections == 1 and pool.idle == 1
@@ -142,23 +151,17 @@ async def test_keep_alive_reuses_one_connection(upstream: Upstream) -> None:
         assert (path, body) == ("/echo", b"n4")
         assert headers["authorization"] == "Bearer k" and headers["x-request-id"] == "r1"
         assert headers["host"] == f"127.0.0.1:{upstream.port}" and headers["content-length"] == "2"
-    finally:
-        await pool.close()
 
 
 async def test_base_path_and_response_headers(upstream: Upstream) -> None:
-    pool = Http1Pool(upstream.url + "/")
-    try:
+    async with opened(upstream.url + "/") as pool:
         async with await pool.request("GET", "/echo") as r:
             assert r.headers["x-seen"] == "yes" and await r.read() == b""
         assert upstream.requests[-1][0] == "/echo"
-    finally:
-        await pool.close()
 
 
 async def test_a_stream_arrives_piece_by_piece(upstream: Upstream) -> None:
-    pool = Http1Pool(upstream.url)
-    try:
+    async with opened(upstream.url) as pool:
         async with await pool.request("POST", "/step") as r:
             pieces = r.chunks()
             assert await anext(pieces) == b"first"  # before the server sends the rest
@@ -166,28 +169,22 @@ async def test_a_stream_arrives_piece_by_piece(upstream: Upstream) -> None:
             assert [p async for p in pieces] == [b"second"]
         assert pool.idle == 1  # the whole body was read: the connection is kept
         assert await echo(pool) == b"hello" and upstream.connections == 1
-    finally:
-        await pool.close()
 
 
 async def test_closing_a_stream_early_closes_its_connection(upstream: Upstream) -> None:
     """The caller leaves mid-body (a client gone): the upstream sees the disconnect, the
     connection is never reused."""
-    pool = Http1Pool(upstream.url)
-    try:
+    async with opened(upstream.url) as pool:
         r = await pool.request("POST", "/step")
         async with r:
             assert await anext(r.chunks()) == b"first"
         await asyncio.wait_for(upstream.disconnected.wait(), 5)
         assert pool.connections == 0
         assert await echo(pool) == b"hello" and upstream.connections == 2
-    finally:
-        await pool.close()
 
 
 async def test_a_request_cancelled_before_its_answer_closes_the_connection(upstream: Upstream) -> None:
-    pool = Http1Pool(upstream.url)
-    try:
+    async with opened(upstream.url) as pool:
         task = asyncio.ensure_future(pool.request("POST", "/silent"))
         while not upstream.requests:
             await asyncio.sleep(0.001)
@@ -196,79 +193,59 @@ async def test_a_request_cancelled_before_its_answer_closes_the_connection(upstr
             await task
         assert pool.connections == 0 and pool.idle == 0
         await asyncio.wait_for(upstream.disconnected.wait(), 5)  # the server saw the connection go
-    finally:
-        await pool.close()
 
 
 async def test_a_connection_the_server_closed_while_idle_is_replaced(upstream: Upstream) -> None:
-    pool = Http1Pool(upstream.url)
-    try:
+    async with opened(upstream.url) as pool:
         async with await pool.request("GET", "/close-after") as r:
             assert await r.read() == b"ok"
         assert await echo(pool) == b"hello"
         assert upstream.connections == 2 and [p for p, _, _ in upstream.requests] == ["/close-after", "/echo"]
-    finally:
-        await pool.close()
 
 
 async def test_a_reused_connection_closed_as_the_request_goes_out_is_retried_once(upstream: Upstream) -> None:
     """The race of a keep-alive timeout: the server closes a connection the pool still holds as
     idle just as a request is written on it; nothing of an answer came back, so the request
     is sent once more, on a fresh connection."""
-    pool = Http1Pool(upstream.url)
-    try:
+    async with opened(upstream.url) as pool:
         await echo(pool)
         async with await pool.request("POST", "/flaky", b"once") as r:  # reused; closed unanswered
             assert await r.read() == b"answered"
         assert [(p, b) for p, b, _ in upstream.requests] == [("/echo", b"hello"), ("/flaky", b"once"),
                                                               ("/flaky", b"once")]  # fmt: skip
         assert upstream.connections == 2
-    finally:
-        await pool.close()
 
 
 async def test_a_fresh_connection_closed_without_an_answer_is_not_retried(upstream: Upstream) -> None:
-    pool = Http1Pool(upstream.url)
-    try:
+    async with opened(upstream.url) as pool:
         with pytest.raises(UpstreamError, match="before answering"):
             await pool.request("POST", "/no-answer", b"x")
         assert [p for p, _, _ in upstream.requests] == ["/no-answer"]  # sent once
         assert pool.connections == 0
-    finally:
-        await pool.close()
 
 
 async def test_a_server_dying_mid_body_is_an_error(upstream: Upstream) -> None:
-    pool = Http1Pool(upstream.url)
-    try:
+    async with opened(upstream.url) as pool:
         async with await pool.request("POST", "/die-mid-body") as r:
             pieces = r.chunks()
             assert await anext(pieces) == b"first"
             with pytest.raises(UpstreamError, match="mid-answer"):
                 await anext(pieces)
         assert pool.connections == 0
-    finally:
-        await pool.close()
 
 
 async def test_a_body_delimited_by_the_close(upstream: Upstream) -> None:
-    pool = Http1Pool(upstream.url)
-    try:
+    async with opened(upstream.url) as pool:
         async with await pool.request("GET", "/until-close") as r:
             assert await r.read() == b"all of it"
         assert pool.idle == 0
-    finally:
-        await pool.close()
 
 
 async def test_a_malformed_answer_is_an_error(upstream: Upstream) -> None:
-    pool = Http1Pool(upstream.url)
-    try:
+    async with opened(upstream.url) as pool:
         with pytest.raises(UpstreamError, match="malformed"):
             await pool.request("GET", "/garbage")
         assert pool.connections == 0
-    finally:
-        await pool.close()
 
 
 async def test_connection_refused_and_connect_timeout() -> None:
@@ -283,30 +260,23 @@ async def test_connection_refused_and_connect_timeout() -> None:
 
 
 async def test_read_timeout(upstream: Upstream) -> None:
-    pool = Http1Pool(upstream.url, read_timeout_s=0.2)
-    try:
+    async with opened(upstream.url, read_timeout_s=0.2) as pool:
         with pytest.raises(UpstreamTimeout, match="no data"):
             await pool.request("POST", "/silent")
         assert pool.connections == 0
         await asyncio.wait_for(upstream.disconnected.wait(), 5)
-    finally:
-        await pool.close()
 
 
 async def test_the_pool_never_opens_more_than_its_limit(upstream: Upstream) -> None:
-    pool = Http1Pool(upstream.url, limit=2)
-    try:
+    async with opened(upstream.url, limit=2) as pool:
         bodies = await asyncio.gather(*(echo(pool, b"%d" % i) for i in range(20)))
         assert bodies == [b"%d" % i for i in range(20)]
         assert upstream.most_open <= 2 and pool.connections <= 2
-    finally:
-        await pool.close()
 
 
 @pytest.mark.parametrize("woken", [False, True], ids=["cancelled while waiting", "cancelled once woken"])
 async def test_a_waiter_cancelled_at_the_limit_passes_its_turn_on(upstream: Upstream, woken: bool) -> None:
-    pool = Http1Pool(upstream.url, limit=1)
-    try:
+    async with opened(upstream.url, limit=1) as pool:
         holder = await pool.request("POST", "/step")  # holds the only connection
         leaving = asyncio.ensure_future(echo(pool, b"leaving"))
         staying = asyncio.ensure_future(echo(pool, b"staying"))
@@ -320,13 +290,10 @@ async def test_a_waiter_cancelled_at_the_limit_passes_its_turn_on(upstream: Upst
             leaving.cancel()  # before it runs: its turn must go to `staying`
         assert await asyncio.wait_for(staying, 5) == b"staying"
         assert leaving.cancelled()
-    finally:
-        await pool.close()
 
 
 async def test_a_body_not_read_pauses_the_socket(upstream: Upstream) -> None:
-    pool = Http1Pool(upstream.url, high_water=64 * 1024)
-    try:
+    async with opened(upstream.url, high_water=64 * 1024) as pool:
         r = await pool.request("GET", "/big")
         await asyncio.sleep(0.3)  # the server writes as fast as it can meanwhile
         assert r._buffered < 8 * 1024 * 1024 // 4  # bounded near high_water, not the whole 8 MB
@@ -335,18 +302,13 @@ async def test_a_body_not_read_pauses_the_socket(upstream: Upstream) -> None:
         assert total == 5 + 128 * 65536
         r.release()
         assert pool.idle == 1
-    finally:
-        await pool.close()
 
 
 async def test_headers_with_line_breaks_are_refused(upstream: Upstream) -> None:
-    pool = Http1Pool(upstream.url)
-    try:
+    async with opened(upstream.url) as pool:
         with pytest.raises(ValueError, match="invalid header"):
             await pool.request("GET", "/echo", b"", [("X-Request-Id", "a\r\nX-Evil: 1")])
         assert upstream.requests == []
-    finally:
-        await pool.close()
 
 
 def test_only_http_and_https_upstreams() -> None:
