@@ -135,16 +135,21 @@ async def _all_tenant_ids(session: Any) -> list[int]:
     return list((await session.execute(select(Tenant.id))).scalars())
 
 
+def in_process_settings(**fields: Any) -> Settings:
+    """Settings for a gateway served in the tests' own process: no demo bootstrap, and the
+    loop-delay load shedding off unless a test asks for it: the tests' clients share this
+    process (and its GIL) with the gateway, so the loop delays they cause are the harness's,
+    not the gateway's saturation (on a loaded machine they got a flood test's requests shed)."""
+    return Settings(**{"bootstrap_demo": False, "shed_loop_delay_s": 0, **fields})
+
+
 def start_gateway(data_dir: Path, *, database_url: str | None = None, wait_ready: bool = True,
                   seed_with: dict[str, Any] | None = None, **settings: Any) -> Gateway:  # fmt: skip
     """Seed a database (SQLite in data_dir unless database_url is given) and serve it in-process
-    on a loopback port. `settings` override Settings fields. Load shedding is off unless a
-    test asks for it: the tests' clients share this process (and its GIL) with the gateway, so
-    the loop delays they cause are the harness's, not the gateway's saturation."""
-    settings.setdefault("shed_loop_delay_s", 0)
+    on a loopback port. `settings` override Settings fields (in_process_settings' defaults)."""
     url = database_url or f"sqlite+aiosqlite:///{data_dir / 'laneway.db'}"
     keys = asyncio.run(seed(url, **(seed_with or {})))
-    config = Settings(data_dir=data_dir, database_url=url, bootstrap_demo=False, **settings)
+    config = in_process_settings(data_dir=data_dir, database_url=url, **settings)
     server = ServerThread(create_app(config)).start(wait_ready=wait_ready)
     return Gateway(server=server, keys=keys, database_url=url, settings=config)
 

@@ -16,8 +16,7 @@ from laneway.db import migrate
 from laneway.db.repositories import ModelRepository, TenantRepository
 from laneway.db.session import make_engine, make_sessionmaker
 from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN
-from laneway.settings import Settings
-from serving import Gateway, ServerThread
+from serving import Gateway, ServerThread, in_process_settings
 from standins.triton_server import TritonStandIn
 from standins.vllm_server import VLLMStandIn
 
@@ -98,9 +97,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, demo_model_path: Path) -> 
     data = tmp_path_factory.mktemp("gateway")
     url = f"sqlite+aiosqlite:///{data / 'laneway.db'}"
     keys = asyncio.run(_seed(url, demo_model_path))
-    settings = Settings(
-        data_dir=data, database_url=url, bootstrap_demo=False, usage_flush_interval_s=0.05, auth_cache_ttl_s=0.2
-    )
+    settings = in_process_settings(data_dir=data, database_url=url, usage_flush_interval_s=0.05, auth_cache_ttl_s=0.2)
     server = ServerThread(create_app(settings)).start()
     yield Gateway(server=server, keys=keys, database_url=url)
     server.stop()

@@ -14,8 +14,7 @@ from laneway.app import create_app
 from laneway.db import migrate
 from laneway.db.repositories import ModelRepository
 from laneway.db.session import make_engine, make_sessionmaker
-from laneway.settings import Settings
-from serving import ServerThread
+from serving import ServerThread, in_process_settings
 
 PASSWORD = "correct horse battery"
 
@@ -35,7 +34,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     data = tmp_path_factory.mktemp("admin")
     url = f"sqlite+aiosqlite:///{data / 'laneway.db'}"
     asyncio.run(_seed(url))
-    settings = Settings(data_dir=data, database_url=url, bootstrap_demo=False, admin_password=PASSWORD)
+    settings = in_process_settings(data_dir=data, database_url=url, admin_password=PASSWORD)
     srv = ServerThread(create_app(settings)).start()
     yield srv
     srv.stop()

@@ -15,10 +15,10 @@ import pytest
 from laneway.app import create_app
 from laneway.embedded import EmbeddedServer as ServerThread
 from laneway.engines.model_fetch import SMOLLM2, ModelFetchError, WheelModel, extract_model, fetch_model
-from laneway.settings import Settings
 from openai import OpenAI
 from pydantic import BaseModel
 from services import IN_CI
+from serving import in_process_settings
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def demo(smollm2_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     data = tmp_path_factory.mktemp("demo")
     (data / "models").mkdir()
     (data / "models" / smollm2_file.name).symlink_to(smollm2_file)  # fetched already: no second download
-    settings = Settings(data_dir=data, demo_model="smollm2", shed_loop_delay_s=0)
+    settings = in_process_settings(data_dir=data, demo_model="smollm2", bootstrap_demo=True)
     server = ServerThread(create_app(settings)).start()
     try:
         yield server, (data / "demo-api-key").read_text().strip()

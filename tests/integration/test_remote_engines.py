@@ -19,9 +19,8 @@ from laneway.db.session import make_engine, make_sessionmaker
 from laneway.engines.registry import EngineRegistry
 from laneway.engines.trtllm import TritonTRTLLMEngine
 from laneway.engines.vllm import VLLMEngine, parse_prometheus
-from laneway.settings import Settings
 from laneway.types import ChatTurn, GenerationRequest
-from serving import ServerThread
+from serving import ServerThread, in_process_settings
 from standins.triton_server import TritonStandIn
 from standins.vllm_server import VLLMStandIn, vllm_config
 
@@ -260,7 +259,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, vllm: VLLMStandIn, triton:
     data = tmp_path_factory.mktemp("remote")
     url = f"sqlite+aiosqlite:///{data / 'laneway.db'}"
     key = asyncio.run(_seed(url, vllm, triton))
-    settings = Settings(data_dir=data, database_url=url, bootstrap_demo=False, policy_poll_interval_s=0.1)
+    settings = in_process_settings(data_dir=data, database_url=url, policy_poll_interval_s=0.1)
     server = ServerThread(create_app(settings)).start()
     yield server, key, url
     server.stop()

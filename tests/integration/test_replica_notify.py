@@ -8,8 +8,7 @@ from pathlib import Path
 
 import httpx
 from laneway.app import create_app
-from laneway.settings import Settings
-from serving import ServerThread, wait_for
+from serving import ServerThread, in_process_settings, wait_for
 
 PASSWORD = "correct horse battery"
 
@@ -18,7 +17,7 @@ def test_an_admin_change_reaches_the_other_replica_by_notify(pg_database: str, t
     database = pg_database
 
     def replica(name: str) -> ServerThread:
-        settings = Settings(data_dir=tmp_path / name, database_url=database, bootstrap_demo=False,
+        settings = in_process_settings(data_dir=tmp_path / name, database_url=database,
                             admin_password=PASSWORD, policy_poll_interval_s=3600)  # fmt: skip
         return ServerThread(create_app(settings)).start(wait_ready=False)
 

@@ -20,8 +20,7 @@ from laneway.db import migrate
 from laneway.db.repositories import ModelRepository, PolicyRepository, TenantRepository
 from laneway.db.session import make_engine, make_sessionmaker
 from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN
-from laneway.settings import Settings
-from serving import ServerThread
+from serving import ServerThread, in_process_settings
 
 
 async def _seed(url: str, model: Path) -> str:
@@ -100,7 +99,7 @@ def env(tmp_path_factory: pytest.TempPathFactory, demo_model_path: Path) -> Iter
     url = f"sqlite+aiosqlite:///{data / 'laneway.db'}"
     key = asyncio.run(_seed(url, demo_model_path))
     # No task policy caps these requests: let them ask for long generations.
-    settings = Settings(data_dir=data, database_url=url, bootstrap_demo=False, default_max_tokens=1_000_000)
+    settings = in_process_settings(data_dir=data, database_url=url, default_max_tokens=1_000_000)
     server = ServerThread(create_app(settings)).start()
     yield Env(server, key)
     server.stop()

@@ -17,8 +17,7 @@ from laneway.bootstrap import issue_key
 from laneway.db import migrate
 from laneway.db.repositories import ModelRepository, PolicyRepository, TenantRepository
 from laneway.db.session import make_engine, make_sessionmaker
-from laneway.settings import Settings
-from serving import ServerThread
+from serving import ServerThread, in_process_settings
 
 LANES: list[dict[str, Any]] = [
     {"name": "batch", "priority": 2, "match_tasks": ["batch"], "max_concurrency": 2},
@@ -111,7 +110,7 @@ def traffic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traffic]:
     url = f"sqlite+aiosqlite:///{data / 'laneway.db'}"
     keys = asyncio.run(_seed(url))
     # Requests without a task policy may ask for long generations: a hog must outlast the test.
-    settings = Settings(data_dir=data, database_url=url, bootstrap_demo=False, default_max_tokens=100_000)
+    settings = in_process_settings(data_dir=data, database_url=url, default_max_tokens=100_000)
     server = ServerThread(create_app(settings)).start()
     yield Traffic(server, keys)
     server.stop()

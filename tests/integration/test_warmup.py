@@ -12,8 +12,7 @@ from laneway.app import create_app
 from laneway.db import migrate
 from laneway.db.repositories import ModelRepository
 from laneway.db.session import make_engine, make_sessionmaker
-from laneway.settings import Settings
-from serving import ServerThread
+from serving import ServerThread, in_process_settings
 
 
 async def _seed(url: str, model: Path) -> None:
@@ -53,7 +52,7 @@ async def _seed(url: str, model: Path) -> None:
 def test_ready_only_after_every_deployment_is_warm(tmp_path: Path, demo_model_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'laneway.db'}"
     asyncio.run(_seed(url, demo_model_path))
-    server = ServerThread(create_app(Settings(data_dir=tmp_path, database_url=url, bootstrap_demo=False)))
+    server = ServerThread(create_app(in_process_settings(data_dir=tmp_path, database_url=url)))
     server.start(wait_ready=False)
     try:
         seen = []
