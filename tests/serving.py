@@ -204,6 +204,22 @@ def serve(
         time.sleep(0.05)
 
 
+def stop_all(*procs: subprocess.Popen[bytes], within: float = 30.0) -> None:
+    """SIGTERM every gateway first (they drain side by side), then wait for each; one still
+    running after `within` is killed, so a slow drain on a loaded machine neither leaves the
+    others running nor hangs the suite. A test of the drain itself waits on its own terms."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + within
+    for proc in procs:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 def wait_for(predicate: Any, within: float = 10.0, step: float = 0.002, what: str = "condition") -> float:
     """Poll (from a test thread) until predicate() holds; return how long it took."""
     start = time.perf_counter()

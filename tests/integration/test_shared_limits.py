@@ -13,7 +13,7 @@ from laneway.db import migrate
 from laneway.db.repositories import ModelRepository, TenantRepository
 from laneway.db.session import make_engine, make_sessionmaker
 from services import require_service
-from serving import serve
+from serving import serve, stop_all
 
 
 async def _seed(url: str) -> str:
@@ -57,6 +57,4 @@ def test_two_gateways_on_one_redis_enforce_one_limit(tmp_path: Path) -> None:
                 assert int(r.headers["retry-after"]) >= 1 and r.json()["error"]["code"] == "rate_limit_exceeded"
         assert statuses == [200, 200, 200, 200, 429, 429]
     finally:
-        for proc in (a, b):
-            proc.terminate()
-            proc.wait(10)
+        stop_all(a, b)
