@@ -140,11 +140,7 @@ class _Connection(asyncio.Protocol):
         keep = not response.until_close and self.parser.should_keep_alive()
         if not keep:
             self.closed = True
-        response.feed(_DONE)
-        if not response.head.done():  # an answer with no head callback (cannot happen with llhttp)
-            response.head.set_result(None)
-        if response.released:
-            self.pool._release(self)
+        response.feed(_DONE)  # the pool takes the connection back when the response is released
 
     # used by the response and the pool
     def start(self, response: Http1Response, data: bytes) -> None:
@@ -292,7 +288,7 @@ class Http1Response:
 
 
 class Http1Pool:
-    """Keep-alive connections to one upstream (`http://host:port`, an optional base path)."""
+    """Keep-alive connections to one upstream (`http://` or `https://host:port`, an optional base path)."""
 
     def __init__(
         self,
@@ -424,10 +420,6 @@ class Http1Pool:
 
     def _release(self, conn: _Connection) -> None:
         """A connection whose answer ended and was released: idle again, or gone."""
-        if conn.response is None:
-            return
-        if not (conn.response.complete and conn.response.released):
-            return
         conn.response = None
         if conn.closed or self._closed:
             conn.abort()
