@@ -55,6 +55,10 @@ def metric(server: RealVLLM, name: str) -> float:
     return parse_prometheus(server.metrics()).get(name, 0.0)
 
 
+def running(server: RealVLLM) -> float:
+    return metric(server, "vllm:num_requests_running")
+
+
 def finished(server: RealVLLM, reason: str) -> float:
     """vllm:request_success_total for one finished_reason (stop, length, abort, ...)."""
     label = f'finished_reason="{reason}"'
@@ -193,10 +197,13 @@ def test_priority_reaches_vllm_which_serves_the_more_urgent_waiting_request_firs
     it for 100 tokens, and `later` waits for the next (a 500-token filler's). First come, first
     served would do the opposite: `later` done at once, `urgent` only after the long filler.
     Meanwhile the adapter's poller reads the two waiting (vllm:num_requests_waiting)."""
+    # Each try's own record (a thread of an earlier try can still be returning when the next
+    # starts): the order calls ended in, and when each streamed call's first token arrived
+    # (its turn in a slot).
     done: list[str] = []
-    first_token: dict[str, float] = {}  # when each request's first token arrived: its turn in a slot
+    first_token: dict[str, float] = {}
 
-    def call(name: str, priority: int, max_tokens: int) -> None:
+    def call(name: str, priority: int, max_tokens: int, done: list[str], first_token: dict[str, float]) -> None:
         api = client.with_options(default_headers={"X-Laneway-Priority": str(priority)}).completions
         if name.startswith("filler"):  # not streamed: 500 tokens would outrun a thread's reads
             r = api.create(model="tiny-wide", prompt="The river", max_tokens=max_tokens, temperature=0)
@@ -218,9 +225,11 @@ def test_priority_reaches_vllm_which_serves_the_more_urgent_waiting_request_firs
         wait_for(lambda: metric(real_vllm, "vllm:num_requests_running")
                  + metric(real_vllm, "vllm:num_requests_waiting") == 0, within=120, step=0.1,
                  what="vLLM idle")  # fmt: skip
-        done.clear()
+        nonlocal done, first_token
+        done, first_token = [], {}
         lengths = [300] + [500] * (RealVLLM.MAX_NUM_SEQS - 1)
-        threads = [threading.Thread(target=call, args=(f"filler-{i}", 0, n)) for i, n in enumerate(lengths)]
+        threads = [threading.Thread(target=call, args=(f"filler-{i}", 0, n, done, first_token))
+                   for i, n in enumerate(lengths)]  # fmt: skip
         for t in threads:
             t.start()
         try:
@@ -236,7 +245,7 @@ def test_priority_reaches_vllm_which_serves_the_more_urgent_waiting_request_firs
         """Send `later`, then `urgent`, each once vLLM counts the one before it waiting; False
         (once every call is done) if a filler ended first and freed a slot for one of them."""
         for name, priority, max_tokens in (("later", 10, 1), ("urgent", 1, 100)):
-            threads.append(threading.Thread(target=call, args=(name, priority, max_tokens)))
+            threads.append(threading.Thread(target=call, args=(name, priority, max_tokens, done, first_token)))
             threads[-1].start()
             waiting = len(threads) - RealVLLM.MAX_NUM_SEQS
             try:
@@ -249,7 +258,6 @@ def test_priority_reaches_vllm_which_serves_the_more_urgent_waiting_request_firs
             except AssertionError:
                 for t in threads:
                     t.join(120)
-                first_token.clear()
                 return False
         return True
 
@@ -300,13 +308,26 @@ def stream_then_hang_up(gw: Gateway, request_id: str, max_tokens: int, chunks: i
 
 
 def test_a_client_that_hangs_up_mid_stream_stops_the_generation_in_vllm(gw: Gateway, real_vllm: RealVLLM) -> None:
-    before = metric(real_vllm, "vllm:generation_tokens_total")
-    completed = finished(real_vllm, "length")
-    stream_then_hang_up(gw, "hangs-up", max_tokens=900, chunks=3)
-    wait_for(lambda: gw.engine("tiny").active_slots == 0, within=10, what="the adapter closing its stream")
-    wait_for(lambda: real_vllm.logged(r"Request cmpl-hangs-up:cmpl-[0-9a-f]+-0 aborted"), within=10,
-             what="vLLM aborting the request")  # fmt: skip
-    wait_for(lambda: metric(real_vllm, "vllm:num_requests_running") == 0, within=10, what="vLLM no longer running it")
+    """The gateway closes the upstream connection of a stream whose client left, and vLLM aborts
+    the sequence. vLLM itself sometimes misses a disconnect on a busy machine (the sequence then
+    runs to its length: vllm-project/vllm#54947; reproduced here with httpx straight to vLLM, no
+    gateway: 10 of 30 streams under CPU load, 0 of 20 idle), so a try where it did not abort is
+    tried again, up to four; the gateway's side is asserted on every try."""
+    for attempt in range(4):
+        request_id = f"hangs-up-{attempt}"
+        before = metric(real_vllm, "vllm:generation_tokens_total")
+        completed = finished(real_vllm, "length")
+        stream_then_hang_up(gw, request_id, max_tokens=900, chunks=3)
+        wait_for(lambda: gw.engine("tiny").active_slots == 0, within=10, what="the adapter closing its stream")
+        aborted = rf"Request cmpl-{request_id}:cmpl-[0-9a-f]+-0 aborted"
+        try:
+            wait_for(lambda: real_vllm.logged(aborted), within=10, what="vLLM aborting the request")  # noqa: B023
+            break
+        except AssertionError:  # vLLM missed the disconnect: let the sequence end before the next try
+            wait_for(lambda: running(real_vllm) == 0, within=120, what="the sequence ending")
+    else:
+        pytest.fail("vLLM aborted none of four streams whose client left (vllm#54947 misses some, not all)")
+    wait_for(lambda: running(real_vllm) == 0, within=10, what="vLLM no longer running it")
     generated = metric(real_vllm, "vllm:generation_tokens_total") - before
     time.sleep(1)
     assert metric(real_vllm, "vllm:generation_tokens_total") - before == generated  # it stopped growing
