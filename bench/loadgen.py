@@ -7,7 +7,9 @@ parsed by hand: cheap enough to drive 1,000+ requests a second from one core.
 
 Used by bench/overhead.py; run alone:
   .venv/bin/python bench/loadgen.py URL --rate 300 --seconds 5 [--key K] [--stream]
-prints one JSON line: latencies (ms) by status, time to first byte for streams, timeouts.
+prints one JSON line: latencies (ms) by status, time to first byte for streams, timeouts, and
+how late each request was written (its connect included): the generator's own lag, which must
+stay small for the latencies to be the server's.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ async def run(url: str, body: dict[str, Any], rate: float, seconds: float, key: 
     latencies: dict[str, list[float]] = {}
     timeline: list[tuple[float, int, float]] = []  # (scheduled offset s, status, latency ms)
     ttfb: list[float] = []
+    late: list[float] = []  # how late each request was written (ms after its scheduled time): the generator's own lag
     timeouts = 0
     errors = 0
 
@@ -86,6 +89,7 @@ async def run(url: str, body: dict[str, Any], rate: float, seconds: float, key: 
                     opened += 1
                     conn = await asyncio.open_connection(host, port)
                 reader, writer = conn
+                late.append((time.perf_counter() - scheduled) * 1000)
                 writer.write(request)
                 status, first, keep = await _read_response(reader)
         except TimeoutError:
@@ -124,7 +128,7 @@ async def run(url: str, body: dict[str, Any], rate: float, seconds: float, key: 
     elapsed = time.perf_counter() - start
     for _, w in idle:
         w.close()
-    return {"sent": n, "elapsed": elapsed, "latencies": latencies, "ttfb": ttfb, "timeouts": timeouts,
+    return {"sent": n, "elapsed": elapsed, "latencies": latencies, "ttfb": ttfb, "late": late, "timeouts": timeouts,
             "errors": errors, "connections": opened, **({"timeline": timeline} if with_timeline else {})}  # fmt: skip
 
 

@@ -13,8 +13,9 @@ For each rate: p50/p99/max latency of the successful requests, success rate, ach
 requests per second, and the gateway's CPU time per request from /proc (utime + stime,
 background work included). Then the capacity (a ramp of 25 % steps from 100/s, each row from a
 settled gateway, until p99 passes 100 ms) and a row at 5x it: goodput (successful requests per
-second) and how fast the excess was refused (503), with the default shedding and again with
-the optional cpu signal (LANEWAY_SHED_CPU_TARGET=0.9) on a fourth gateway.
+second) and how fast the excess was refused (503), with the default shedding, again with
+the optional cpu signal (LANEWAY_SHED_CPU_TARGET=0.9) on a fourth gateway, and on a fifth
+without the surge acceptors (LANEWAY_HTTP_ACCEPT_FANOUT=1: one new connection a loop turn).
 Goals (issue "ten times less CPU"): CPU <= 0.5 ms per non-streaming request and <= 1.0 ms per
 16-chunk stream; overhead p50 <= 1 ms and p99 <= 3 ms at 300 RPS; >= 1,000 RPS per core with
 p99 < 100 ms; at 5x, goodput >= 0.9 of capacity, refused in a few ms; redis within 15 % of
@@ -155,6 +156,7 @@ def row(label: str, rate: float, res: dict[str, Any], cpu_ms: float | None) -> d
         "timeouts": res["timeouts"] + res["errors"],
         "ttfb_p50": pct(res.get("ttfb", []), 0.5),
         "ttfb_p99": pct(res.get("ttfb", []), 0.99),
+        "late_p99": pct(res.get("late", []), 0.99),
     }
 
 
@@ -191,6 +193,7 @@ def long_prompt_flood(port: int, proc: subprocess.Popen[bytes], key: str, second
 
 CAPACITY_START = 100.0
 CPU_SHEDDING = {"LANEWAY_SHED_CPU_TARGET": "0.9"}  # the 5x row again with the (optional) cpu signal on
+ONE_ACCEPT = {"LANEWAY_HTTP_ACCEPT_FANOUT": "1"}  # and without server.SurgeAcceptors: the baseline
 
 
 def settle(port: int, quiet_s: float = 1.0, limit_s: float = 20.0) -> None:
@@ -254,11 +257,12 @@ def print_overload(capacity: float, probes: list[dict[str, Any]], overloads: lis
     print(f"\nCapacity: {capacity:.0f}/s (the best achieved rate of a ramp from {CAPACITY_START:.0f}/s with p99 "
           f"< 100 ms and 99 % success). At 5x ({5 * capacity:.0f}/s offered), from a settled gateway:")  # fmt: skip
     print("\n| 5x overload | goodput | of capacity | success p50 / p99 | refused (503) | refused p50 / p99 "
-          "| timed out or failed | shed by reason |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
+          "| timed out or failed | shed by reason | load generator late p99 |\n"
+          "|---|---|---|---|---|---|---|---|---|")  # fmt: skip
     for o in overloads:
         print(f"| {o['label']} | {o['rps']:.0f}/s | {o['rps'] / capacity:.2f} | {fmt(o['p50'])} / {fmt(o['p99'])} "
               f"| {o['refused']} | {fmt(o['refused_p50'])} / {fmt(o['refused_p99'])} | {o['timeouts']} | "
-              + ", ".join(f"{k} {v}" for k, v in o["shed_by"].items() if v) + " |")  # fmt: skip
+              + ", ".join(f"{k} {v}" for k, v in o["shed_by"].items() if v) + f" | {fmt(o['late_p99'])} |")  # fmt: skip
 
 
 def main() -> None:
@@ -292,8 +296,10 @@ def main() -> None:
         with gateway(up_url, work, None) as (mem, mem_port, mem_key), \
                 gateway(up_url, work, redis.url, shared_slots=False) as (red, red_port, red_key), \
                 gateway(up_url, work, redis.url) as (shr, shr_port, shr_key), \
-                gateway(up_url, work, None, env_extra=CPU_SHEDDING) as (cpu, cpu_port, cpu_key):  # fmt: skip
-            for port, key in ((mem_port, mem_key), (red_port, red_key), (shr_port, shr_key), (cpu_port, cpu_key)):
+                gateway(up_url, work, None, env_extra=CPU_SHEDDING) as (cpu, cpu_port, cpu_key), \
+                gateway(up_url, work, None, env_extra=ONE_ACCEPT) as (one, one_port, one_key):  # fmt: skip
+            for port, key in ((mem_port, mem_key), (red_port, red_key), (shr_port, shr_key), (cpu_port, cpu_key),
+                              (one_port, one_key)):  # fmt: skip
                 load(f"http://127.0.0.1:{port}/v1/completions", 100, 1, key, False)
             for rate in [] if args.overload_only else args.rates:
                 direct = load(up_url + "/v1/completions", rate, args.seconds, None, False)
@@ -312,6 +318,8 @@ def main() -> None:
             rows += probes
             overloads = [overloaded(mem_port, mem, mem_key, "laneway (memory)", capacity, args.seconds),
                          overloaded(cpu_port, cpu, cpu_key, "laneway (memory, cpu shedding at 0.9)", capacity,
+                                    args.seconds),
+                         overloaded(one_port, one, one_key, "laneway (memory, one accept a loop turn)", capacity,
                                     args.seconds)]  # fmt: skip
             if args.overload_only:
                 print_overload(capacity, rows, overloads)

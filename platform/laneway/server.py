@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import resource
 import signal
 import socket
@@ -231,6 +232,7 @@ def server_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Con
         "port": settings.port,
         "http": protocol_for(settings, shedder),
         "limit_concurrency": settings.http_max_connections,
+        "backlog": settings.http_backlog,
         "timeout_keep_alive": settings.http_keep_alive_s,
         # The drain (GatewayServer) has already finished or cut every request by then.
         "timeout_graceful_shutdown": 5,
@@ -244,15 +246,36 @@ def server_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Con
 class GatewayServer(uvicorn.Server):
     """uvicorn.Server whose first exit signal drains the gateway before the server stops."""
 
-    def __init__(self, config: uvicorn.Config, drain: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, config: uvicorn.Config, drain: Callable[[], Awaitable[None]], *, accept_fanout: int = 1) -> None:
         super().__init__(config)
         self._drain = drain
         self._drain_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._accept_fanout = accept_fanout
+        self._surge: SurgeAcceptors | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
+        listening = [sock for server in self.servers for sock in (server.sockets or ())]
+        if self._accept_fanout > 1 and len(listening) == 1 and listening[0].family in (socket.AF_INET, socket.AF_INET6):
+            config = self.config
+
+            def create_protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
+                # as uvicorn's startup makes them (a function local to it)
+                return config.http_protocol_class(  # type: ignore[call-arg]
+                    config=config, server_state=self.server_state, app_state=self.lifespan.state, _loop=_loop
+                )
+
+            self._surge = SurgeAcceptors(
+                listening[0].fileno(), create_protocol, extra=self._accept_fanout - 1, backlog=config.backlog,
+                ssl=config.ssl,
+            )  # fmt: skip
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._surge is not None:
+            self._surge.close()
+        await super().shutdown(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._drain_task is not None or self._loop is None or self.should_exit:
@@ -274,6 +297,101 @@ class GatewayServer(uvicorn.Server):
             self.should_exit = True
 
 
+class SurgeAcceptors:
+    """More watchers of the listening socket while connections queue up in the kernel.
+
+    libuv (under uvloop) accepts one connection per readiness of a listening descriptor, so one
+    per loop turn. When clients open connections faster than that while the loop is busy (a
+    surge, or 5x capacity), the connections wait in the kernel's accept queue, for hundreds of
+    milliseconds, before anything can answer them, even a refusal (bench/overhead.py at 5x:
+    refusals' p99 0.5-1.3 s, all on new connections). So, every `tick_s`, the queue's length is
+    read (TCP_INFO of the listening socket); from `threshold` queued connections on, `extra`
+    duplicates of its descriptor are watched too, each accepting one a turn, until the queue has
+    been empty for `calm_s`. Not always on: each new connection would wake every copy, and the
+    copies' failed accepts cost ~0.1 ms per connection (measured with one request a connection).
+    """
+
+    def __init__(
+        self,
+        fd: int,
+        protocol_factory: Callable[..., asyncio.Protocol],
+        *,
+        extra: int,
+        backlog: int,
+        ssl: Any = None,
+        tick_s: float = 0.05,
+        calm_s: float = 2.0,
+        threshold: int = 4,
+    ) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._probe = socket.socket(fileno=os.dup(fd))  # for TCP_INFO, and the source of the copies
+        self._factory = protocol_factory
+        self._extra, self._backlog, self._ssl = extra, backlog, ssl
+        self._tick_s, self._calm_s, self._threshold = tick_s, calm_s, threshold
+        self._servers: list[asyncio.Server] = []
+        self._opening: asyncio.Task[None] | None = None
+        self._busy_at = 0.0
+        self._timer: asyncio.TimerHandle | None = self.loop.call_later(tick_s, self._tick)
+        self.surges = 0  # times the copies were opened
+
+    @property
+    def active(self) -> bool:
+        return bool(self._servers)
+
+    def queued(self) -> int:
+        """Connections set up by the kernel and not accepted yet (tcpi_unacked of a listening socket)."""
+        info = self._probe.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 32)
+        return int.from_bytes(info[24:28], "little")
+
+    def _tick(self) -> None:
+        self._timer = self.loop.call_later(self._tick_s, self._tick)
+        try:
+            queued = self.queued()
+        except OSError:
+            return
+        now = self.loop.time()
+        if queued >= self._threshold:
+            self._busy_at = now
+            if not self._servers and self._opening is None:
+                self._opening = self.loop.create_task(self._open())
+        elif queued:
+            self._busy_at = now
+        elif self._servers and now - self._busy_at > self._calm_s:
+            self._close_copies()
+
+    async def _open(self) -> None:
+        try:
+            for _ in range(self._extra):
+                copy = socket.socket(fileno=os.dup(self._probe.fileno()))
+                try:
+                    server = await self.loop.create_server(
+                        self._factory, sock=copy, backlog=self._backlog, ssl=self._ssl
+                    )
+                except BaseException:
+                    copy.close()
+                    raise
+                self._servers.append(server)  # closing it closes the copy
+            self.surges += 1
+        except OSError as exc:  # out of descriptors, say: the one watcher goes on
+            log.warning("could not watch the listening socket more than once: %s", exc)
+        finally:
+            self._opening = None
+
+    def _close_copies(self) -> None:
+        for server in self._servers:
+            server.close()
+        self._servers.clear()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._opening is not None:
+            self._opening.cancel()
+        self._close_copies()
+        self._probe.close()
+
+
 def raise_file_limit() -> None:
     """Use the hard limit on open files: each connection is a descriptor."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -288,5 +406,7 @@ def serve(app: Any, settings: Settings, **overrides: Any) -> None:
     runtime = runtime_of(app)
     if runtime is None:
         raise TypeError("serve() runs a laneway app (create_app)")
-    server = GatewayServer(server_config(app, settings, **overrides), runtime.drain)
+    server = GatewayServer(
+        server_config(app, settings, **overrides), runtime.drain, accept_fanout=settings.http_accept_fanout
+    )
     server.run()

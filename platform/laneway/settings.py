@@ -82,6 +82,16 @@ class Settings:
     # connections beyond the cap get 503.
     http_request_read_timeout_s: float = 10.0
     http_max_connections: int = 4096
+    # The listen queue: connections the kernel has set up that the server has not accepted yet.
+    # Past it the kernel drops a client's SYN and the client retries a second later (then 3,
+    # 7 s): at 5x capacity, when clients open connections faster than a busy loop accepts them,
+    # that second is what refused requests waited (bench/overhead.py). The kernel caps it at
+    # net.core.somaxconn (4096 since Linux 5.4); uvicorn's default is 2048.
+    http_backlog: int = 65535
+    # While new connections queue up unaccepted (a surge), the listening socket is watched through
+    # this many descriptors, so up to this many are accepted per event-loop turn instead of one
+    # (server.SurgeAcceptors; 1: never).
+    http_accept_fanout: int = 8
     # Idle keep-alive connections close after this. Longer than clients' own idle expiry
     # (httpx and so the OpenAI SDKs: 5 s): the client must be the one to drop an idle
     # connection, or a request it sends just as the server closes it fails with a read error.

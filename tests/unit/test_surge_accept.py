@@ -1,0 +1,111 @@
+"""server.SurgeAcceptors: under uvloop a listening socket yields one new connection per loop
+turn; while connections queue up unaccepted, more watchers of it take several a turn, and they
+go again once the queue stays empty.
+
+The loop is kept busy the way a loaded gateway's is: each connection_made costs 2 ms. Turns are
+counted by a callback that re-schedules itself (call_soon runs once per iteration)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+from laneway.server import SurgeAcceptors
+
+uvloop = pytest.importorskip("uvloop")
+
+CONNECTIONS = 48
+
+
+class Busy(asyncio.Protocol):
+    made: list[int]  # the turn each connection was made in
+    turn = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        Busy.made.append(Busy.turn)
+        time.sleep(0.002)  # a loaded loop: every turn takes a while
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        pass
+
+
+async def accept_burst(surge: bool) -> tuple[int, SurgeAcceptors | None]:
+    """Open CONNECTIONS connections while the loop is blocked; -> (turns to accept them all, surge)."""
+    loop = asyncio.get_running_loop()
+    Busy.made, Busy.turn = [], 0
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    server = await loop.create_server(Busy, sock=listener, backlog=1024)
+    fd = next(iter(server.sockets)).fileno()
+    acceptors = SurgeAcceptors(fd, Busy, extra=7, backlog=1024, tick_s=0.005, calm_s=0.05) if surge else None
+    port = listener.getsockname()[1]
+    clients = []
+    try:
+        for _ in range(CONNECTIONS):  # the kernel completes them; nobody accepts yet
+            clients.append(socket.create_connection(("127.0.0.1", port)))
+        if acceptors is not None:
+            assert acceptors.queued() == CONNECTIONS  # what the ticks read
+
+        def count_turn() -> None:
+            Busy.turn += 1
+            if len(Busy.made) < CONNECTIONS:
+                loop.call_soon(count_turn)
+
+        loop.call_soon(count_turn)
+        while len(Busy.made) < CONNECTIONS:
+            await asyncio.sleep(0.001)
+        return Busy.made[-1] - Busy.made[0] + 1, acceptors
+    finally:
+        for c in clients:
+            c.close()
+        server.close()
+
+
+def run(coro: object) -> object:
+    return uvloop.run(coro)  # type: ignore[no-any-return]
+
+
+def test_without_help_uvloop_accepts_one_connection_a_turn() -> None:
+    """The premise: if a libuv takes several a turn one day, SurgeAcceptors can go."""
+    turns, _ = run(accept_burst(surge=False))  # type: ignore[misc]
+    assert turns >= CONNECTIONS
+
+
+def test_a_queue_of_connections_is_accepted_several_a_turn_then_the_copies_close() -> None:
+    async def scenario() -> None:
+        turns, acceptors = await accept_burst(surge=True)
+        assert acceptors is not None
+        try:
+            assert turns < CONNECTIONS // 2, turns  # one a turn until the first tick, then up to 8
+            assert acceptors.surges == 1
+            assert acceptors.queued() == 0
+            deadline = time.monotonic() + 5
+            while acceptors.active:  # the queue stays empty past calm_s: back to one watcher
+                assert time.monotonic() < deadline, "the copies stayed open"
+                await asyncio.sleep(0.01)
+        finally:
+            acceptors.close()
+
+    run(scenario())
+
+
+def test_a_short_queue_opens_nothing() -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0)
+        sock = next(iter(server.sockets))
+        acceptors = SurgeAcceptors(sock.fileno(), asyncio.Protocol, extra=7, backlog=128, tick_s=0.005)
+        clients = [socket.create_connection(sock.getsockname()[:2]) for _ in range(2)]
+        try:
+            await asyncio.sleep(0.05)  # ten ticks: what queued was accepted at once
+            assert not acceptors.active and acceptors.surges == 0
+        finally:
+            acceptors.close()
+            for c in clients:
+                c.close()
+            server.close()
+
+    run(scenario())
