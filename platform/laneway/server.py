@@ -35,7 +35,7 @@ import resource
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -49,7 +49,8 @@ from laneway.api.request_ids import fresh_request_id, sent_request_id
 from laneway.api.responses import ABORT_EXTENSION
 from laneway.core import load_shedding
 from laneway.core.load_shedding import LoadShedder, Preparing
-from laneway.runtime import runtime_of
+from laneway.metrics import Reading
+from laneway.runtime import Runtime, runtime_of
 from laneway.settings import Settings
 
 log = logging.getLogger("laneway.server")
@@ -246,13 +247,14 @@ def server_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Con
 class GatewayServer(uvicorn.Server):
     """uvicorn.Server whose first exit signal drains the gateway before the server stops."""
 
-    def __init__(self, config: uvicorn.Config, drain: Callable[[], Awaitable[None]], *, accept_fanout: int = 1) -> None:
+    def __init__(self, config: uvicorn.Config, runtime: Runtime, *, accept_fanout: int = 1) -> None:
         super().__init__(config)
-        self._drain = drain
+        self._runtime = runtime
         self._drain_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._accept_fanout = accept_fanout
         self._surge: SurgeAcceptors | None = None
+        self._unsubscribe: Callable[[], None] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -271,8 +273,13 @@ class GatewayServer(uvicorn.Server):
                 listening[0].fileno(), create_protocol, extra=self._accept_fanout - 1, backlog=config.backlog,
                 ssl=config.ssl,
             )  # fmt: skip
+            # Checked on the runtime's loop-lag tick (it starts with the lifespan, done by now).
+            self._unsubscribe = self._runtime.loop_lag.subscribe(self._surge.tick)
+            self._runtime.metrics.watch(self._surge.readings)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
         if self._surge is not None:
             self._surge.close()
         await super().shutdown(sockets)
@@ -290,7 +297,7 @@ class GatewayServer(uvicorn.Server):
 
     async def _drain_then_exit(self) -> None:
         try:
-            await self._drain()
+            await self._runtime.drain()
         except Exception:
             log.exception("draining failed; shutting down anyway")
         finally:
@@ -304,11 +311,14 @@ class SurgeAcceptors:
     per loop turn. When clients open connections faster than that while the loop is busy (a
     surge, or 5x capacity), the connections wait in the kernel's accept queue, for hundreds of
     milliseconds, before anything can answer them, even a refusal (bench/overhead.py at 5x:
-    refusals' p99 0.5-1.3 s, all on new connections). So, every `tick_s`, the queue's length is
-    read (TCP_INFO of the listening socket); from `threshold` queued connections on, `extra`
+    refusals' p99 0.5-1.3 s, all on new connections). So the queue's length is read (TCP_INFO
+    of the listening socket) on every tick of the runtime's loop-lag monitor (50 ms; a timer of
+    its own cost an idle gateway 0.25 % of a core); from `threshold` queued connections on, `extra`
     duplicates of its descriptor are watched too, each accepting one a turn, until the queue has
     been empty for `calm_s`. Not always on: each new connection would wake every copy, and the
-    copies' failed accepts cost ~0.1 ms per connection (measured with one request a connection).
+    copies' failed accepts cost ~0.1 ms per connection with 8 of them (measured with one request
+    a connection). During a surge more is better: at 5x, 32 watchers took the refusals' p99 to
+    ~85 ms, 8 to 0.35-0.5 s, 1 left it at 1.2-1.3 s (bench/overhead.py, interleaved runs).
     """
 
     def __init__(
@@ -319,7 +329,6 @@ class SurgeAcceptors:
         extra: int,
         backlog: int,
         ssl: Any = None,
-        tick_s: float = 0.05,
         calm_s: float = 2.0,
         threshold: int = 4,
     ) -> None:
@@ -327,11 +336,11 @@ class SurgeAcceptors:
         self._probe = socket.socket(fileno=os.dup(fd))  # for TCP_INFO, and the source of the copies
         self._factory = protocol_factory
         self._extra, self._backlog, self._ssl = extra, backlog, ssl
-        self._tick_s, self._calm_s, self._threshold = tick_s, calm_s, threshold
+        self._calm_s, self._threshold = calm_s, threshold
         self._servers: list[asyncio.Server] = []
         self._opening: asyncio.Task[None] | None = None
         self._busy_at = 0.0
-        self._timer: asyncio.TimerHandle | None = self.loop.call_later(tick_s, self._tick)
+        self.last_queued = 0
         self.surges = 0  # times the copies were opened
 
     @property
@@ -343,10 +352,9 @@ class SurgeAcceptors:
         info = self._probe.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 32)
         return int.from_bytes(info[24:28], "little")
 
-    def _tick(self) -> None:
-        self._timer = self.loop.call_later(self._tick_s, self._tick)
+    def tick(self, _lag: float = 0.0) -> None:
         try:
-            queued = self.queued()
+            queued = self.last_queued = self.queued()
         except OSError:
             return
         now = self.loop.time()
@@ -377,15 +385,20 @@ class SurgeAcceptors:
         finally:
             self._opening = None
 
+    def readings(self) -> list[Reading]:
+        return [
+            ("laneway_accept_queue", "New connections the kernel holds that the server has not accepted yet "
+             "(at the last 50 ms tick).", "gauge", {}, self.last_queued),
+            ("laneway_accept_surges_total", "Times the listening socket was watched through more descriptors "
+             "because new connections queued up unaccepted.", "counter", {}, self.surges),
+        ]  # fmt: skip
+
     def _close_copies(self) -> None:
         for server in self._servers:
             server.close()
         self._servers.clear()
 
     def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         if self._opening is not None:
             self._opening.cancel()
         self._close_copies()
@@ -407,6 +420,6 @@ def serve(app: Any, settings: Settings, **overrides: Any) -> None:
     if runtime is None:
         raise TypeError("serve() runs a laneway app (create_app)")
     server = GatewayServer(
-        server_config(app, settings, **overrides), runtime.drain, accept_fanout=settings.http_accept_fanout
+        server_config(app, settings, **overrides), runtime, accept_fanout=settings.http_accept_fanout
     )
     server.run()

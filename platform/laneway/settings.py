@@ -91,7 +91,7 @@ class Settings:
     # While new connections queue up unaccepted (a surge), the listening socket is watched through
     # this many descriptors, so up to this many are accepted per event-loop turn instead of one
     # (server.SurgeAcceptors; 1: never).
-    http_accept_fanout: int = 8
+    http_accept_fanout: int = 32
     # Idle keep-alive connections close after this. Longer than clients' own idle expiry
     # (httpx and so the OpenAI SDKs: 5 s): the client must be the one to drop an idle
     # connection, or a request it sends just as the server closes it fails with a read error.

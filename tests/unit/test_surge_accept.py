@@ -12,6 +12,7 @@ import socket
 import time
 
 import pytest
+from laneway.core.loop_lag import LoopLagMonitor
 from laneway.server import SurgeAcceptors
 
 uvloop = pytest.importorskip("uvloop")
@@ -32,6 +33,14 @@ class Busy(asyncio.Protocol):
         pass
 
 
+async def ticking(acceptors: SurgeAcceptors) -> LoopLagMonitor:
+    """The runtime's periodic tick (every 5 ms here, 50 ms in the gateway) driving the acceptors."""
+    monitor = LoopLagMonitor(interval_s=0.005)
+    monitor.subscribe(acceptors.tick)
+    await monitor.start()
+    return monitor
+
+
 async def accept_burst(surge: bool) -> tuple[int, SurgeAcceptors | None]:
     """Open CONNECTIONS connections while the loop is blocked; -> (turns to accept them all, surge)."""
     loop = asyncio.get_running_loop()
@@ -40,7 +49,8 @@ async def accept_burst(surge: bool) -> tuple[int, SurgeAcceptors | None]:
     listener.bind(("127.0.0.1", 0))
     server = await loop.create_server(Busy, sock=listener, backlog=1024)
     fd = next(iter(server.sockets)).fileno()
-    acceptors = SurgeAcceptors(fd, Busy, extra=7, backlog=1024, tick_s=0.005, calm_s=0.05) if surge else None
+    acceptors = SurgeAcceptors(fd, Busy, extra=7, backlog=1024, calm_s=0.05) if surge else None
+    monitor = await ticking(acceptors) if acceptors is not None else None
     port = listener.getsockname()[1]
     clients = []
     try:
@@ -59,6 +69,8 @@ async def accept_burst(surge: bool) -> tuple[int, SurgeAcceptors | None]:
             await asyncio.sleep(0.001)
         return Busy.made[-1] - Busy.made[0] + 1, acceptors
     finally:
+        if monitor is not None:
+            await monitor.stop()
         for c in clients:
             c.close()
         server.close()
@@ -78,6 +90,7 @@ def test_a_queue_of_connections_is_accepted_several_a_turn_then_the_copies_close
     async def scenario() -> None:
         turns, acceptors = await accept_burst(surge=True)
         assert acceptors is not None
+        monitor = await ticking(acceptors)
         try:
             assert turns < CONNECTIONS // 2, turns  # one a turn until the first tick, then up to 8
             assert acceptors.surges == 1
@@ -87,6 +100,7 @@ def test_a_queue_of_connections_is_accepted_several_a_turn_then_the_copies_close
                 assert time.monotonic() < deadline, "the copies stayed open"
                 await asyncio.sleep(0.01)
         finally:
+            await monitor.stop()
             acceptors.close()
 
     run(scenario())
@@ -97,12 +111,14 @@ def test_a_short_queue_opens_nothing() -> None:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0)
         sock = next(iter(server.sockets))
-        acceptors = SurgeAcceptors(sock.fileno(), asyncio.Protocol, extra=7, backlog=128, tick_s=0.005)
+        acceptors = SurgeAcceptors(sock.fileno(), asyncio.Protocol, extra=7, backlog=128)
+        monitor = await ticking(acceptors)
         clients = [socket.create_connection(sock.getsockname()[:2]) for _ in range(2)]
         try:
             await asyncio.sleep(0.05)  # ten ticks: what queued was accepted at once
             assert not acceptors.active and acceptors.surges == 0
         finally:
+            await monitor.stop()
             acceptors.close()
             for c in clients:
                 c.close()
