@@ -100,9 +100,12 @@ class Settings:
     # at 200/s or more), new /v1 requests get 503 `overloaded` before any work is spent on them
     # (0 turns it off).
     shed_loop_delay_s: float = 0.02
-    # ... and while this many API requests are already being prepared (body, auth, measuring,
-    # the rate-limit reserve: before an engine's queue), the loop's backlog of work (0: no cap).
-    shed_max_preparing: int = 64
+    # ... and while this many API requests are already being prepared (whole bodies being
+    # parsed, authenticated, measured, routed: before an engine's queue, waits on Redis and the
+    # database not counted), the loop's backlog of work (0: no cap). 16, not 64: at 5x the
+    # deeper backlog ran the loop 20 ms behind, and its loop-lag holds left the core 20 % idle
+    # (goodput 1,262-1,586/s vs 2,461-2,688/s, bench/overhead.py).
+    shed_max_preparing: int = 16
     # ... and, when set (0 < x < 1), while the event loop's thread is busy more than this share
     # of the time, only the fraction of new /v1 requests that keeps it there is let in: faster
     # refusals and successes at 5x, but less goodput (README, "Overload"); 0 (default): off.

@@ -5,6 +5,7 @@ connection cap answers 503 instead of running out of file descriptors."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -12,10 +13,12 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
 import pytest
+from laneway.server import GuardedHttpProtocol
 from serving import Gateway, closed_by_server, sim_model, start_gateway, wait_for
 
 
@@ -139,36 +142,60 @@ def read_answer(sock: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + body
 
 
+@contextmanager
+def held(gw: Gateway, monkeypatch: pytest.MonkeyPatch, target: Any, name: str) -> Iterator[threading.Event]:
+    """Requests stop at `target.name` (an async method) until the event is set."""
+    gate = threading.Event()
+    original = getattr(target, name)
+
+    async def waiting(*args: Any, **kwargs: Any) -> Any:
+        await asyncio.to_thread(gate.wait, 30)
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, waiting)
+    try:
+        yield gate
+    finally:
+        gate.set()
+
+
 def test_requests_piling_up_before_the_queue_are_refused_at_the_door_but_running_streams_never_count(
-    gw: Gateway,
+    gw: Gateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The backlog signal: while max_preparing API requests are between their headers and an
-    engine's queue (here: bodies not yet arrived), the next one gets the prepared 503 before
-    any work, counted as `backlog`; a request that reached the queue (a running stream) is no
-    longer counted, so long generations never close the door."""
+    """The backlog signal: while max_preparing API requests are between their whole body and
+    an engine's queue (here: held in measuring), the next one gets the prepared 503 before any
+    work, counted as `backlog`; a client still sending its body is no work yet and not counted;
+    a request that reached the queue (a running stream) is no longer counted, so long
+    generations never close the door."""
     shedder = gw.server.runtime.shedder
     body = json.dumps({"model": "sim", "prompt": "hi", "max_tokens": 2}).encode()
     request = request_bytes(gw, {"model": "sim", "prompt": "hi", "max_tokens": 2})
     head, payload = request[: -len(body)], request[-len(body) :]
-    stalled = [socket.create_connection(("127.0.0.1", gw.port)) for _ in range(2)]
+    uploading = socket.create_connection(("127.0.0.1", gw.port))
+    pending = [socket.create_connection(("127.0.0.1", gw.port)) for _ in range(2)]
     probe = socket.create_connection(("127.0.0.1", gw.port))
     shedder.max_preparing = 2
     try:
-        for s in stalled:
-            s.sendall(head + payload[:5])  # the headers and a part of the body: being prepared
-        wait_for(lambda: shedder.preparing == 2, what="two requests being prepared")
-        backlog_before = shedder.shed_by["backlog"]
-        probe.sendall(request)
-        answer = read_answer(probe)
-        assert answer.startswith(b"HTTP/1.1 503") and b'"code": "overloaded"' in answer
-        assert shedder.shed_by["backlog"] == backlog_before + 1
-        stalled[0].sendall(payload[5:])  # one body arrives: that request runs and is answered
-        assert read_answer(stalled[0]).startswith(b"HTTP/1.1 200")
-        wait_for(lambda: shedder.preparing == 1, what="the answered request to leave the count")
+        uploading.sendall(head + payload[:5])  # the headers and a part of the body
+        time.sleep(0.1)
+        assert shedder.preparing == 0  # still sending: not the loop's work
+        with held(gw, monkeypatch, gw.engine("sim"), "measure") as gate:
+            for s in pending:
+                s.sendall(request)
+            wait_for(lambda: shedder.preparing == 2, what="two requests being prepared")
+            backlog_before = shedder.shed_by["backlog"]
+            probe.sendall(request)
+            answer = read_answer(probe)
+            assert answer.startswith(b"HTTP/1.1 503") and b'"code": "overloaded"' in answer
+            assert shedder.shed_by["backlog"] == backlog_before + 1
+            gate.set()
+            for s in pending:  # measured, queued, answered
+                assert read_answer(s).startswith(b"HTTP/1.1 200")
+        wait_for(lambda: shedder.preparing == 0, what="the answered requests to leave the count")
+        uploading.sendall(payload[5:])  # the body's end: now it is work, and it is done at once
+        assert read_answer(uploading).startswith(b"HTTP/1.1 200")
         probe.sendall(request)
         assert read_answer(probe).startswith(b"HTTP/1.1 200")  # room again: served
-        stalled[1].close()  # a client gone mid-body leaves the count too
-        wait_for(lambda: shedder.preparing == 0, what="the closed connection to leave the count")
         with httpx.stream("POST", gw.api_url + "/completions", headers={"Authorization": f"Bearer {gw.keys['acme']}"},
                           json={"model": "sim", "prompt": "hi", "max_tokens": 100_000, "stream": True},
                           timeout=10) as stream:  # fmt: skip
@@ -181,8 +208,35 @@ def test_requests_piling_up_before_the_queue_are_refused_at_the_door_but_running
         metrics = httpx.get(gw.base_url + "/metrics").text
         assert f'laneway_shed_total{{reason="backlog"}} {float(shedder.shed_by["backlog"])}' in metrics
     finally:
-        shedder.max_preparing = 64
-        for s in (*stalled, probe):
+        shedder.max_preparing = 16
+        for s in (uploading, *pending, probe):
+            s.close()
+
+
+def test_a_request_waiting_on_the_rate_limiter_is_not_counted_as_the_loops_work(
+    gw: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Waits on Redis (the reserve) or the database (an API key's lookup) leave the backlog
+    count: a slow dependency must not get requests refused `overloaded` by an idle loop."""
+    shedder = gw.server.runtime.shedder
+    gateway = gw.server.runtime.gateway
+    request = request_bytes(gw, {"model": "sim", "prompt": "hi", "max_tokens": 2})
+    waiting = [socket.create_connection(("127.0.0.1", gw.port)) for _ in range(4)]
+    shedder.max_preparing = 1
+    try:
+        backlog_before = shedder.shed_by["backlog"]
+        with held(gw, monkeypatch, gateway, "_reserve") as gate:
+            for n, s in enumerate(waiting, 1):  # each let in: the ones before wait at the limiter
+                s.sendall(request)
+                wait_for(lambda n=n: gateway.in_flight == n, what=f"{n} requests at the limiter")
+                assert shedder.preparing == 0
+            gate.set()
+            for s in waiting:
+                assert read_answer(s).startswith(b"HTTP/1.1 200")
+        assert shedder.shed_by["backlog"] == backlog_before and shedder.preparing == 0
+    finally:
+        shedder.max_preparing = 16
+        for s in waiting:
             s.close()
 
 
@@ -214,6 +268,75 @@ def test_an_overloaded_gateway_refuses_api_requests_before_any_work(gw: Gateway)
     finally:
         shedder.hold_s = 0.05
         shedder._until = 0.0
+        sock.close()
+
+
+@contextmanager
+def overloaded(gw: Gateway) -> Iterator[None]:
+    """The load shedder saying the loop runs behind (for a minute, or until the block ends)."""
+    shedder = gw.server.runtime.shedder
+    shedder.hold_s = 60.0
+    for _ in range(shedder.min_arrivals):
+        shedder.arrived()
+    shedder.observe(1.0)
+    try:
+        yield
+    finally:
+        shedder.hold_s = 0.05
+        shedder._until = 0.0
+
+
+def test_refusals_at_the_door_skip_the_parser_only_for_a_whole_plain_request(
+    gw: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A whole request in one read on an idle connection is refused without uvicorn's parser
+    callbacks (server.GuardedHttpProtocol._refuse_whole); a body still to come, two requests
+    in one read, a chunked body or `Expect` go through the parser and are refused the same
+    way; every refusal leaves the connection usable, but for a client that asked to close."""
+    begun: list[int] = []
+    original = GuardedHttpProtocol.on_message_begin
+
+    def counting(self: GuardedHttpProtocol) -> None:
+        begun.append(1)
+        original(self)
+
+    monkeypatch.setattr(GuardedHttpProtocol, "on_message_begin", counting)
+    shedder = gw.server.runtime.shedder
+    whole = request_bytes(gw, {"model": "sim", "prompt": "hi", "max_tokens": 2})
+    head, _, body = whole.partition(b"\r\n\r\n")
+    chunked = head.replace(b"Content-Length: " + str(len(body)).encode(), b"Transfer-Encoding: chunked")
+    chunked += b"\r\n\r\n" + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    expecting = head + b"\r\nExpect: 100-continue\r\n\r\n" + body
+    sock = socket.create_connection(("127.0.0.1", gw.port))
+    try:
+        with overloaded(gw):
+            shed = shedder.shed
+            sock.sendall(whole)
+            assert read_answer(sock).startswith(b"HTTP/1.1 503")
+            assert begun == [] and shedder.shed == shed + 1  # the parser never saw it
+            sock.sendall(whole.replace(b"Host: x", b"Host: x\r\nx-REQUEST-id: door-1"))
+            assert b"\r\nx-request-id: door-1\r\n" in read_answer(sock)  # found whatever its case
+            sock.sendall(head + b"\r\n\r\n")  # the body in a second read
+            time.sleep(0.05)
+            sock.sendall(body)
+            assert read_answer(sock).startswith(b"HTTP/1.1 503") and len(begun) == 1
+            sock.sendall(whole + whole)  # two at once
+            assert read_answer(sock).startswith(b"HTTP/1.1 503") and read_answer(sock).startswith(b"HTTP/1.1 503")
+            assert len(begun) == 3
+            for odd in (chunked, expecting):
+                sock.sendall(odd)
+                answer = read_answer(sock)
+                if answer.startswith(b"HTTP/1.1 100"):  # the interim answer, then the refusal
+                    answer = answer.split(b"\r\n\r\n", 1)[1] or read_answer(sock)
+                assert answer.startswith(b"HTTP/1.1 503"), answer[:100]
+            assert len(begun) == 5 and shedder.shed == shed + 7
+        sock.sendall(whole)  # the loop caught up: the same connection, served
+        assert read_answer(sock).startswith(b"HTTP/1.1 200")
+        with overloaded(gw):
+            sock.sendall(whole.replace(b"Host: x", b"Host: x\r\nConnection: close"))
+            assert read_answer(sock).startswith(b"HTTP/1.1 503")
+            assert closed_by_server([sock]) == 1
+    finally:
         sock.close()
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from laneway.core.load_shedding import LoadShedder, Preparing, current, queued
+from laneway.core.load_shedding import LoadShedder, Preparing, current, queued, waiting_elsewhere
 
 
 class Clock:
@@ -114,3 +114,26 @@ def test_a_busy_loop_at_a_low_rate_refuses_nothing_and_zero_turns_the_cpu_signal
     for _ in range(10):
         _tick(off, wall, cpu, 1.0, lag_s=0.01)
     assert off.admit == 1.0 and off.refusal() is None
+
+
+def test_a_token_counts_from_its_start_and_not_while_it_waits_elsewhere() -> None:
+    s = LoadShedder()
+    token = Preparing(s, counting=False)  # its body still coming
+    ctx = current.set(token)
+    try:
+        with waiting_elsewhere():  # not counted before: not counted after
+            assert s.preparing == 0
+        assert s.preparing == 0
+        token.start()
+        token.start()  # idempotent
+        assert s.preparing == 1
+        with waiting_elsewhere():
+            assert s.preparing == 0
+        assert s.preparing == 1
+        with waiting_elsewhere():
+            token.done()  # ended while waiting (queued, or its connection gone): stays ended
+        assert s.preparing == 0
+        token.start()
+        assert s.preparing == 0
+    finally:
+        current.reset(ctx)

@@ -81,11 +81,15 @@ def random_hex() -> str:
     return os.urandom(16).hex()
 
 
+def sane_request_id(value: bytes) -> bool:
+    return _SANE_BYTES.fullmatch(value) is not None
+
+
 def sent_request_id(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
     """The client's X-Request-Id among raw (lower-cased) request headers, if it is sane."""
     for name, value in headers:
         if name == HEADER:
-            return value if _SANE_BYTES.fullmatch(value) else None
+            return value if sane_request_id(value) else None
     return None
 
 

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from laneway.core import load_shedding
 from laneway.core.dependencies import DependencyHealth
 from laneway.core.errors import GatewayError, dependency_unavailable
 from laneway.db.repositories import TenantRepository
@@ -108,7 +109,8 @@ class KeyAuthenticator:
             outcome = self._stale_outcome(digest, entry)
         else:
             try:
-                outcome = await self._lookup_once(digest)
+                with load_shedding.waiting_elsewhere():
+                    outcome = await self._lookup_once(digest)
             except Exception as exc:
                 self._database_down_until = self._clock() + 1.0
                 self._health.failed("database", exc, "serving API keys from the cache")

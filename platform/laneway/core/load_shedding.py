@@ -40,7 +40,8 @@ Requests already in progress and streams are never cut.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 
 REASONS = ("cpu", "backlog", "loop_lag")
@@ -48,19 +49,37 @@ MIN_ADMIT = 0.02  # never shut the door completely: the fraction let in keeps me
 
 
 class Preparing:
-    """One admitted API request until it reaches an engine's queue (or ends)."""
+    """One admitted API request until it reaches an engine's queue (or ends). It counts in
+    `shedder.preparing` only while the loop owes it work: from its whole body's arrival (a
+    client still sending is no work), minus its waits on Redis or the database (see
+    `waiting_elsewhere`)."""
 
-    __slots__ = ("_shedder",)
+    __slots__ = ("_counted", "_shedder")
 
-    def __init__(self, shedder: LoadShedder) -> None:
+    def __init__(self, shedder: LoadShedder, *, counting: bool = True) -> None:
         self._shedder: LoadShedder | None = shedder
-        shedder.preparing += 1
+        self._counted = False
+        if counting:
+            self.start()
+
+    def start(self) -> None:
+        """Count it (again); nothing once done."""
+        if self._shedder is not None and not self._counted:
+            self._shedder.preparing += 1
+            self._counted = True
+
+    def pause(self) -> bool:
+        """Uncount it; -> whether it was counted."""
+        if self._shedder is not None and self._counted:
+            self._shedder.preparing -= 1
+            self._counted = False
+            return True
+        return False
 
     def done(self) -> None:
         """Idempotent: the first caller ends it."""
-        if self._shedder is not None:
-            self._shedder.preparing -= 1
-            self._shedder = None
+        self.pause()
+        self._shedder = None
 
 
 # The running request's token, set by the server's ASGI wrapper for the request's task (and
@@ -73,6 +92,21 @@ def queued() -> None:
     token = current.get()
     if token is not None:
         token.done()
+
+
+@contextmanager
+def waiting_elsewhere() -> Iterator[None]:
+    """The running request waits on another service (the rate limiter's Redis, the database
+    for an API key): not work this loop owes, so it leaves the backlog count meanwhile. Else a
+    slow Redis would have requests refused `overloaded` by a loop with nothing to do."""
+    token = current.get()
+    if token is None or not token.pause():  # none, or not counted (its body still coming)
+        yield
+        return
+    try:
+        yield
+    finally:
+        token.start()
 
 
 class LoadShedder:

@@ -482,7 +482,8 @@ class Gateway:
             if self.draining:
                 raise shutting_down()
             tokens = call.prompt_tokens + call.generation.n * call.generation.max_tokens
-            lease.reservation = await self._reserve(call, tokens)
+            with load_shedding.waiting_elsewhere():
+                lease.reservation = await self._reserve(call, tokens)
             if self.draining:
                 raise shutting_down()
             scheduler = self.scheduler(call.deployment)
