@@ -86,7 +86,12 @@ def load(url: str, rate: float, seconds: float, key: str | None, stream: bool,
          body: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     out = subprocess.run(load_cmd(url, rate, seconds, key, stream, body), capture_output=True, text=True,
                          timeout=seconds * 20 + 60)  # fmt: skip
-    return dict(json.loads(out.stdout))
+    try:
+        return dict(json.loads(out.stdout))
+    except json.JSONDecodeError as exc:  # say what the load generator printed instead
+        around = out.stdout[max(0, exc.pos - 200) : exc.pos + 200]
+        raise SystemExit(f"the load generator's output is not its JSON ({exc}; exit {out.returncode}): "
+                         f"...{around!r}... stderr: {out.stderr[-2000:]}") from None  # fmt: skip
 
 
 @contextmanager
