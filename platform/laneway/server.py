@@ -144,17 +144,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if shedder.refusal() is None:
             self._admitted = True
             return False
-        self._unset_keepalive_if_required()
         self._disarm()
-        if rid is None or not sane_request_id(rid):
-            rid = fresh_request_id().encode()
-        self.transport.write(_OVERLOADED_HEAD + rid + _OVERLOADED_TAIL)
+        self._answer_overloaded(rid if rid is not None and sane_request_id(rid) else None)
         if close:
             self.transport.close()
-        else:  # idle again: the keep-alive timeout starts over, as after any answer
-            self.timeout_keep_alive_task = self.loop.call_later(
-                self.timeout_keep_alive, self.timeout_keep_alive_handler
-            )
+        self.on_response_complete()  # keep-alive as after any answer
         return True
 
     def on_message_begin(self) -> None:
@@ -174,13 +168,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             if self.cycle is None or self.cycle.response_complete:  # else: nothing to answer before it
                 if not admitted and shedder.refusal() is not None:
                     self._shedding = True  # its body, if any, is read and dropped
-                    rid = sent_request_id(self.headers) or fresh_request_id().encode()
-                    self.transport.write(_OVERLOADED_HEAD + rid + _OVERLOADED_TAIL)
+                    self._answer_overloaded(sent_request_id(self.headers))
                     return
                 self._end_preparing()
                 self._preparing = scope[PREPARING] = Preparing(shedder, counting=False)  # from its body's end
         scope[RECEIVED_AT] = time.perf_counter()
         super().on_headers_complete()
+
+    def _answer_overloaded(self, request_id: bytes | None) -> None:
+        """The prepared 503, with the client's (sane) request id or a fresh one."""
+        self.transport.write(_OVERLOADED_HEAD + (request_id or fresh_request_id().encode()) + _OVERLOADED_TAIL)
 
     def on_body(self, body: bytes) -> None:
         if not self._shedding:
@@ -426,13 +423,11 @@ class SurgeAcceptors:
         except OSError:
             return
         now = self.loop.time()
-        if queued >= self._threshold:
+        if queued:
             self._busy_at = now
-            if not self._servers and self._opening is None:
-                self._opening = self.loop.create_task(self._open())
-        elif queued:
-            self._busy_at = now
-        elif self._servers and now - self._busy_at > self._calm_s:
+        if queued >= self._threshold and not self._servers and self._opening is None:
+            self._opening = self.loop.create_task(self._open())
+        elif not queued and self._servers and now - self._busy_at > self._calm_s:
             self._close_copies()
 
     async def _open(self) -> None:
