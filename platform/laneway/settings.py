@@ -102,10 +102,11 @@ class Settings:
     shed_loop_delay_s: float = 0.02
     # ... and while this many API requests are already being prepared (whole bodies being
     # parsed, authenticated, measured, routed: before an engine's queue, waits on Redis and the
-    # database not counted), the loop's backlog of work (0: no cap). 16, not 64: at 5x the
-    # deeper backlog ran the loop 20 ms behind, and its loop-lag holds left the core 20 % idle
-    # (goodput 1,262-1,586/s vs 2,461-2,688/s, bench/overhead.py).
-    shed_max_preparing: int = 16
+    # database not counted), the loop's backlog of work (0: no cap). 16 gave more goodput at a
+    # sustained 5x (the loop no longer ran 20 ms behind), but refused parts of honest bursts:
+    # a client sending 40 requests at once to a replica got a 503 (tests/integration/
+    # test_replicas_share_slots.py). Left at 64 until the cap tells a burst from a flood.
+    shed_max_preparing: int = 64
     # ... and, when set (0 < x < 1), while the event loop's thread is busy more than this share
     # of the time, only the fraction of new /v1 requests that keeps it there is let in: faster
     # refusals and successes at 5x, but less goodput (README, "Overload"); 0 (default): off.

@@ -181,6 +181,7 @@ def test_requests_piling_up_before_the_queue_are_refused_at_the_door_but_running
     a request that reached the queue (a running stream) is no longer counted, so long
     generations never close the door."""
     shedder = gw.server.runtime.shedder
+    cap = shedder.max_preparing
     body = json.dumps({"model": "sim", "prompt": "hi", "max_tokens": 2}).encode()
     request = request_bytes(gw, {"model": "sim", "prompt": "hi", "max_tokens": 2})
     head, payload = request[: -len(body)], request[-len(body) :]
@@ -222,7 +223,7 @@ def test_requests_piling_up_before_the_queue_are_refused_at_the_door_but_running
         metrics = httpx.get(gw.base_url + "/metrics").text
         assert f'laneway_shed_total{{reason="backlog"}} {float(shedder.shed_by["backlog"])}' in metrics
     finally:
-        shedder.max_preparing = 16
+        shedder.max_preparing = cap
         for s in (uploading, *pending, probe):
             s.close()
 
@@ -233,6 +234,7 @@ def test_a_request_waiting_on_the_rate_limiter_is_not_counted_as_the_loops_work(
     """Waits on Redis (the reserve) or the database (an API key's lookup) leave the backlog
     count: a slow dependency must not get requests refused `overloaded` by an idle loop."""
     shedder = gw.server.runtime.shedder
+    cap = shedder.max_preparing
     gateway = gw.server.runtime.gateway
     request = request_bytes(gw, {"model": "sim", "prompt": "hi", "max_tokens": 2})
     waiting = [socket.create_connection(("127.0.0.1", gw.port)) for _ in range(4)]
@@ -249,7 +251,7 @@ def test_a_request_waiting_on_the_rate_limiter_is_not_counted_as_the_loops_work(
                 assert read_answer(s).startswith(b"HTTP/1.1 200")
         assert shedder.shed_by["backlog"] == backlog_before and shedder.preparing == 0
     finally:
-        shedder.max_preparing = 16
+        shedder.max_preparing = cap
         for s in waiting:
             s.close()
 
