@@ -14,8 +14,10 @@ requests per second, and the gateway's CPU time per request from /proc (utime + 
 background work included). Then the capacity (a ramp of 25 % steps from 100/s, each row from a
 settled gateway, until p99 passes 100 ms) and a row at 5x it: goodput (successful requests per
 second) and how fast the excess was refused (503), with the default shedding, again with
-the optional cpu signal (LANEWAY_SHED_CPU_TARGET=0.9) on a fourth gateway, and on a fifth
-without the surge acceptors (LANEWAY_HTTP_ACCEPT_FANOUT=1: one new connection a loop turn).
+the optional cpu signal (LANEWAY_SHED_CPU_TARGET=0.9) on a fourth gateway, on a fifth
+without the surge acceptors (LANEWAY_HTTP_ACCEPT_FANOUT=1: one new connection a loop turn),
+and on a sixth without the standing backlog's low cap (LANEWAY_SHED_STANDING_PREPARING=0:
+the hard cap of 64 alone, as before it).
 Goals (issue "ten times less CPU"): CPU <= 0.5 ms per non-streaming request and <= 1.0 ms per
 16-chunk stream; overhead p50 <= 1 ms and p99 <= 3 ms at 300 RPS; >= 1,000 RPS per core with
 p99 < 100 ms; at 5x, goodput >= 0.9 of capacity, refused in a few ms; redis within 15 % of
@@ -199,6 +201,7 @@ def long_prompt_flood(port: int, proc: subprocess.Popen[bytes], key: str, second
 CAPACITY_START = 100.0
 CPU_SHEDDING = {"LANEWAY_SHED_CPU_TARGET": "0.9"}  # the 5x row again with the (optional) cpu signal on
 ONE_ACCEPT = {"LANEWAY_HTTP_ACCEPT_FANOUT": "1"}  # and without server.SurgeAcceptors: the baseline
+HIGH_CAP_ONLY = {"LANEWAY_SHED_STANDING_PREPARING": "0"}  # and without the standing backlog's low cap
 
 
 def settle(port: int, quiet_s: float = 1.0, limit_s: float = 20.0) -> None:
@@ -302,9 +305,10 @@ def main() -> None:
                 gateway(up_url, work, redis.url, shared_slots=False) as (red, red_port, red_key), \
                 gateway(up_url, work, redis.url) as (shr, shr_port, shr_key), \
                 gateway(up_url, work, None, env_extra=CPU_SHEDDING) as (cpu, cpu_port, cpu_key), \
-                gateway(up_url, work, None, env_extra=ONE_ACCEPT) as (one, one_port, one_key):  # fmt: skip
+                gateway(up_url, work, None, env_extra=ONE_ACCEPT) as (one, one_port, one_key), \
+                gateway(up_url, work, None, env_extra=HIGH_CAP_ONLY) as (high, high_port, high_key):  # fmt: skip
             for port, key in ((mem_port, mem_key), (red_port, red_key), (shr_port, shr_key), (cpu_port, cpu_key),
-                              (one_port, one_key)):  # fmt: skip
+                              (one_port, one_key), (high_port, high_key)):  # fmt: skip
                 load(f"http://127.0.0.1:{port}/v1/completions", 100, 1, key, False)
             for rate in [] if args.overload_only else args.rates:
                 direct = load(up_url + "/v1/completions", rate, args.seconds, None, False)
@@ -325,6 +329,8 @@ def main() -> None:
                          overloaded(cpu_port, cpu, cpu_key, "laneway (memory, cpu shedding at 0.9)", capacity,
                                     args.seconds),
                          overloaded(one_port, one, one_key, "laneway (memory, one accept a loop turn)", capacity,
+                                    args.seconds),
+                         overloaded(high_port, high, high_key, "laneway (memory, backlog cap 64 alone)", capacity,
                                     args.seconds)]  # fmt: skip
             if args.overload_only:
                 print_overload(capacity, rows, overloads)

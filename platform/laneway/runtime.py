@@ -112,8 +112,13 @@ class Runtime:
     def __init__(self, settings: Settings, *, tracing: Tracing | None = None) -> None:
         self.settings = settings
         self.tracing = tracing  # None when no OTLP endpoint is set
-        self.shedder = LoadShedder(max_delay_s=settings.shed_loop_delay_s, max_preparing=settings.shed_max_preparing,
-                                   cpu_target=settings.shed_cpu_target)  # fmt: skip
+        self.shedder = LoadShedder(
+            max_delay_s=settings.shed_loop_delay_s,
+            max_preparing=settings.shed_max_preparing,
+            standing_preparing=settings.shed_standing_preparing,
+            standing_s=settings.shed_standing_s,
+            cpu_target=settings.shed_cpu_target,
+        )
         # Before start: refusals are counted from the first request, and the error handlers
         # hold this object, not the gateway.
         self.metrics = GatewayMetrics(tenant_label=settings.metrics_tenant_label)

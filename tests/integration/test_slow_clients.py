@@ -228,6 +228,50 @@ def test_requests_piling_up_before_the_queue_are_refused_at_the_door_but_running
             s.close()
 
 
+def test_a_backlog_that_stands_closes_the_door_lower_than_a_burst_does(
+    gw: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst over the low cap is let in (the hard cap is far); once arrivals have kept
+    finding the low cap's worth of requests ahead of them for standing_s, the next one is
+    refused `backlog`; after a gap in the pressure, the high cap again."""
+    shedder = gw.server.runtime.shedder
+    saved = shedder.standing_preparing, shedder.standing_s
+    request = request_bytes(gw, {"model": "sim", "prompt": "hi", "max_tokens": 2})
+    conns = [socket.create_connection(("127.0.0.1", gw.port)) for _ in range(6)]
+    shedder.standing_preparing, shedder.standing_s = 2, 0.3
+    try:
+        with held(monkeypatch, gw.engine("sim"), "measure") as gate:
+            for s in conns[:3]:  # a burst: the third finds two ahead, let in all the same
+                s.sendall(request)
+            wait_for(lambda: shedder.preparing == 3, what="the burst being prepared")
+            backlog_before = shedder.shed_by["backlog"]
+            time.sleep(0.2)
+            conns[3].sendall(request)  # the pressure goes on, 0.2 s in: let in
+            wait_for(lambda: shedder.preparing == 4, what="a fourth request being prepared")
+            time.sleep(0.15)
+            conns[4].sendall(request)  # 0.35 s of pressure with no gap of 0.3 s: it stands
+            answer = read_answer(conns[4])
+            assert answer.startswith(b"HTTP/1.1 503") and b'"code": "overloaded"' in answer
+            assert shedder.shed_by["backlog"] == backlog_before + 1
+            gate.set()
+            for s in conns[:4]:
+                assert read_answer(s).startswith(b"HTTP/1.1 200")
+        wait_for(lambda: shedder.preparing == 0, what="the answered requests to leave the count")
+        time.sleep(0.35)  # a gap in the pressure: a new episode
+        with held(monkeypatch, gw.engine("sim"), "measure") as gate:
+            for s in (*conns[:3], conns[5]):  # a burst again, of four: all let in
+                s.sendall(request)
+            wait_for(lambda: shedder.preparing == 4, what="the second burst being prepared")
+            gate.set()
+            for s in (*conns[:3], conns[5]):
+                assert read_answer(s).startswith(b"HTTP/1.1 200")
+        assert shedder.shed_by["backlog"] == backlog_before + 1
+    finally:
+        shedder.standing_preparing, shedder.standing_s = saved
+        for s in conns:
+            s.close()
+
+
 def test_a_request_waiting_on_the_rate_limiter_is_not_counted_as_the_loops_work(
     gw: Gateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:

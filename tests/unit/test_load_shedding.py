@@ -58,6 +58,53 @@ def test_requests_being_prepared_close_the_door_at_the_cap_and_each_leaves_once(
     assert s.preparing == 0
 
 
+def test_a_burst_gets_the_high_cap_and_a_backlog_that_stands_the_low_one() -> None:
+    """A client's 40 requests at once all get in (under the hard cap of 64) and drain; a flood
+    that keeps arrivals finding 16 ahead of them for standing_s gets the low cap until the
+    pressure leaves a gap of standing_s."""
+    clock = Clock()
+    s = LoadShedder(max_preparing=64, standing_preparing=16, standing_s=0.1, clock=clock)
+
+    def arrive() -> Preparing | None:
+        if s.refusal() is not None:
+            return None
+        return Preparing(s)
+
+    burst = [arrive() for _ in range(40)]  # one read: all in, though 24 found 16 ahead
+    assert None not in burst and s.preparing == 40
+    more = [arrive() for _ in range(30)]
+    assert more.count(None) == 6  # the hard cap still holds at 64
+    clock.now += 0.05
+    for token in burst + [t for t in more if t is not None]:
+        assert token is not None
+        token.done()  # drained in 50 ms
+    clock.now += 0.2  # quiet: the next arrivals start a new episode
+    burst = [arrive() for _ in range(40)]
+    assert None not in burst
+    for token in burst:
+        assert token is not None
+        token.done()
+    # A flood: the backlog keeps at 16 or more, arrivals every millisecond.
+    admitted = [t for t in (arrive() for _ in range(16)) if t is not None]
+    refused_before = s.shed_by["backlog"]
+    for _ in range(99):  # 99 ms of pressure, under standing_s: the high cap
+        clock.now += 0.001
+        token = arrive()
+        assert token is not None
+        admitted.append(token)
+        admitted.pop(0).done()
+    assert s.shed_by["backlog"] == refused_before and s.preparing == 16
+    clock.now += 0.002
+    assert arrive() is None  # it stood for standing_s: a flood, refused above 16
+    for token in admitted[:4]:
+        token.done()
+    assert arrive() is not None  # room under the low cap: let in
+    assert arrive() is not None and arrive() is not None and arrive() is not None
+    assert arrive() is None  # 16 again: refused (pressure seen, the flood goes on)
+    clock.now += 0.15  # a gap in the pressure longer than standing_s: the high cap again
+    assert arrive() is not None
+
+
 def test_the_cap_is_off_with_shedding_or_at_zero() -> None:
     for s in (LoadShedder(max_delay_s=0, max_preparing=1), LoadShedder(max_preparing=0)):
         Preparing(s)

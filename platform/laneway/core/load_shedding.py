@@ -23,13 +23,23 @@ microseconds: no routing, auth or JSON). Three signals, each with its reason in
   Hence off by default: a choice of latency over throughput for the operator to make.
 
 - `backlog`: more than `max_preparing` API requests are between their headers and their
-  place in an engine's queue (reading the body, auth, measuring, the rate-limit reserve).
+  place in an engine's queue (reading the body, auth, measuring, the rate-limit reserve), or
+  more than `standing_preparing` once that many have stood there for `standing_s`.
   That phase is CPU work and a few awaits, so this count is the backlog of work the loop owes
   right now; a request waiting for an engine slot or streaming tokens is not in it, so long
   generations never count against it. It sees a burst in the very loop turn that reads it,
   where a delay is only seen once the loop has fallen behind. Counted by a `Preparing`
   token per request (the protocol makes it, the pipeline ends it when the request queues,
   the protocol again when its response ends or its connection goes: it cannot leak).
+  Two caps, because a burst and a flood look alike for an instant and differ in how long
+  they last (CoDel's good queue and bad queue): a client sending 40 requests at once fills
+  the backlog in one read and the loop empties it in tens of milliseconds, while a sustained
+  excess keeps it full. A backlog of 64 lets the burst in, but under a flood it means every
+  admitted request waits behind 63 others and the loop runs ~20 ms behind (goodput 0.52 of
+  capacity at 5x, measured); 16 holds the flood's latency down (1.12 of capacity) but would
+  refuse the burst's tail. So: the hard cap `max_preparing` at any moment, and the low cap
+  `standing_preparing` once arrivals have kept finding that many ahead of them, with no gap
+  of `standing_s`, for `standing_s`.
 - `loop_lag`: how late a request starts after its headers arrived (measured on every
   request) or the loop-lag monitor's timer fires. A delay over `max_delay_s` while API
   requests arrive at `min_rate` a second or more sheds new API requests for `hold_s`.
@@ -116,6 +126,8 @@ class LoadShedder:
         hold_s: float = 0.05,
         min_rate: float = 200.0,
         max_preparing: int = 64,
+        standing_preparing: int = 16,
+        standing_s: float = 0.1,
         cpu_target: float = 0.0,
         clock: Callable[[], float] = time.perf_counter,
         cpu_clock: Callable[[], float] = time.thread_time,
@@ -126,6 +138,9 @@ class LoadShedder:
         # requests a second arrive is not a reason to refuse any of them.
         self.min_arrivals = max(1, int(min_rate * _WINDOW_S))
         self.max_preparing = max_preparing
+        self.standing_preparing = standing_preparing
+        self.standing_s = standing_s
+        self._pressure_since = self._pressed_at = -1e9  # arrivals that found a standing backlog
         self.clock = clock
         # cpu: the loop's busy target (0: off), the loop thread's CPU clock, the fraction of new
         # API requests let in, and its credit (admit per arrival; a request passes at 1).
@@ -192,7 +207,7 @@ class LoadShedder:
             return None
         if self.admit < 1.0 and self._refuse_for_cpu():
             reason = "cpu"
-        elif 0 < self.max_preparing <= self.preparing:
+        elif self._backlogged():
             reason = "backlog"
         elif self.clock() < self._until:
             reason = "loop_lag"
@@ -200,6 +215,18 @@ class LoadShedder:
             return None
         self.shed_by[reason] += 1
         return reason
+
+    def _backlogged(self) -> bool:
+        n = self.preparing
+        low = self.standing_preparing
+        if 0 < low <= n:  # pressure: this arrival finds the low cap's worth ahead of it
+            now = self.clock()
+            if now - self._pressed_at > self.standing_s:  # after a gap: a new episode (a burst?)
+                self._pressure_since = now
+            self._pressed_at = now
+            if now - self._pressure_since >= self.standing_s:  # it stood: a flood, not a burst
+                return True
+        return 0 < self.max_preparing <= n
 
     def _refuse_for_cpu(self) -> bool:
         self._credit += self.admit
