@@ -1,21 +1,26 @@
-"""core/redis_batch.py on its own connection: lingering calls ride with the next batch, an
-error reply fails only its own call, and a connection lost to a Redis restart is replaced."""
+"""core/redis_batch.py's pipe (the rate limiter's own connection): lingering calls ride with the
+next batch, batches in flight side by side are answered in order, an error reply fails only
+its own call, a connection lost to a Redis restart is replaced, and a frozen Redis fails the
+calls waiting on it within the timeout, then is reached again once it thaws."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from laneway.core.redis_batch import ScriptBatcher
+from laneway.core.redis_batch import ScriptPipe
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from services import PrivateRedis, require_service
 
 REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 ECHO = "return ARGV[1]"
 FAIL = "return redis.error_reply('nope')"
+SLOW = "local n = 0 for i = 1, 3000000 do n = n + 1 end return ARGV[1]"  # tens of ms of Redis' time
 
 
 @pytest.fixture
@@ -29,7 +34,7 @@ async def client() -> AsyncIterator[Any]:
 
 
 async def test_a_lingering_call_rides_with_the_next_call_someone_waits_on(client: Any) -> None:
-    batcher = ScriptBatcher(client, own_connection=True)
+    batcher = ScriptPipe(client, timeout_s=0.25)
     echo = client.register_script(ECHO)
     await echo(keys=[], args=["load"])
     try:
@@ -45,8 +50,33 @@ async def test_a_lingering_call_rides_with_the_next_call_someone_waits_on(client
         await batcher.close()
 
 
+async def test_batches_in_flight_side_by_side_are_answered_in_the_order_made(client: Any) -> None:
+    """One turn's calls go in one write; the next turn's go out before the first are answered
+    (no waiting for the batch in flight), and every call gets its own reply; a call whose
+    caller left does not shift the others' replies."""
+    batcher = ScriptPipe(client, timeout_s=0.25)
+    echo, slow = client.register_script(ECHO), client.register_script(SLOW)
+    try:
+        assert await batcher.call(echo, [], ["connect"]) == b"connect"  # connected (the pipe's first call)
+        connection = batcher._replies
+        gc.collect()  # redis-py closes a collected connection object's transport: the pipe holds it
+        assert await batcher.call(slow, [], ["loaded"]) == b"loaded"
+        first = [batcher.call(slow, [], ["a0"])] + [batcher.call(echo, [], [f"a{i}"]) for i in range(1, 50)]
+        await asyncio.sleep(0)  # the first batch is written, not answered yet
+        second = [batcher.call(echo, [], [f"b{i}"]) for i in range(50)]
+        second[10].cancel()  # its caller left
+        await asyncio.sleep(0)
+        assert batcher.round_trips == 4 and not first[-1].done()  # two writes, the first not answered yet
+        assert await asyncio.gather(*first) == [f"a{i}".encode() for i in range(50)]
+        answered = await asyncio.gather(*second[:10], *second[11:])
+        assert answered == [f"b{i}".encode() for i in range(50) if i != 10]
+        assert batcher._replies is connection and not connection.lost  # all on the first connection
+    finally:
+        await batcher.close()
+
+
 async def test_an_error_reply_fails_only_its_own_call(client: Any) -> None:
-    batcher = ScriptBatcher(client, own_connection=True)
+    batcher = ScriptPipe(client, timeout_s=0.25)
     echo, fail = client.register_script(ECHO), client.register_script(FAIL)
     try:
         replies = await asyncio.gather(batcher.call(echo, [], ["a"]), batcher.call(fail, [], []),
@@ -71,7 +101,7 @@ async def test_a_restarted_redis_is_reached_on_a_new_connection_without_an_error
     # just as stale, which its one retry replaces
     client = redis.Redis.from_url(server.url, socket_timeout=0.5, socket_connect_timeout=0.5,
                                   retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)))  # fmt: skip
-    batcher = ScriptBatcher(client, own_connection=True)
+    batcher = ScriptPipe(client, timeout_s=0.25)
     echo = client.register_script(ECHO)
     try:
         assert await batcher.call(echo, [], ["before"]) == b"before"
@@ -79,6 +109,31 @@ async def test_a_restarted_redis_is_reached_on_a_new_connection_without_an_error
         server.start()  # the batcher's connection is now stale
         assert await batcher.call(echo, [], ["after"]) == b"after"
     finally:
+        await batcher.close()
+        await client.aclose()
+        server.stop()
+
+
+async def test_a_frozen_redis_fails_the_calls_waiting_within_the_timeout_then_is_reached_again() -> None:
+    import redis.asyncio as redis
+
+    server = PrivateRedis().start()
+    client = redis.Redis.from_url(server.url, socket_timeout=0.3, socket_connect_timeout=0.3)
+    batcher = ScriptPipe(client, timeout_s=0.3)
+    echo = client.register_script(ECHO)
+    try:
+        assert await batcher.call(echo, [], ["before"]) == b"before"
+        server.freeze()  # SIGSTOP: the socket stays open, nothing answers
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        waiting = [batcher.call(echo, [], [str(i)]) for i in range(3)]
+        replies = await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 5)
+        assert all(isinstance(r, RedisTimeoutError) for r in replies), replies
+        assert loop.time() - started < 2.0  # failed by the pipe's timer, not left hanging
+        server.thaw()
+        assert await batcher.call(echo, [], ["after"]) == b"after"  # on a new connection
+    finally:
+        server.thaw()
         await batcher.close()
         await client.aclose()
         server.stop()

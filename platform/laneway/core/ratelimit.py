@@ -35,7 +35,7 @@ from laneway.core.dependencies import DependencyHealth
 from laneway.core.errors import GatewayError, dependency_unavailable
 from laneway.core.quota import PERIOD_KINDS, Period, period, quota_exceeded, quota_limit, quota_too_small, quotas
 from laneway.core.quota_recovery import CounterRecovery
-from laneway.core.redis_batch import ScriptBatcher
+from laneway.core.redis_batch import ScriptPipe
 from laneway.db.repositories import UsageRepository
 from laneway.types import TenantSnapshot
 
@@ -461,7 +461,7 @@ class RedisRateLimiter:
         self._prefix = prefix
         self._reserve = self._redis.register_script(_RESERVE)
         self._settle = self._redis.register_script(_SETTLE)
-        self._batch = ScriptBatcher(self._redis, own_connection=True)  # a loop turn's reserves: one round trip
+        self._batch = ScriptPipe(self._redis, timeout_s=timeout_s)  # a loop turn's reserves: one write
         self.failure_mode = failure_mode
         self._retry_after = retry_after_s
         self._health = health or DependencyHealth()

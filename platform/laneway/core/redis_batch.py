@@ -1,78 +1,293 @@
-"""Redis script calls made in the same event-loop turn, sent as one pipeline on one connection.
+"""Redis script calls made in the same event-loop turn, sent together.
 
 Under load many requests reach Redis at the same moment (each reserves its rate limit and
-queues for a shared engine slot). Sent one by one, each call pays redis-py's command
+queues for a shared engine slot). Sent one by one, each call pays the client's command
 building, a write and a read; batched, a turn's calls share one write and one read, and the
 gateway's CPU per request in Redis mode drops towards the memory mode's. A call made alone
-is sent alone, a loop turn later.
+is sent alone, a loop turn later. A call may also *linger* (a settle, a refund: nobody
+waits on it): it then rides with the next batch that someone waits on, or goes out after
+the linger.
 
-One batch is in flight at a time, and calls made meanwhile go out together when it is
-answered: Redis runs them in the order they were made. Batches sent side by side on two
-pooled connections could run in either order, so a request that left while its enqueue was
-in flight could have its leave run first and its queue entry outlive it.
+Two ways to send a batch:
 
-The batches go out on a connection of their own (made by the client's pool, so with its
-timeouts), not through redis-py's client or pipeline objects: those check a connection out
-of the pool and back (a lock, a readiness poll of the socket, observability hooks) and pack
-the command in Python on every call, which cost more CPU than the round trip itself
-(bench/redis_limits.py). The command is packed by hiredis; replies are read by redis-py's
-parser. A call may also *linger* (a settle, a refund: nobody waits on it): it then rides
-with the next batch that someone waits on, or goes out after the linger.
+- `ScriptPipe` (the rate limiter): one connection of its own, pipelined. Each batch is one
+  write as soon as the turn ends, and each reply resolves the oldest call waiting, straight
+  from the socket's data callback (hiredis parses): no task, no per-read timeout context, no
+  pool checkout per batch. Redis answers a connection's commands in order, so batches may be
+  in flight side by side and still run in the order they were made. One timer per connection
+  fails the calls of a Redis that stopped answering (frozen: `timeout_s`), and the connection
+  with them. redis-py makes the connection (its URL, TLS, AUTH and SELECT handling) and the
+  pipe then takes over its transport. Through redis-py's client, a round trip cost ~200 us
+  of CPU, 20x the memory limiter's whole decision (bench/redis_limits.py).
+- `ScriptBatcher` (shared slots): through the client's pool and pipelines, one batch in flight
+  at a time: batches sent side by side on two pooled connections could run in either order,
+  so a request that left while its enqueue was in flight could have its leave run first and
+  its queue entry outlive it. (On the faster own connection, tests/unit/test_shared_slots.py's
+  cancel race left an entry behind now and then - a race of its own, not yet understood,
+  that the slower path hides.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
+from collections import deque
+from contextlib import suppress
 from typing import Any
 
-from hiredis import pack_command  # a dependency: redis[hiredis]
+import hiredis  # a dependency: redis[hiredis]
+from redis._parsers.base import BaseParser
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 _Call = tuple[Any, list[str], list[Any], asyncio.Future[Any]]
 
 
-class ScriptBatcher:
-    def __init__(self, redis: Any, *, own_connection: bool = False) -> None:
-        self._redis = redis
-        # False: through the client's pool and pipelines (shared slots: with the faster own
-        # connection, tests/unit/test_shared_slots.py's cancel race leaves an entry behind now
-        # and then - a race of its own, not yet understood, that the slower path hides).
-        self._own = own_connection
-        self._conn: Any = None  # made on first use: the client's pool makes it, with its settings
+class _Lingering:
+    """What both senders share: the calls of this turn, and the lingering ones' timer."""
+
+    def __init__(self) -> None:
         self._pending: list[_Call] = []
         self._scheduled = False  # a flush is due (next loop turn, or when the batch in flight ends)
         self._lingering: asyncio.TimerHandle | None = None  # a flush due after lingering calls' wait
-        self._sending: asyncio.Task[None] | None = None
         self.round_trips = 0  # batches sent (tests, benches)
 
     def call(self, script: Any, keys: list[str], args: list[Any], *, linger: float = 0.0) -> asyncio.Future[Any]:
         """Run `script` (a registered redis-py Script) with the next batch; the future gets its
-        reply or its exception (a fault of the connection fails the whole batch). With
-        `linger`, the call waits up to that long for a batch to share (nobody waits on it)."""
+        reply or its exception (a fault of the connection fails the calls it had not answered).
+        With `linger`, the call waits up to that long for a batch to share (nobody waits on it)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._pending.append((script, keys, args, future))
         if self._scheduled:
             return future
         if linger > 0:
-            if self._lingering is None and self._sending is None:
+            if self._lingering is None and not self._busy():
                 self._lingering = loop.call_later(linger, self._linger_over)
             return future
         self._scheduled = True
         if self._lingering is not None:
             self._lingering.cancel()
             self._lingering = None
-        if self._sending is None:
+        if not self._busy():
             loop.call_soon(self._flush)
         return future
+
+    def _busy(self) -> bool:
+        """A batch in flight will flush what is pending when it ends."""
+        return False
+
+    def _flush(self) -> None:
+        raise NotImplementedError
 
     def _linger_over(self) -> None:
         self._lingering = None
         if not self._scheduled:
             self._scheduled = True
-            if self._sending is None:
+            if not self._busy():
                 self._flush()
+
+    def flush_soon(self) -> None:
+        """Send the lingering calls now (shutting down)."""
+        if self._lingering is not None:
+            self._lingering.cancel()
+            self._linger_over()
+
+
+def _pack(script: Any, keys: list[str], args: list[Any]) -> bytes:
+    return bytes(hiredis.pack_command(("EVALSHA", script.sha, len(keys), *keys, *args)))
+
+
+class ScriptPipe(_Lingering):
+    """Script calls on one pipelined connection of its own (see the module's docstring)."""
+
+    def __init__(self, redis: Any, *, timeout_s: float) -> None:
+        super().__init__()
+        self._redis = redis
+        self._timeout = timeout_s
+        self._replies: _Replies | None = None  # the open connection's reader, once connected
+        self._connecting: asyncio.Task[None] | None = None
+        self._retried: weakref.WeakSet[asyncio.Future[Any]] = weakref.WeakSet()  # sent twice already
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        replies = self._replies
+        if replies is None or replies.lost:
+            if self._connecting is None:  # what is pending goes out once connected
+                self._connecting = asyncio.get_running_loop().create_task(self._connect(), name="redis-pipe")
+            return
+        batch, self._pending = self._pending, []
+        if batch:
+            self.round_trips += 1
+            replies.send(b"".join([_pack(script, keys, args) for script, keys, args, _ in batch]), batch)
+
+    async def _connect(self) -> None:
+        conn: Any = None
+        try:
+            conn = self._redis.connection_pool.make_connection()  # the client's URL, timeouts, TLS, AUTH, db
+            await conn.connect()
+            transport = conn._writer.transport  # redis-py's asyncio streams: take over their transport
+        except BaseException as exc:
+            self._connecting = None
+            if conn is not None:
+                with suppress(Exception):
+                    await conn.disconnect(nowait=True)
+            batch, self._pending = self._pending, []
+            _fail([future for *_, future in batch], exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._connecting = None
+        self._replies = _Replies(self, conn, transport, self._timeout)
+        transport.set_protocol(self._replies)
+        if self._pending and not self._lingering:
+            self._flush()
+
+    def _answer(self, call: _Call, reply: Any) -> None:
+        future = call[3]
+        if future.done():  # its caller left (a cancelled reserve): the reply only keeps the order
+            return
+        if isinstance(reply, hiredis.ReplyError):
+            error = BaseParser.parse_error(str(reply))  # type: ignore[no-untyped-call]
+            if isinstance(error, NoScriptError):  # Redis restarted: load it, then run it
+                asyncio.get_running_loop().create_task(self._load_and_run(call))
+                return
+            future.set_exception(error)
+        else:
+            future.set_result(reply)
+
+    @staticmethod
+    async def _load_and_run(call: _Call) -> None:
+        script, keys, args, future = call
+        try:
+            reply = await script(keys=keys, args=args)
+        except Exception as exc:
+            if not future.done():
+                future.set_exception(exc)
+            return
+        if not future.done():
+            future.set_result(reply)
+
+    def _lost(self, unanswered: list[_Call], exc: BaseException, fresh: bool) -> None:
+        """The connection failed with calls unanswered. After a connection error with no reply
+        since they were sent (a connection gone stale: Redis restarted), they are sent once more
+        on a new one, as redis-py's client retries; a timeout never is (the calls may have run)."""
+        if not unanswered:  # an idle connection closed: the next call connects again
+            return
+        if fresh and isinstance(exc, RedisConnectionError) and not any(c[3] in self._retried for c in unanswered):
+            self._retried.update(c[3] for c in unanswered)
+            self._pending[:0] = unanswered
+            if not self._scheduled:
+                self._scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
+            return
+        _fail([future for *_, future in unanswered], exc)
+
+    async def close(self) -> None:
+        """Send what is pending, wait for its answers (or their timeout), close the connection."""
+        self.flush_soon()
+        while True:
+            waiting = [call[3] for call in self._pending]
+            if self._replies is not None:
+                waiting += [entry[0][3] for entry in self._replies.waiting]
+            waiting = [f for f in waiting if not f.done()]
+            if not waiting:
+                break
+            await asyncio.wait(waiting)
+        if self._replies is not None:
+            self._replies.close()
+
+
+def _fail(futures: list[asyncio.Future[Any]], exc: BaseException) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_exception(exc)
+
+
+class _Replies(asyncio.Protocol):
+    """The pipe's connection: each reply, parsed by hiredis as bytes arrive, answers the oldest
+    call waiting. A Redis silent for `timeout_s` while calls wait is dropped with them."""
+
+    def __init__(self, pipe: ScriptPipe, conn: Any, transport: Any, timeout_s: float) -> None:
+        self._pipe = pipe
+        self._conn = conn  # held: redis-py closes its transport when the connection object is collected
+        self._transport = transport
+        self._timeout = timeout_s
+        self._reader = hiredis.Reader()
+        self._timer: asyncio.TimerHandle | None = None
+        # (call, deadline, replies read before it was sent), in the order sent
+        self.waiting: deque[tuple[_Call, float, int]] = deque()
+        self.answered = 0
+        self.lost = False
+
+    def send(self, data: bytes, batch: list[_Call]) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout
+        self.waiting.extend((call, deadline, self.answered) for call in batch)
+        self._transport.write(data)
+        if self._timer is None:  # one timer a connection, moved along (not one per batch)
+            self._timer = loop.call_at(deadline, self._check)
+
+    def data_received(self, data: bytes) -> None:
+        self._reader.feed(data)
+        try:
+            while (reply := self._reader.gets()) is not False:
+                if not self.waiting:
+                    raise hiredis.ProtocolError(f"a reply nothing asked for: {reply!r}")
+                call = self.waiting.popleft()[0]
+                self.answered += 1
+                self._pipe._answer(call, reply)
+        except hiredis.ProtocolError as exc:
+            self._drop(RedisConnectionError(f"Redis protocol error: {exc}"))
+
+    def _check(self) -> None:
+        self._timer = None
+        if not self.waiting:
+            return
+        deadline = self.waiting[0][1]
+        loop = asyncio.get_running_loop()
+        if loop.time() >= deadline:
+            self._drop(RedisTimeoutError(f"Redis did not answer within {self._timeout:g} s"))
+        else:
+            self._timer = loop.call_at(deadline, self._check)
+
+    def eof_received(self) -> bool:
+        return False  # Redis closed its side: close ours (connection_lost follows)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._drop(RedisConnectionError(f"Redis connection lost: {exc or 'closed by the server'}"))
+
+    def _drop(self, exc: BaseException) -> None:
+        if self.lost:
+            return
+        self.lost = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._transport.close()
+        # Nothing answered since the oldest unanswered call was sent: the connection was gone
+        # before it (stale), not lost in the middle of answering.
+        fresh = bool(self.waiting) and self.waiting[0][2] == self.answered
+        unanswered = [entry[0] for entry in self.waiting]
+        self.waiting.clear()
+        self._pipe._lost(unanswered, exc, fresh=fresh)
+
+    def close(self) -> None:
+        self._drop(RedisConnectionError("closed"))
+
+
+class ScriptBatcher(_Lingering):
+    """Script calls through the client's pool (see the module's docstring): one batch in flight
+    at a time, the calls made meanwhile sent together when it is answered."""
+
+    def __init__(self, redis: Any) -> None:
+        super().__init__()
+        self._redis = redis
+        self._sending: asyncio.Task[None] | None = None
+
+    def _busy(self) -> bool:
+        return self._sending is not None
 
     def _flush(self) -> None:
         batch, self._pending, self._scheduled = self._pending, [], False
@@ -90,10 +305,7 @@ class ScriptBatcher:
     async def _send(self, batch: list[_Call]) -> None:
         self.round_trips += 1
         try:
-            if not self._own:
-                replies = await run_scripts(self._redis, [(script, keys, args) for script, keys, args, _ in batch])
-            else:
-                replies = await self._round_trip(batch)
+            replies = await run_scripts(self._redis, [(script, keys, args) for script, keys, args, _ in batch])
             for i, reply in enumerate(replies):
                 if isinstance(reply, NoScriptError):  # Redis restarted: load it, then run it
                     script, keys, args, _ = batch[i]
@@ -102,9 +314,7 @@ class ScriptBatcher:
                     except Exception as exc:
                         replies[i] = exc
         except BaseException as exc:  # the connection failed: every call of the batch did
-            for *_, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
+            _fail([future for *_, future in batch], exc)
             if not isinstance(exc, Exception):
                 raise
             return
@@ -116,51 +326,12 @@ class ScriptBatcher:
             else:
                 future.set_result(reply)
 
-    async def _round_trip(self, batch: list[_Call]) -> list[Any]:
-        """One write, a reply per call (an error reply is that call's exception). A connection
-        error before any reply (a connection gone stale: Redis restarted) is retried once on a
-        new connection, as redis-py's client does; a timeout never is (the calls may have run)."""
-        if self._conn is None:
-            self._conn = self._redis.connection_pool.make_connection()
-        conn = self._conn
-        packed = [self._pack(script, keys, args) for script, keys, args, _ in batch]
-        for attempt in (0, 1):
-            replies: list[Any] = []
-            try:
-                await conn.send_packed_command(packed)
-                for _ in batch:
-                    try:
-                        replies.append(await conn.read_response())
-                    except ResponseError as exc:  # the call's own error: the stream is intact
-                        replies.append(exc)
-                return replies
-            except RedisConnectionError:
-                await conn.disconnect(nowait=True)
-                if attempt or replies:
-                    raise
-            except BaseException:  # a timeout or a cancel mid-read: the replies are out of step
-                await conn.disconnect(nowait=True)
-                raise
-        raise AssertionError("unreachable")
-
-    @staticmethod
-    def _pack(script: Any, keys: list[str], args: list[Any]) -> bytes:
-        return bytes(pack_command(("EVALSHA", script.sha, len(keys), *keys, *args)))
-
-    def flush_soon(self) -> None:
-        """Send the lingering calls now (shutting down)."""
-        if self._lingering is not None:
-            self._lingering.cancel()
-            self._linger_over()
-
     async def close(self) -> None:
-        """Send what is pending, wait for it, and close the connection."""
+        """Send what is pending, wait for it."""
         self.flush_soon()
         while self._sending is not None:
             await asyncio.shield(self._sending)
             await asyncio.sleep(0)  # its done callback runs (and may send what came meanwhile)
-        if self._conn is not None:
-            await self._conn.disconnect()
 
 
 async def run_scripts(redis: Any, calls: list[tuple[Any, list[str], list[Any]]]) -> list[Any]:
