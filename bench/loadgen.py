@@ -142,6 +142,9 @@ def main() -> None:
     ap.add_argument("--stream", action="store_true")
     ap.add_argument("--timeout", type=float, default=10.0)
     ap.add_argument("--timeline", action="store_true", help="also print (offset, status, latency) per request")
+    # A file, not a pipe, for big results: once in a while a result of several hundred KB read
+    # from the pipe had a line break in it, at 128 KB, and did not parse (cause not found).
+    ap.add_argument("--out", help="write the JSON there instead of to stdout")
     args = ap.parse_args()
     body = json.loads(args.body)
     if args.stream:
@@ -154,7 +157,11 @@ def main() -> None:
         pass
     result = asyncio.run(run(args.url, body, args.rate, args.seconds, args.key, args.timeout,
                              with_timeline=args.timeline))  # fmt: skip
-    print(json.dumps(result))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f)
+    else:
+        print(json.dumps(result))
 
 
 if __name__ == "__main__":

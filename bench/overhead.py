@@ -88,12 +88,14 @@ def load_cmd(url: str, rate: float, seconds: float, key: str | None, stream: boo
 
 def load(url: str, rate: float, seconds: float, key: str | None, stream: bool,
          body: dict[str, Any] | None = None, timeline: bool = False) -> dict[str, Any]:  # fmt: skip
-    out = subprocess.run(load_cmd(url, rate, seconds, key, stream, body, timeline), capture_output=True, text=True,
-                         timeout=seconds * 20 + 60)  # fmt: skip
+    with tempfile.NamedTemporaryFile("r", suffix=".json") as result:
+        cmd = [*load_cmd(url, rate, seconds, key, stream, body, timeline), "--out", result.name]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds * 20 + 60)
+        text = result.read()
     try:
-        return dict(json.loads(out.stdout))
-    except json.JSONDecodeError as exc:  # say what the load generator printed instead
-        around = out.stdout[max(0, exc.pos - 200) : exc.pos + 200]
+        return dict(json.loads(text))
+    except json.JSONDecodeError as exc:  # say what the load generator wrote instead
+        around = text[max(0, exc.pos - 200) : exc.pos + 200]
         raise SystemExit(f"the load generator's output is not its JSON ({exc}; exit {out.returncode}): "
                          f"...{around!r}... stderr: {out.stderr[-2000:]}") from None  # fmt: skip
 
