@@ -52,12 +52,21 @@ class _Lingering:
         self._scheduled = False  # a flush is due (next loop turn, or when the batch in flight ends)
         self._lingering: asyncio.TimerHandle | None = None  # a flush due after lingering calls' wait
         self.round_trips = 0  # batches sent (tests, benches)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, kept: on Python 3.11 each asyncio.get_running_loop() is a getpid()
+        system call (a fork check), and this runs several times a request."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def call(self, script: Any, keys: list[str], args: list[Any], *, linger: float = 0.0) -> asyncio.Future[Any]:
         """Run `script` (a registered redis-py Script) with the next batch; the future gets its
         reply or its exception (a fault of the connection fails the calls it had not answered).
         With `linger`, the call waits up to that long for a batch to share (nobody waits on it)."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._pending.append((script, keys, args, future))
         if self._scheduled:
@@ -115,7 +124,7 @@ class ScriptPipe(_Lingering):
         replies = self._replies
         if replies is None or replies.lost:
             if self._connecting is None:  # what is pending goes out once connected
-                self._connecting = asyncio.get_running_loop().create_task(self._connect(), name="redis-pipe")
+                self._connecting = self.loop().create_task(self._connect(), name="redis-pipe")
             return
         batch, self._pending = self._pending, []
         if batch:
@@ -222,7 +231,7 @@ class _Replies(asyncio.Protocol):
         self.lost = False
 
     def send(self, data: bytes, batch: list[_Call]) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._pipe.loop()
         deadline = loop.time() + self._timeout
         self.waiting.extend((call, deadline, self.answered) for call in batch)
         self._transport.write(data)
@@ -246,7 +255,7 @@ class _Replies(asyncio.Protocol):
         if not self.waiting:
             return
         deadline = self.waiting[0][1]
-        loop = asyncio.get_running_loop()
+        loop = self._pipe.loop()
         if loop.time() >= deadline:
             self._drop(RedisTimeoutError(f"Redis did not answer within {self._timeout:g} s"))
         else:
