@@ -71,7 +71,9 @@ async def run(url: str, body: dict[str, Any], rate: float, seconds: float, key: 
     idle: deque[Conn] = deque()
     opened = 0
     latencies: dict[str, list[float]] = {}
-    timeline: list[tuple[float, int, float]] = []  # (scheduled offset s, status, latency ms)
+    # (scheduled offset s, status, latency ms, written ms: when the request went out after its
+    # scheduled time, its connect included)
+    timeline: list[tuple[float, int, float, float]] = []
     ttfb: list[float] = []
     late: list[float] = []  # how late each request was written (ms after its scheduled time): the generator's own lag
     timeouts = 0
@@ -89,7 +91,8 @@ async def run(url: str, body: dict[str, Any], rate: float, seconds: float, key: 
                     opened += 1
                     conn = await asyncio.open_connection(host, port)
                 reader, writer = conn
-                late.append((time.perf_counter() - scheduled) * 1000)
+                wrote = (time.perf_counter() - scheduled) * 1000
+                late.append(wrote)
                 writer.write(request)
                 status, first, keep = await _read_response(reader)
         except TimeoutError:
@@ -107,7 +110,7 @@ async def run(url: str, body: dict[str, Any], rate: float, seconds: float, key: 
         latency = (done - min(scheduled, sent)) * 1000
         latencies.setdefault(str(status), []).append(latency)
         if with_timeline:
-            timeline.append((scheduled - start, status, latency))
+            timeline.append((scheduled - start, status, latency, wrote))
         if first is not None and body.get("stream"):
             ttfb.append((first - min(scheduled, sent)) * 1000)
         if keep:
@@ -141,7 +144,7 @@ def main() -> None:
     ap.add_argument("--body", default='{"model": "m", "prompt": "hello there", "max_tokens": 16}')
     ap.add_argument("--stream", action="store_true")
     ap.add_argument("--timeout", type=float, default=10.0)
-    ap.add_argument("--timeline", action="store_true", help="also print (offset, status, latency) per request")
+    ap.add_argument("--timeline", action="store_true", help="also print (offset, status, latency, written) per request")
     # A file, not a pipe, for big results: once in a while a result of several hundred KB read
     # from the pipe had a line break in it, at 128 KB, and did not parse (cause not found).
     ap.add_argument("--out", help="write the JSON there instead of to stdout")
