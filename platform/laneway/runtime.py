@@ -215,7 +215,11 @@ class Runtime:
             metrics=self.metrics,
             shared_slots=shared_slots,
         )
-        self.loop_lag = loop_lag = LoopLagMonitor(on_sample=self.shedder.tick)
+        # Long ticks while no API request arrives and none is in flight; the shedder wakes it.
+        self.loop_lag = loop_lag = LoopLagMonitor(
+            on_sample=self.shedder.tick, busy=lambda: not self.shedder.quiet() or gateway.in_flight > 0
+        )
+        self.shedder.on_wake = loop_lag.wake
         await loop_lag.start()
         steps.started_step("loop lag", loop_lag.stop)
         self.metrics.watch(lambda: runtime_readings(gateway, health, recorder, loop_lag, self.shedder))

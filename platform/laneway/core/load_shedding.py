@@ -155,6 +155,7 @@ class LoadShedder:
         self._arrivals = 0  # API requests whose headers arrived in the current window
         self._previous = 0  # ... and in the one before it
         self.preparing = 0  # API requests between their headers and an engine's queue
+        self.on_wake: Callable[[], None] | None = None  # called on the first arrival after a quiet spell
         self.shed_by = dict.fromkeys(REASONS, 0)  # requests refused, ever, by reason
 
     @property
@@ -169,8 +170,17 @@ class LoadShedder:
         now = self.clock()
         if now - self._window_start >= _WINDOW_S:
             self._previous = self._arrivals if now - self._window_start < 2 * _WINDOW_S else 0
+            if not self._previous and self.on_wake is not None:
+                self.on_wake()  # the first arrival in two windows: the loop-lag ticks speed up
             self._arrivals, self._window_start = 0, now
         self._arrivals += 1
+
+    def quiet(self) -> bool:
+        """No API request arrived in this window or the one before (the loop-lag monitor's
+        long ticks)."""
+        if self.clock() - self._window_start >= 2 * _WINDOW_S:
+            return True
+        return self._arrivals + self._previous == 0
 
     def observe(self, delay_s: float) -> None:
         """A delay the loop just imposed (a request's start, a timer's firing)."""

@@ -1,0 +1,65 @@
+"""The loop-lag monitor's tick: short under load, long while idle (each tick wakes an idle
+gateway), and back to short at once when the load shedder sees the first request again."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from laneway.core.load_shedding import LoadShedder
+from laneway.core.loop_lag import LoopLagMonitor
+
+
+async def test_idle_ticks_are_long_and_the_first_request_brings_the_short_ones_back() -> None:
+    shedder = LoadShedder()
+    ticks: list[float] = []
+    monitor = LoopLagMonitor(interval_s=0.01, idle_interval_s=0.5, busy=lambda: not shedder.quiet())
+    monitor.subscribe(lambda lag: ticks.append(time.perf_counter()))
+    shedder.on_wake = monitor.wake
+    await monitor.start()
+    try:
+        await asyncio.sleep(0.05)
+        assert monitor.idle and len(ticks) == 1  # no request: one tick, then the long wait
+        await asyncio.sleep(0.2)
+        assert len(ticks) == 1
+        woken_at = time.perf_counter()
+        shedder.arrived()  # a request after the quiet spell
+        assert not monitor.idle
+        await asyncio.sleep(0.1)
+        assert len(ticks) >= 4 and ticks[1] - woken_at < 0.1  # short ticks from the request on
+        while not monitor.idle:  # two quiet windows (0.2 s) later: long again
+            await asyncio.sleep(0.01)
+        settled = len(ticks)
+        await asyncio.sleep(0.2)
+        assert len(ticks) <= settled + 1
+    finally:
+        await monitor.stop()
+
+
+async def test_without_a_busy_signal_it_always_ticks_short() -> None:
+    ticks: list[float] = []
+    monitor = LoopLagMonitor(interval_s=0.01, on_sample=ticks.append)
+    await monitor.start()
+    try:
+        await asyncio.sleep(0.15)
+        assert not monitor.idle and len(ticks) >= 5
+    finally:
+        await monitor.stop()
+
+
+def test_the_shedder_wakes_only_on_the_first_arrival_after_a_quiet_spell() -> None:
+    now = [100.0]
+    shedder = LoadShedder(clock=lambda: now[0])
+    wakes: list[float] = []
+    shedder.on_wake = lambda: wakes.append(now[0])
+    assert shedder.quiet()
+    shedder.arrived()
+    assert wakes == [100.0] and not shedder.quiet()
+    for _ in range(50):  # steady traffic: 100 a second
+        now[0] += 0.01
+        shedder.arrived()
+    assert wakes == [100.0]
+    now[0] += 0.3  # quiet for three windows
+    assert shedder.quiet()
+    shedder.arrived()
+    assert len(wakes) == 2
