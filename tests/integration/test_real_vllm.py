@@ -263,23 +263,30 @@ def test_priority_reaches_vllm_which_serves_the_more_urgent_waiting_request_firs
 
     # The scenario needs all eight of vLLM's sequences busy at once and then both requests in
     # its queue; in full suite runs the fillers have sometimes not overlapped, or one ended (in
-    # about a second on an idle machine) before both requests were queued. When the scenario
-    # holds the order below is asserted strictly; three tries, then say so.
+    # about a second on an idle machine) before both requests were queued. And vLLM itself
+    # does not always keep the order: under a loaded CPU it has given the slot that freed to
+    # `later` (FCFS) with both waiting and one slot free (2 of 5 runs on 2026-12-04, with the
+    # gateway's part the same each time). So up to three tries: the order held in one of them
+    # passes; the wrong order in every try that had the scenario fails (a gateway that dropped
+    # the priority gets FCFS every time); no scenario in three tries skips, saying so.
+    wrong: list[tuple[dict[str, float], list[str]]] = []
     for _ in range(3):
         threads = every_filler_running()
-        if threads is not None and both_waiting(threads):
-            break
-    else:
-        pytest.skip("vLLM never had all eight fillers running and both requests waiting in three tries: "
-                    "the priority order is unproven here")  # fmt: skip
-    for t in threads:
-        t.join(120)
-    assert len(done) == len(threads), done
-    # The order of the slots: `urgent` took the first to free, `later` a later one. (Not the
-    # order the calls returned in: on a loaded machine a 1-token answer given a slot a moment
-    # after the 100-token one can return first.)
-    assert first_token["urgent"] < first_token["later"], (first_token, done)
-    assert done.index("filler-0") < done.index("later"), done
+        if threads is None or not both_waiting(threads):
+            continue
+        for t in threads:
+            t.join(120)
+        assert len(done) == len(threads), done
+        # The order of the slots: `urgent` took the first to free, `later` a later one. (Not the
+        # order the calls returned in: on a loaded machine a 1-token answer given a slot a
+        # moment after the 100-token one can return first.)
+        if first_token["urgent"] < first_token["later"]:
+            assert done.index("filler-0") < done.index("later"), done
+            return
+        wrong.append((dict(first_token), list(done)))
+    assert not wrong, f"`later` got its slot before `urgent` in every try that had the scenario: {wrong}"
+    pytest.skip("vLLM never had all eight fillers running and both requests waiting in three tries: "
+                "the priority order is unproven here")  # fmt: skip
 
 
 def test_the_metrics_the_adapter_reads_are_the_ones_vllm_serves(gw: Gateway, real_vllm: RealVLLM) -> None:
