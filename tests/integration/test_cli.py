@@ -146,7 +146,7 @@ def test_first_start_secrets_are_in_files_and_the_admin_gets_in(cli, tmp_path: P
             assert c.post("/admin/api/login", json={"username": "admin", "password": password}).status_code == 200
         assert 'id="first-login"' not in httpx.get(base + "/admin/login").text  # someone is in now
         # Log records reach the file through the logging queue's thread: on a loaded machine later.
-        wait_for(lambda: str(password_file) in log.read_text(), what="the start-up lines in the log")
+        wait_for(lambda: str(password_file) in log.read_text(), within=30, what="the start-up lines in the log")
     finally:
         proc.terminate()
         proc.wait(10)
