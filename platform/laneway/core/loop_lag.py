@@ -71,6 +71,10 @@ class LoopLagMonitor:
     def idle(self) -> bool:
         return self._idle
 
+    def _tell(self, lag: float) -> None:
+        for listener in self._listeners:
+            listener(lag)
+
     async def _run(self) -> None:
         self._woken = woken = asyncio.Event()
         while True:
@@ -82,8 +86,7 @@ class LoopLagMonitor:
                 except TimeoutError:
                     pass
                 else:  # woken early: no lag to read, but the listeners look now (a connection
-                    for listener in self._listeners:  # surge is seen from its first request on)
-                        listener(0.0)
+                    self._tell(0.0)  # surge is seen from its first request on)
                     continue
             else:
                 expected = time.perf_counter() + self.interval_s
@@ -91,6 +94,5 @@ class LoopLagMonitor:
             lag = max(0.0, time.perf_counter() - expected)
             self.samples.append(lag)
             self.max_s = max(self.max_s, lag)
-            for listener in self._listeners:
-                listener(lag)
+            self._tell(lag)
             self._idle = self._busy is not None and not self._busy()

@@ -138,12 +138,14 @@ class ScriptPipe(_Lingering):
             await conn.connect()
             transport = conn._writer.transport  # redis-py's asyncio streams: take over their transport
         except BaseException as exc:
+            # Fail what waited for this connection before anything can await: a call made
+            # meanwhile starts a connection of its own, not one this fault fails.
+            batch, self._pending = self._pending, []
+            _fail([future for *_, future in batch], exc)
             self._connecting = None
             if conn is not None:
                 with suppress(Exception):
                     await conn.disconnect(nowait=True)
-            batch, self._pending = self._pending, []
-            _fail([future for *_, future in batch], exc)
             if not isinstance(exc, Exception):
                 raise
             return
@@ -160,7 +162,7 @@ class ScriptPipe(_Lingering):
         if isinstance(reply, hiredis.ReplyError):
             error = BaseParser.parse_error(str(reply))  # type: ignore[no-untyped-call]
             if isinstance(error, NoScriptError):  # Redis restarted: load it, then run it
-                asyncio.get_running_loop().create_task(self._load_and_run(call))
+                self.loop().create_task(self._load_and_run(call))
                 return
             future.set_exception(error)
         else:
@@ -189,7 +191,7 @@ class ScriptPipe(_Lingering):
             self._pending[:0] = unanswered
             if not self._scheduled:
                 self._scheduled = True
-                asyncio.get_running_loop().call_soon(self._flush)
+                self.loop().call_soon(self._flush)
             return
         _fail([future for *_, future in unanswered], exc)
 
@@ -300,7 +302,7 @@ class ScriptBatcher(_Lingering):
 
     def _flush(self) -> None:
         batch, self._pending, self._scheduled = self._pending, [], False
-        self._sending = asyncio.get_running_loop().create_task(self._send(batch))
+        self._sending = self.loop().create_task(self._send(batch))
         self._sending.add_done_callback(self._sent)
 
     def _sent(self, _: asyncio.Task[None]) -> None:
