@@ -1,7 +1,7 @@
 """The serving process's long-lived services, built once and owned by one typed object.
 
 `Runtime.start()` brings them up in dependency order (database, engines, policies, rate
-limits, usage recorder, shared slots, the gateway, the config listener, the engine watcher)
+limits, usage recorder, the API key sweeps, shared slots, the gateway, the config listener, the engine watcher)
 and `Runtime.stop()` takes them down in reverse: the requests still running first, the
 database pool and the tracer last. A start that fails stops what had already started.
 
@@ -197,8 +197,10 @@ class Runtime:
             ttl_s=settings.auth_cache_ttl_s,
             stale_s=settings.auth_stale_s,
             lookup_timeout_s=settings.auth_lookup_timeout_s,
+            keep_warm_s=settings.auth_keep_warm_s,
             health=health,
         )
+        steps.started_step("auth sweeps", authenticator.close)
         shared_slots = self._shared_slots()
         if shared_slots is not None:
             steps.started_step("shared slots", shared_slots.close)

@@ -31,6 +31,9 @@ class Settings:
     demo_model_alias: str = "tiny"  # the tiny model's alias (SmolLM2 is served as "smollm2")
     # How long an API key lookup is cached: a revoked key stops working within this.
     auth_cache_ttl_s: float = 0.5
+    # Keys used within this many seconds are confirmed again every ttl/2, all in one query, so
+    # their requests never wait on the database; a key idle longer is looked up on its next use.
+    auth_keep_warm_s: float = 10.0
     # While the database is down (or slower than auth_lookup_timeout_s), a key seen within
     # this many seconds keeps working from the cache; unknown keys get 503 meanwhile.
     auth_stale_s: float = 300.0

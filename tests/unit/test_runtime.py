@@ -13,7 +13,7 @@ from laneway.settings import Settings
 from serving import seed, sim_model
 
 # Without Redis or tracing (each adds its step where it starts: tracing first, shared slots
-# after the usage recorder).
+# after the auth sweeps).
 START_ORDER = [
     "login guard",
     "database",
@@ -22,6 +22,7 @@ START_ORDER = [
     "policies",
     "rate limiter",
     "usage recorder",
+    "auth sweeps",
     "loop lag",
     "config changes",
     "engine watch",

@@ -76,6 +76,38 @@ class TenantRepository:
         stmt = select(ApiKey).options(selectinload(ApiKey.tenant)).where(ApiKey.secret_sha256 == secret_sha256)
         return (await self.session.execute(stmt)).scalar_one_or_none()
 
+    async def key_rows(self, digests: Sequence[str]) -> Sequence[tuple[Any, ...]]:
+        """What authenticating needs of these keys, one row each (core/auth.py's _outcome
+        reads it by position): plain columns, no ORM objects, so that confirming many keys
+        at once stays cheap."""
+        stmt = (
+            select(
+                ApiKey.secret_sha256,
+                ApiKey.id,
+                ApiKey.revoked_at,
+                ApiKey.expires_at,
+                ApiKey.rpm,
+                ApiKey.tpm,
+                ApiKey.max_concurrency,
+                ApiKey.allowed_models,
+                Tenant.id,
+                Tenant.name,
+                Tenant.weight,
+                Tenant.rpm,
+                Tenant.tpm,
+                Tenant.max_concurrency,
+                Tenant.allowed_models,
+                Tenant.allowed_lanes,
+                Tenant.priority_floor,
+                Tenant.tokens_per_day,
+                Tenant.tokens_per_month,
+                Tenant.disabled,
+            )
+            .join(Tenant, ApiKey.tenant_id == Tenant.id)
+            .where(ApiKey.secret_sha256.in_(digests))
+        )
+        return (await self.session.execute(stmt)).all()
+
     async def revoke_key(self, key_id: int) -> bool:
         result = await self.session.execute(
             update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None)).values(revoked_at=utcnow())
