@@ -191,9 +191,11 @@ class LoadShedder:
         """The loop-lag monitor's tick (on the loop's thread, every ~50 ms): read how busy the
         loop was since the last one and set the fraction of new API requests let in."""
         self.observe(lag_s)
+        if not self.enabled or self.cpu_target <= 0:
+            return  # the cpu signal is off (the default): no clock to read
         now, cpu = self.clock(), self.cpu_clock()
         last, self._ticked = self._ticked, (now, cpu)
-        if last is None or now <= last[0] or not self.enabled or self.cpu_target <= 0:
+        if last is None or now <= last[0]:
             return
         busy = min(1.0, max(0.0, (cpu - last[1]) / (now - last[0])))
         self.busy = busy = (self.busy + busy) / 2  # two ticks: one slow callback is not a trend
