@@ -37,7 +37,7 @@ import socket
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -70,6 +70,57 @@ RECEIVED_AT = "laneway.received_at"  # scope key: when the request's headers wer
 PREPARING = "laneway.preparing"  # scope key: an API request's load_shedding.Preparing token
 
 
+class CorkedTransport:
+    """A connection's transport as the protocol and its requests' cycles see it: what is
+    written during one loop turn goes out together at the turn's end, in one system call.
+
+    uvicorn writes a response's head and its body separately, so a whole answer ready at
+    once cost two system calls, two TCP segments and two wake-ups of the client. Order is
+    kept (everything goes through here); `close` sends what is held first, `abort` drops it.
+    """
+
+    __slots__ = ("_loop", "_pending", "transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self.transport = transport
+        self._loop = loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._pending:
+            self._loop.call_soon(self.flush)
+        self._pending.append(data)
+
+    def flush(self) -> None:
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
+        if self.transport.is_closing():
+            return  # the client is gone (or the connection was cut): nothing to send to
+        if len(pending) == 1:
+            self.transport.write(pending[0])
+        else:
+            self.transport.writelines(pending)  # uvloop: one writev, no copy
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def abort(self) -> None:
+        self._pending = []
+        self.transport.abort()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    def get_write_buffer_size(self) -> int:
+        return self.transport.get_write_buffer_size() + sum(map(len, self._pending))
+
+    def __getattr__(self, name: str) -> Any:  # the rest (get_extra_info, set_protocol, ...) as is
+        return getattr(self.transport, name)
+
+
 class GuardedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a request read timeout and a capped send buffer."""
 
@@ -86,6 +137,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._between = True  # the parser is between two requests (none begun)
         self._admitted = False  # the shedder let this request in already (refuse_whole)
         super().connection_made(transport)
+        self.transport = cast(asyncio.Transport, CorkedTransport(transport, self.loop))  # the cycles' too
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from laneway.server import GuardedHttpProtocol
+from laneway.server import CorkedTransport, GuardedHttpProtocol
 from serving import Gateway, closed_by_server, sim_model, start_gateway, wait_for
 
 
@@ -441,3 +441,109 @@ def test_an_idle_connection_outlives_the_sdks_own_keep_alive_expiry(gw: Gateway)
                                    if name == "connection.connect_tcp.complete" else None})  # fmt: skip
             assert r.status_code == 200
         assert len(peers) == 1  # one TCP connection served both: the server kept it open
+
+
+class _Recorder:
+    """A connection's real transport, recording each system-call-sized write."""
+
+    def __init__(self, transport: Any, writes: list[bytes]) -> None:
+        self._transport, self._writes = transport, writes
+
+    def write(self, data: bytes) -> None:
+        self._writes.append(bytes(data))
+        self._transport.write(data)
+
+    def writelines(self, pieces: list[bytes]) -> None:
+        self._writes.append(b"".join(pieces))
+        self._transport.writelines(pieces)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def test_a_whole_answer_leaves_in_one_write_and_order_holds(gw: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvicorn writes a response's head and body separately; the corked transport sends what a
+    loop turn wrote in one go: a non-streaming answer is one write (one segment, one wake-up of
+    the client), a stream still starts with its head at once, and pipelined answers keep
+    their order."""
+    writes: list[bytes] = []
+    original = GuardedHttpProtocol.connection_made
+
+    def recording(self: GuardedHttpProtocol, transport: Any) -> None:
+        original(self, _Recorder(transport, writes))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(GuardedHttpProtocol, "connection_made", recording)
+    whole = request_bytes(gw, {"model": "sim", "prompt": "hi", "max_tokens": 2})
+    sock = socket.create_connection(("127.0.0.1", gw.port))
+    try:
+        sock.sendall(whole)
+        answer = read_answer(sock)
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"}")
+        assert writes == [answer]  # head and body: one write
+        writes.clear()
+        sock.sendall(whole + whole)  # pipelined: two answers, in order, each whole
+        answers = read_answers(sock, 2)
+        assert [a[:12] for a in answers] == [b"HTTP/1.1 200"] * 2 and b"".join(writes) == b"".join(answers)
+        writes.clear()
+        sock.sendall(request_bytes(gw, {"model": "sim", "prompt": "hi", "max_tokens": 3, "stream": True}))
+        deadline = time.monotonic() + 10
+        received = b""
+        while not received.endswith(b"0\r\n\r\n") and time.monotonic() < deadline:
+            received += sock.recv(65536)
+        assert received.startswith(b"HTTP/1.1 200") and b"data: [DONE]" in received
+        assert b"".join(writes) == received
+    finally:
+        sock.close()
+
+
+def test_the_corked_transport_flushes_on_close_and_drops_on_abort() -> None:
+    class Fake:
+        def __init__(self) -> None:
+            self.writes: list[bytes] = []
+            self.closing = False
+            self.aborted = False
+
+        def write(self, data: bytes) -> None:
+            self.writes.append(data)
+
+        def writelines(self, pieces: list[bytes]) -> None:
+            self.writes.append(b"".join(pieces))
+
+        def is_closing(self) -> bool:
+            return self.closing
+
+        def close(self) -> None:
+            self.closing = True
+
+        def abort(self) -> None:
+            self.closing = self.aborted = True
+
+        def get_extra_info(self, name: str) -> str:
+            return f"info:{name}"
+
+        def get_write_buffer_size(self) -> int:
+            return 0
+
+    async def scenario() -> None:
+        fake = Fake()
+        corked = CorkedTransport(fake, asyncio.get_running_loop())  # type: ignore[arg-type]
+        corked.write(b"head ")
+        corked.write(b"body")
+        assert fake.writes == [] and corked.get_write_buffer_size() == 9
+        await asyncio.sleep(0)  # the end of the turn
+        assert fake.writes == [b"head body"]
+        corked.write(b"last")
+        corked.close()  # what was held goes first
+        assert fake.writes == [b"head body", b"last"] and fake.closing
+        corked.write(b"too late")
+        await asyncio.sleep(0)
+        assert fake.writes == [b"head body", b"last"]  # nothing to a closed connection
+        cut = Fake()
+        corked = CorkedTransport(cut, asyncio.get_running_loop())  # type: ignore[arg-type]
+        corked.write(b"partial")
+        corked.abort()
+        await asyncio.sleep(0)
+        assert cut.writes == [] and cut.aborted
+        assert corked.get_extra_info("peername") == "info:peername"
+
+    asyncio.run(scenario())
