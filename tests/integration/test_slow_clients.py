@@ -538,6 +538,13 @@ def test_the_corked_transport_flushes_on_close_and_drops_on_abort() -> None:
         corked.write(b"too late")
         await asyncio.sleep(0)
         assert fake.writes == [b"head body", b"last"]  # nothing to a closed connection
+        big = b"x" * CorkedTransport.hold_bytes
+        corked.transport = fake = Fake()
+        corked.write(b"head")
+        corked.write(big)  # past hold_bytes: out at once, for the transport's flow control to see
+        assert fake.writes == [b"head" + big] and corked.get_write_buffer_size() == 0
+        await asyncio.sleep(0)
+        assert fake.writes == [b"head" + big]  # the end of the turn finds nothing more
         cut = Fake()
         corked = CorkedTransport(cut, asyncio.get_running_loop())  # type: ignore[arg-type]
         corked.write(b"partial")
