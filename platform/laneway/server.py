@@ -175,6 +175,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         it is not asked twice). True: answered 503 here."""
         if self.cycle is not None and not self.cycle.response_complete:
             return False  # an answer is still going out: this request waits its turn
+        shedder = self.shedder
+        assert shedder is not None
+        if shedder.calm():
+            return False  # it will be let in: no need to read its headers here (the parser does)
         end = data.find(b"\r\n\r\n")
         if end < 0:
             return False
@@ -200,8 +204,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 rid = value
         if end + 4 + length != len(data):
             return False
-        shedder = self.shedder
-        assert shedder is not None
         shedder.arrived()
         if shedder.refusal() is None:
             self._admitted = True

@@ -184,3 +184,33 @@ def test_a_token_counts_from_its_start_and_not_while_it_waits_elsewhere() -> Non
         assert s.preparing == 0
     finally:
         current.reset(ctx)
+
+
+def test_calm_means_no_refusal_and_has_no_side_effects() -> None:
+    """The door skips its parser-free refusal while the shedder is calm: calm must never hold
+    while refusal() would refuse, and asking it changes nothing."""
+    clock = Clock()
+    s = LoadShedder(max_preparing=8, standing_preparing=4, standing_s=0.1, clock=clock)
+    assert s.calm()
+    tokens = [Preparing(s) for _ in range(3)]
+    assert s.calm() and s.shed == 0
+    tokens.append(Preparing(s))  # the low cap's worth ahead: pressure, not yet a refusal
+    assert not s.calm() and s.shed == 0 and s._pressure_since < 0  # nothing recorded by asking
+    for t in tokens:
+        t.done()
+    assert s.calm()
+    s.admit = 0.5  # the cpu signal lets in half
+    assert not s.calm()
+    s.admit = 1.0
+    s._until = clock() + 0.05  # a loop-lag hold
+    assert not s.calm() and s.refusal() == "loop_lag"
+    clock.now += 0.06
+    assert s.calm() and s.refusal() is None
+    for n in range(12):  # every backlog size: calm implies no refusal
+        s.preparing = n
+        for _ in range(3):
+            calm = s.calm()
+            assert not (calm and s.refusal() is not None), n
+            clock.now += 0.06
+    s.preparing = 0
+    assert LoadShedder(max_delay_s=0).calm()  # shedding off

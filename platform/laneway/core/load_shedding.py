@@ -213,6 +213,18 @@ class LoadShedder:
     def overloaded(self) -> bool:
         return self.enabled and self.clock() < self._until
 
+    def calm(self) -> bool:
+        """True when refusal() would let a request in whatever its timing: no backlog at
+        either cap, no loop-lag hold, the cpu signal admitting all. No side effects (the
+        door asks it before reading a request's headers for the parser-free refusal)."""
+        n = self.preparing
+        return not self.enabled or (
+            self.admit >= 1.0
+            and not 0 < self.standing_preparing <= n
+            and not 0 < self.max_preparing <= n
+            and self.clock() >= self._until
+        )
+
     def refusal(self) -> str | None:
         """Why a new API request must be refused now (a reason of REASONS, counted), or None."""
         if not self.enabled:
