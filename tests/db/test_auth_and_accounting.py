@@ -246,3 +246,42 @@ async def test_a_sweep_sees_revocations_and_does_not_outlive_an_admin_change(db_
             await auth.authenticate(f"Bearer {secret}")
     finally:
         await auth.close()
+
+
+async def test_after_an_admin_change_the_keys_in_use_cost_one_query_not_one_each(db_engine: AsyncEngine) -> None:
+    """invalidate() (an admin change) starts a sweep at once and the requests of the keys in
+    use wait for it: 200 keys' next requests cost one query, and see the change; a second
+    change while that sweep runs starts another, whose answer is the one served."""
+    sessions = make_sessionmaker(db_engine)
+    secrets = await _many_keys(sessions, 200)
+    auth = KeyAuthenticator(sessions, ttl_s=5.0)  # no timed sweep during the test
+    try:
+        for secret in secrets:
+            assert (await auth.authenticate(f"Bearer {secret}")).rpm is None
+        async with sessions() as s, s.begin():
+            tenant = await TenantRepository(s).get_by_name("many")
+            assert tenant is not None
+            tenant.rpm = 7
+        lookups = auth.lookups
+        auth.invalidate()
+        tenants = await asyncio.gather(*(auth.authenticate(f"Bearer {secret}") for secret in secrets))
+        assert {t.rpm for t in tenants} == {7}
+        assert auth.lookups == lookups + 1  # the sweep's one query: no request looked its key up
+        async with sessions() as s, s.begin():
+            tenant = await TenantRepository(s).get_by_name("many")
+            assert tenant is not None
+            tenant.rpm = 8
+        auth.invalidate()
+        first = auth._sweeping
+        async with sessions() as s, s.begin():
+            tenant = await TenantRepository(s).get_by_name("many")
+            assert tenant is not None
+            tenant.rpm = 9
+        auth.invalidate()  # while the first sweep may still run: a newer one answers
+        assert auth._sweeping is not first
+        tenants = await asyncio.gather(*(auth.authenticate(f"Bearer {secret}") for secret in secrets))
+        assert {t.rpm for t in tenants} == {9}
+        assert auth.lookups <= lookups + 3
+    finally:
+        await auth.close()
+    assert not auth._sweeps

@@ -96,6 +96,9 @@ class KeyAuthenticator:
         self._used: dict[str, float] = {}  # digest -> when a request last presented it (the sweep's keys)
         self._sweep_timer: asyncio.TimerHandle | None = None
         self._sweeping: asyncio.Task[None] | None = None
+        self._swept: frozenset[str] = frozenset()  # the keys the sweep in flight confirms ...
+        self._sweep_generation = -1  # ... for this configuration
+        self._sweeps: set[asyncio.Task[None]] = set()  # in flight: the latest, and any it superseded
         self._closed = False
         self._generation = 0
         self._database_down_until = 0.0
@@ -116,7 +119,13 @@ class KeyAuthenticator:
         digest = hash_secret(self.bearer(authorization))
         entry = self._cache.get(digest)
         now = self._clock()
-        if entry is not None and entry.fresh_until > now and entry.generation == self._generation:
+        fresh = entry is not None and entry.fresh_until > now and entry.generation == self._generation
+        if not fresh and self._sweep_covers(digest):  # after an admin change: one query for all keys
+            await self._await_sweep()
+            entry, now = self._cache.get(digest), self._clock()
+            fresh = entry is not None and entry.fresh_until > now and entry.generation == self._generation
+        if fresh:
+            assert entry is not None
             outcome = entry.outcome
         elif entry is not None and now < self._database_down_until and self._usable_stale(entry, now):
             outcome = self._stale_outcome(digest, entry)
@@ -138,9 +147,32 @@ class KeyAuthenticator:
         return outcome
 
     def invalidate(self) -> None:
-        """An admin change: every entry is looked up again before it is served fresh (kept,
-        though, as the fallback while the database is down)."""
+        """An admin change: no entry is served fresh before the database confirms it again
+        (kept, though, as the fallback while the database is down). The keys in use are
+        confirmed by a sweep started now, and their requests wait for it: one query after an
+        admin change, not one per key in use."""
         self._generation += 1
+        if self._closed or not self._used:
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # not on the loop (a script): the next request looks its key up
+            return
+        if self._sweep_timer is not None:
+            self._sweep_timer.cancel()
+        self._sweep()  # a sweep in flight answers for the configuration before: it runs out unheeded
+
+    def _sweep_covers(self, digest: str) -> bool:
+        return self._sweeping is not None and self._sweep_generation == self._generation and digest in self._swept
+
+    async def _await_sweep(self) -> None:
+        """Wait for the sweep in flight (up to the lookup timeout; it never raises: a failed
+        sweep leaves the entry as it was, for the lookup or stale path to take over)."""
+        sweeping = self._sweeping
+        assert sweeping is not None
+        with load_shedding.waiting_elsewhere(), contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._lookup_timeout):
+                await asyncio.shield(sweeping)  # a request that leaves leaves the sweep running
 
     async def close(self) -> None:
         """Stop the sweeps (shutdown)."""
@@ -148,10 +180,10 @@ class KeyAuthenticator:
         if self._sweep_timer is not None:
             self._sweep_timer.cancel()
             self._sweep_timer = None
-        if self._sweeping is not None:
-            self._sweeping.cancel()
+        for task in list(self._sweeps):
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeping
+                await task
 
     def _usable_stale(self, entry: _Entry, now: float) -> bool:
         return now - entry.confirmed_at <= self._stale
@@ -209,9 +241,13 @@ class KeyAuthenticator:
         for digest in [d for d, at in used.items() if at < cutoff]:
             del used[digest]
         if used and not self._closed:
-            self._sweeping = asyncio.get_running_loop().create_task(self._confirm(list(used)), name="auth-sweep")
+            self._swept, self._sweep_generation = frozenset(used), self._generation
+            self._sweeping = task = asyncio.get_running_loop().create_task(self._confirm(list(used)), name="auth-sweep")
+            self._sweeps.add(task)
+            task.add_done_callback(self._sweeps.discard)
 
     async def _confirm(self, digests: list[str]) -> None:
+        me = asyncio.current_task()
         try:
             generation = self._generation
             rows = await self._lookup(digests)
@@ -228,8 +264,10 @@ class KeyAuthenticator:
             self._health.failed("database", exc, "serving API keys from the cache")
             wait = max(self._ttl / 2, 1.0)
         finally:
-            self._sweeping = None
-        if not self._closed and self._sweep_timer is None:
+            latest = self._sweeping is me  # else an admin change started a newer one, which goes on
+            if latest:
+                self._sweeping = None
+        if latest and not self._closed and self._sweep_timer is None:
             self._sweep_timer = asyncio.get_running_loop().call_later(wait, self._sweep)
 
     async def _lookup(self, digests: list[str]) -> dict[str, tuple[object, ...]]:
