@@ -4,7 +4,9 @@ Requests arrive at a fixed total rate (open loop), spread round robin over N key
 database, each authenticated by core/auth.py's KeyAuthenticator with the default 0.5 s ttl.
 For each N: database queries a second, the requests that waited on a lookup of their own
 key, the authenticator's p50/p99/max latency, and this process's CPU per request (the
-database driver's thread included). The 1-key row is the baseline of the same run.
+database driver's thread included); then an admin change (invalidate) and every key's next
+request at once: the queries that cost and how long until all were answered. The 1-key row
+is the baseline of the same run.
 
 The embedded default database (SQLite in a temporary directory), or --database-url (e.g.
 PostgreSQL through asyncpg: postgresql+asyncpg://postgres@127.0.0.1:5432/test; its tables
@@ -89,6 +91,12 @@ async def measure(url: str, keys: int, rate: float, seconds: float) -> dict[str,
         await asyncio.gather(*tasks)
     elapsed = loop.time() - start
     cpu = time.process_time() - cpu0
+    # An admin change, then every key's next request at once.
+    auth.invalidate()
+    before_change = auth.lookups
+    t0 = time.perf_counter()
+    await asyncio.gather(*(auth.authenticate(header) for header in secrets))
+    change_ms = (time.perf_counter() - t0) * 1000
     result = {
         "keys": keys,
         "requests": n,
@@ -99,6 +107,8 @@ async def measure(url: str, keys: int, rate: float, seconds: float) -> dict[str,
         "p99_ms": pct(latencies, 0.99) * 1000,
         "max_ms": max(latencies) * 1000,
         "cpu_ms": cpu * 1000 / n,
+        "change_queries": auth.lookups - before_change,
+        "change_ms": change_ms,
     }
     close = getattr(auth, "close", None)
     if close is not None:
@@ -133,8 +143,9 @@ def main() -> None:
     which = str(args.src) if args.src else "this tree"
     print(f"# bench/auth_keys.py ({which}): {args.rate:.0f} requests/s over N keys, {args.seconds:.0f} s a row, "
           f"ttl 0.5 s; baseline: the 1-key row of this run\n")  # fmt: skip
-    print("| keys | DB queries/s | requests that waited on a lookup | p50 | p99 | max | CPU / request | vs 1 key |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| keys | DB queries/s | requests that waited on a lookup | p50 | p99 | max | CPU / request | vs 1 key "
+          "| after an admin change: queries, all keys answered in |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     base = None
     with tempfile.TemporaryDirectory() as tmp:
         for keys in args.keys:
@@ -143,7 +154,8 @@ def main() -> None:
             base = base or r["cpu_ms"]
             print(f"| {keys} | {r['queries_per_s']:.1f} | {r['waited']} of {r['requests']} | {r['p50_ms']:.3f} ms "
                   f"| {r['p99_ms']:.3f} ms | {r['max_ms']:.1f} ms | {r['cpu_ms'] * 1000:.0f} us "
-                  f"| {r['cpu_ms'] / base:.2f}x |", flush=True)  # fmt: skip
+                  f"| {r['cpu_ms'] / base:.2f}x | {r.get('change_queries', '-')}, "
+                  f"{r.get('change_ms', float('nan')):.1f} ms |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
