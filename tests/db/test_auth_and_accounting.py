@@ -285,3 +285,32 @@ async def test_after_an_admin_change_the_keys_in_use_cost_one_query_not_one_each
     finally:
         await auth.close()
     assert not auth._sweeps
+
+
+async def test_a_frozen_database_during_a_sweep_costs_a_request_one_timeout_then_the_cache(
+    db_engine: AsyncEngine,
+) -> None:
+    """A request that waits for a sweep which the database never answers gets the last known
+    answer after one lookup timeout, not after a second wait on a lookup of its own."""
+    sessions = make_sessionmaker(db_engine)
+    async with sessions() as s, s.begin():
+        await TenantRepository(s).create("acme")
+    _, secret = await issue_key(sessions, "acme")
+    auth = KeyAuthenticator(sessions, ttl_s=5.0, lookup_timeout_s=1.0)
+    try:
+        await auth.authenticate(f"Bearer {secret}")
+        never = asyncio.Event()
+
+        async def frozen(_: list[str]) -> Any:
+            await never.wait()
+
+        auth._lookup = frozen  # type: ignore[method-assign]
+        auth.invalidate()  # the sweep it starts hangs
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        assert (await auth.authenticate(f"Bearer {secret}")).name == "acme"
+        assert loop.time() - t0 < 1.8  # one timeout (1 s); a second wait would make it 2 s or more
+        assert auth.served_stale == 1
+    finally:
+        await auth.close()
+    assert not auth._sweeps

@@ -121,7 +121,9 @@ class KeyAuthenticator:
         now = self._clock()
         fresh = entry is not None and entry.fresh_until > now and entry.generation == self._generation
         if not fresh and self._sweep_covers(digest):  # after an admin change: one query for all keys
-            await self._await_sweep()
+            if not await self._await_sweep():  # the database is frozen: no second wait on a lookup
+                self._database_down_until = self._clock() + 1.0
+                self._health.failed("database", TimeoutError("key sweep"), "serving API keys from the cache")
             entry, now = self._cache.get(digest), self._clock()
             fresh = entry is not None and entry.fresh_until > now and entry.generation == self._generation
         if fresh:
@@ -165,14 +167,18 @@ class KeyAuthenticator:
     def _sweep_covers(self, digest: str) -> bool:
         return self._sweeping is not None and self._sweep_generation == self._generation and digest in self._swept
 
-    async def _await_sweep(self) -> None:
-        """Wait for the sweep in flight (up to the lookup timeout; it never raises: a failed
-        sweep leaves the entry as it was, for the lookup or stale path to take over)."""
+    async def _await_sweep(self) -> bool:
+        """Wait for the sweep in flight, up to the lookup timeout (False: timed out). It never
+        raises: a failed sweep leaves the entry as it was, for the stale path to take over."""
         sweeping = self._sweeping
         assert sweeping is not None
-        with load_shedding.waiting_elsewhere(), contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._lookup_timeout):
-                await asyncio.shield(sweeping)  # a request that leaves leaves the sweep running
+        try:
+            with load_shedding.waiting_elsewhere():
+                async with asyncio.timeout(self._lookup_timeout):
+                    await asyncio.shield(sweeping)  # a request that leaves leaves the sweep running
+        except TimeoutError:
+            return False
+        return True
 
     async def close(self) -> None:
         """Stop the sweeps (shutdown)."""
@@ -180,7 +186,7 @@ class KeyAuthenticator:
         if self._sweep_timer is not None:
             self._sweep_timer.cancel()
             self._sweep_timer = None
-        for task in list(self._sweeps):
+        for task in [*self._sweeps, *self._inflight.values()]:  # lookups too: none outlives the loop
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
