@@ -366,6 +366,10 @@ def main() -> None:
             if args.overload_only:
                 print_overload(capacity, rows, overloads)
                 return
+            # Every gateway settled first: they share one core, and one still draining its 5x
+            # backlog (queued requests wait up to 30 s) slowed and failed the next rows.
+            for port in (mem_port, red_port, shr_port, cpu_port, one_port, high_port):
+                settle(port, quiet_s=0.2, limit_s=40.0)
             long_rows = long_prompt_flood(mem_port, mem, mem_key, args.seconds)
             idle_cpu = {"memory": mem, "redis limits + shared slots": shr}
             # Two windows: the first seconds after traffic still run the API key sweeps (keys used
