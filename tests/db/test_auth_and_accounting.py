@@ -143,6 +143,13 @@ async def test_known_keys_are_served_from_cache_while_the_database_is_unreachabl
     assert info.value.status == 503
 
 
+async def _tenant_and_key(sessions: Any, **limits: Any) -> tuple[int, str]:
+    """A tenant "acme" (with these limits) and one key of it: (key id, secret)."""
+    async with sessions() as s, s.begin():
+        await TenantRepository(s).create("acme", **limits)
+    return await issue_key(sessions, "acme")
+
+
 async def _no_sweep_in_flight(auth: KeyAuthenticator) -> None:
     """A sweep's query counts in lookups when sent, in sweeps when answered: wait for its answer."""
     while auth._sweeping is not None:
@@ -190,9 +197,7 @@ async def test_keys_in_use_are_confirmed_together_and_their_requests_never_wait(
 
 async def test_sweeps_stop_when_no_key_is_in_use_and_never_carry_guessed_keys(db_engine: AsyncEngine) -> None:
     sessions = make_sessionmaker(db_engine)
-    async with sessions() as s, s.begin():
-        await TenantRepository(s).create("acme")
-    _, secret = await issue_key(sessions, "acme")
+    _, secret = await _tenant_and_key(sessions)
     auth = KeyAuthenticator(sessions, ttl_s=0.1, keep_warm_s=0.3)
     try:
         await auth.authenticate(f"Bearer {secret}")
@@ -221,9 +226,7 @@ async def test_sweeps_stop_when_no_key_is_in_use_and_never_carry_guessed_keys(db
 
 async def test_a_sweep_sees_revocations_and_does_not_outlive_an_admin_change(db_engine: AsyncEngine) -> None:
     sessions = make_sessionmaker(db_engine)
-    async with sessions() as s, s.begin():
-        await TenantRepository(s).create("acme", rpm=10)
-    key_id, secret = await issue_key(sessions, "acme")
+    key_id, secret = await _tenant_and_key(sessions, rpm=10)
     auth = KeyAuthenticator(sessions, ttl_s=0.2)
     try:
         assert (await auth.authenticate(f"Bearer {secret}")).rpm == 10
@@ -293,9 +296,7 @@ async def test_a_frozen_database_during_a_sweep_costs_a_request_one_timeout_then
     """A request that waits for a sweep which the database never answers gets the last known
     answer after one lookup timeout, not after a second wait on a lookup of its own."""
     sessions = make_sessionmaker(db_engine)
-    async with sessions() as s, s.begin():
-        await TenantRepository(s).create("acme")
-    _, secret = await issue_key(sessions, "acme")
+    _, secret = await _tenant_and_key(sessions)
     auth = KeyAuthenticator(sessions, ttl_s=5.0, lookup_timeout_s=1.0)
     try:
         await auth.authenticate(f"Bearer {secret}")
