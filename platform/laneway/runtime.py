@@ -1,9 +1,9 @@
 """The serving process's long-lived services, built once and owned by one typed object.
 
 `Runtime.start()` brings them up in dependency order (database, engines, policies, rate
-limits, usage recorder, the API key sweeps, shared slots, the gateway, the config listener, the engine watcher)
-and `Runtime.stop()` takes them down in reverse: the requests still running first, the
-database pool and the tracer last. A start that fails stops what had already started.
+limits, usage recorder, the API key sweeps, shared slots, the gateway, the config listener,
+the engine watcher) and `Runtime.stop()` takes them down in reverse: the requests still
+running first, the database pool and the tracer last. A start that fails stops what had already started.
 
 Handlers reach the services through Litestar's dependency injection (`RuntimePlugin` adds
 the providers and the lifespan to the app), never picked off the app's state.

@@ -119,34 +119,45 @@ class KeyAuthenticator:
         digest = hash_secret(self.bearer(authorization))
         entry = self._cache.get(digest)
         now = self._clock()
-        fresh = entry is not None and entry.fresh_until > now and entry.generation == self._generation
-        if not fresh and self._sweep_covers(digest):  # after an admin change: one query for all keys
+        outcome = self._fresh(entry, now)
+        if outcome is None and self._sweep_covers(digest):  # after an admin change: one query for all keys
             if not await self._await_sweep():  # the database is frozen: no second wait on a lookup
-                self._database_down_until = self._clock() + 1.0
-                self._health.failed("database", TimeoutError("key sweep"), "serving API keys from the cache")
+                self._database_failed(TimeoutError("key sweep"))
             entry, now = self._cache.get(digest), self._clock()
-            fresh = entry is not None and entry.fresh_until > now and entry.generation == self._generation
-        if fresh:
-            assert entry is not None
-            outcome = entry.outcome
-        elif entry is not None and now < self._database_down_until and self._usable_stale(entry, now):
-            outcome = self._stale_outcome(digest, entry)
-        else:
-            try:
-                with load_shedding.waiting_elsewhere():
-                    outcome = await self._lookup_once(digest)
-            except Exception as exc:
-                self._database_down_until = self._clock() + 1.0
-                self._health.failed("database", exc, "serving API keys from the cache")
-                if entry is None or not self._usable_stale(entry, now):
-                    raise dependency_unavailable("database") from None
-                outcome = self._stale_outcome(digest, entry)
+            outcome = self._fresh(entry, now)
+        if outcome is None:
+            outcome = await self._unfresh(digest, entry, now)
         if isinstance(outcome, GatewayError):
             raise outcome.with_traceback(None)  # cached: don't grow one traceback forever
         self._used[digest] = now  # a valid key only: a client guessing keys can't grow the sweeps
         if self._sweep_timer is None and self._sweeping is None and not self._closed:
             self._sweep_timer = asyncio.get_running_loop().call_later(self._ttl / 2, self._sweep)
         return outcome
+
+    async def _unfresh(self, digest: str, entry: _Entry | None, now: float) -> TenantSnapshot | GatewayError:
+        """A key with no fresh entry: the cache's last answer while the database is down,
+        else the database's (looked up once for every request that needs it now)."""
+        if entry is not None and now < self._database_down_until and self._usable_stale(entry, now):
+            return self._stale_outcome(digest, entry)
+        try:
+            with load_shedding.waiting_elsewhere():
+                return await self._lookup_once(digest)
+        except Exception as exc:
+            self._database_failed(exc)
+            if entry is None or not self._usable_stale(entry, now):
+                raise dependency_unavailable("database") from None
+            return self._stale_outcome(digest, entry)
+
+    def _fresh(self, entry: _Entry | None, now: float) -> TenantSnapshot | GatewayError | None:
+        """The entry's answer if it may be served without asking the database, else None."""
+        if entry is not None and entry.fresh_until > now and entry.generation == self._generation:
+            return entry.outcome
+        return None
+
+    def _database_failed(self, exc: BaseException) -> None:
+        """For the next second nobody waits on the database: the cache answers."""
+        self._database_down_until = self._clock() + 1.0
+        self._health.failed("database", exc, "serving API keys from the cache")
 
     def invalidate(self) -> None:
         """An admin change: no entry is served fresh before the database confirms it again
@@ -229,8 +240,10 @@ class KeyAuthenticator:
         old = self._cache.get(digest)
         if old is not None and old.generation > generation:
             return old.outcome  # an answer from before an admin change: the newer one stays
-        same = old is not None and old.row == row and row is not None and row[3] is None  # [3]: expires_at
-        outcome = old.outcome if same and old is not None else _outcome(row)
+        if old is not None and old.row == row and row is not None and row[3] is None:  # [3]: expires_at
+            outcome = old.outcome  # unchanged (and cannot expire): no rebuild
+        else:
+            outcome = _outcome(row)
         if requeue or old is None:
             self._cache.pop(digest, None)  # re-inserted last: the oldest entries are evicted first
             if len(self._cache) >= self._max_entries:  # bounded: a key-guessing client can't grow it
@@ -266,8 +279,7 @@ class KeyAuthenticator:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the entries expire; requests take the lookup (and stale) path
-            self._database_down_until = self._clock() + 1.0
-            self._health.failed("database", exc, "serving API keys from the cache")
+            self._database_failed(exc)
             wait = max(self._ttl / 2, 1.0)
         finally:
             latest = self._sweeping is me  # else an admin change started a newer one, which goes on
