@@ -273,6 +273,7 @@ class Runtime:
             max_connections=settings.redis_max_connections,
             timeout_s=settings.redis_timeout_s,
             failure_mode=settings.redis_failure_mode,
+            share=settings.redis_admit_share,
             health=self.health,
         )
 

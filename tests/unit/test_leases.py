@@ -28,6 +28,9 @@ class SlowMemoryLimiter(MemoryRateLimiter):
 
     remote = True
 
+    def reserve_at_once(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation | None:
+        return None  # never decided without the network
+
     async def reserve(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
         await asyncio.sleep(0)
         reservation = self.reserve_now(tenant, tokens, request_id)

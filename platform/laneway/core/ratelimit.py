@@ -12,7 +12,8 @@ tenant past a quota is refused until the period resets. Reserved like TPM, refun
 
 Two backends with one contract: process memory (one gateway), and Redis (one atomic Lua
 script per decision, on Redis's clock, so any number of replicas enforce one limit; the
-quota periods come from the limiter's wall clock, which tests inject). Both count quotas from
+quota periods come from the limiter's wall clock, which tests inject; far from a tenant's
+limits a replica admits at once on Redis's last answer, see Headroom). Both count quotas from
 the usage table when their counters are gone: memory at start-up, Redis when a counter turns
 out lost (core/quota_recovery.py).
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -44,6 +46,12 @@ log = logging.getLogger(__name__)
 # A concurrency slot whose holder vanished (a replica crashed) is reclaimed after this long.
 STALE_HOLDER_S = 600
 SETTLE_LINGER_S = 0.005  # how long a settle waits for a batch of reserves to ride with
+# A replica admits at once (Headroom) on what Redis said within this long; older: Redis decides.
+ADMIT_AT_ONCE_FOR_S = 1.0
+# ... and while fewer than this many of its reserves admitted at once are unanswered: past it,
+# requests wait for Redis again, so a Redis that falls behind slows admission (backpressure)
+# instead of receiving reserves faster than it runs them.
+ADMIT_AT_ONCE_UNANSWERED = 64
 
 
 def too_large(tenant: TenantSnapshot, tokens: int) -> GatewayError:
@@ -126,6 +134,9 @@ class Reservation:
     # Redis: each period counter's epoch when it was counted (core/quota_recovery.py): a
     # counter lost and begun again since then never held this reservation.
     epochs: tuple[str, ...] = ()
+    # Redis, admitted at once (RedisRateLimiter.reserve_at_once): the reserve's reply, still to
+    # come when the request began; its settle waits for it (the epochs come with it).
+    answer: asyncio.Future[Any] | None = None
 
 
 class RateLimiter(Protocol):
@@ -136,6 +147,10 @@ class RateLimiter(Protocol):
 
     async def reserve(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
         """Take 1 request and `tokens` tokens, and a concurrency slot; raise GatewayError(429) if not."""
+
+    def reserve_at_once(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation | None:
+        """reserve()'s decision where it can be taken without waiting: the reservation, or the
+        refusal raised; None: await reserve()."""
 
     def settle(self, reservation: Reservation, used_tokens: int) -> None:
         """The request ended: give back its concurrency slot and the tokens it did not use.
@@ -202,6 +217,9 @@ class MemoryRateLimiter:
         return sum(len(h) for h in self._in_flight.values())
 
     async def reserve(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
+        return self.reserve_now(tenant, tokens, request_id)
+
+    def reserve_at_once(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation | None:
         return self.reserve_now(tenant, tokens, request_id)
 
     def reserve_now(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
@@ -290,10 +308,14 @@ class MemoryRateLimiter:
 # KEYS: the tenant's rpm, tpm, inflight; its API key's rpm, tpm, inflight; the tenant's token
 # counters of the current day and month, and each counter's epoch hash. ARGV: rpm, tpm, need,
 # maxc, request id, stale, the key's rpm, tpm, maxc, the day's and the month's quota (0: none),
-# each counter's TTL, and the epoch a counter begun now gets (core/quota_recovery.py).
+# each counter's TTL, the epoch a counter begun now gets (core/quota_recovery.py), and "1" for
+# a request already admitted by this replica (RedisRateLimiter.reserve_at_once): taken whatever
+# the limits say, so that the counters stay the true record of what was served.
 # Verdicts: 0 taken (then: the counters still to be seeded from the usage rows, bit 1 the
-# day's, 2 the month's, and each counter's epoch); 1 tenant rate (wait ms); 2 tenant concurrency; 3 key rate (wait ms);
-# 4 key concurrency; 5 day quota, 6 month quota (tokens used).
+# day's, 2 the month's; each counter's epoch; and the room each limit has left after this
+# request, in Headroom.LIMITS' order, 0 for a limit not set); 1 tenant rate (wait ms);
+# 2 tenant concurrency; 3 key rate (wait ms); 4 key concurrency; 5 day quota, 6 month quota
+# (tokens used).
 _RESERVE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -301,10 +323,12 @@ local rpm, tpm, need = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local maxc, stale = tonumber(ARGV[4]), tonumber(ARGV[6])
 local krpm, ktpm, kmaxc = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local quota = {tonumber(ARGV[10]), tonumber(ARGV[11])}
+local admitted = ARGV[15] == '1'
+local used = {0, 0}
 for i = 1, 2 do
   if quota[i] > 0 then
-    local used = tonumber(redis.call('GET', KEYS[6 + i]) or '0')
-    if used + need > quota[i] then return {4 + i, used} end
+    used[i] = tonumber(redis.call('GET', KEYS[6 + i]) or '0')
+    if used[i] + need > quota[i] and not admitted then return {4 + i, used[i]} end
   end
 end
 local function level(key, cap)
@@ -312,12 +336,19 @@ local function level(key, cap)
   local l, ts = tonumber(v[1]) or cap, tonumber(v[2]) or now
   return math.min(cap, l + math.max(0, now - ts) * cap / 60)
 end
-local function full(key, cap)
+local function held(key)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now - stale)
-  return redis.call('ZCARD', key) >= cap
+  return redis.call('ZCARD', key)
 end
-if maxc > 0 and full(KEYS[3], maxc) then return {2, 1000} end
-if kmaxc > 0 and full(KEYS[6], kmaxc) then return {4, 1000} end
+local c, kc = 0, 0
+if maxc > 0 then
+  c = held(KEYS[3])
+  if c >= maxc and not admitted then return {2, 1000} end
+end
+if kmaxc > 0 then
+  kc = held(KEYS[6])
+  if kc >= kmaxc and not admitted then return {4, 1000} end
+end
 local function waits(rk, tk, r, tt)
   local wait, lr, lt = 0, 0, 0
   if r > 0 then
@@ -332,8 +363,10 @@ local function waits(rk, tk, r, tt)
 end
 local wait, lr, lt = waits(KEYS[1], KEYS[2], rpm, tpm)
 local kwait, klr, klt = waits(KEYS[4], KEYS[5], krpm, ktpm)
-if kwait > wait then return {3, math.ceil(kwait * 1000)} end
-if wait > 0 then return {1, math.ceil(wait * 1000)} end
+if not admitted then
+  if kwait > wait then return {3, math.ceil(kwait * 1000)} end
+  if wait > 0 then return {1, math.ceil(wait * 1000)} end
+end
 local function store(key, l)
   redis.call('HSET', key, 'level', tostring(l), 'ts', tostring(now))
   redis.call('EXPIRE', key, 120)
@@ -361,8 +394,13 @@ for i = 1, 2 do
     if e[1] and e[2] == '-1' then unseeded = unseeded + i end
   end
 end
-return {0, unseeded, epochs[1], epochs[2]}
+-- what is left of each limit once this request is counted (a replica admits at once within it)
+return {0, unseeded, epochs[1], epochs[2], math.floor(lr - 1), math.floor(lt - need), maxc - c - 1,
+        math.floor(klr - 1), math.floor(klt - need), kmaxc - kc - 1, quota[1] - used[1] - need,
+        quota[2] - used[2] - need}
 """
+
+_READ = "return redis.call('MGET', unpack(KEYS))"  # quota_used: the counters, in the pipe's order
 
 # KEYS as _RESERVE's (the reservation's periods). ARGV: request id, tpm, tokens to give back,
 # the key's tpm, tokens used, when it ended (the wall clock, as the usage row's created_at),
@@ -405,9 +443,55 @@ end
 return 0
 """
 
+
+def _epochs(reply: list[Any]) -> tuple[str, str]:
+    """The counters' epochs in _RESERVE's reply when it took the request."""
+    return tuple(e.decode() if isinstance(e, bytes) else str(e) for e in reply[2:4])  # type: ignore[return-value]
+
+
 # A period's counter outlives its period by this much (a settle that lands just after the
 # boundary still finds it; admins can read yesterday's for a while).
 COUNTER_GRACE_S = 3600
+
+
+class Headroom:
+    """What a tenant's limits (and its API key's) had left at Redis's latest answer for it, and
+    what this replica has admitted at once since, not yet answered (reserve_at_once).
+
+    Redis answers one connection's calls in order, so at each answer the requests still
+    unanswered are exactly those this replica sent after it. It admits at once only while they
+    stay within `share` (10 %) of the room the answer left, in every limit: so one replica never
+    passes a limit, and replicas racing for the last of one pass it by at most what each
+    admitted within one round trip of the others, that share of the room it last heard of.
+    Below ten requests' room (1 / share) nothing is admitted at once: Redis decides each
+    request, as before.
+    """
+
+    __slots__ = ("answered_at", "pending", "pending_tokens", "periods", "request_room", "tenant", "token_room")
+
+    def __init__(self, tenant: TenantSnapshot, periods: tuple[str, ...]) -> None:
+        self.tenant = tenant  # the snapshot it was measured for: an admin change makes a new one
+        self.periods = periods
+        self.request_room = 0.0  # the smallest room of the limits counted in requests ...
+        self.token_room = 0.0  # ... and in tokens (inf: no such limit)
+        self.answered_at = 0.0
+        self.pending = 0  # admitted at once, not answered yet
+        self.pending_tokens = 0
+
+    def answered(self, room: list[Any], at: float) -> None:
+        """Redis's room after a reserve (_RESERVE's reply, in its order); 0 where no limit is set."""
+        t = self.tenant
+        requests = ((room[0], t.rpm), (room[2], t.max_concurrency), (room[3], t.key_rpm),
+                    (room[5], t.key_max_concurrency))  # fmt: skip
+        tokens = ((room[1], t.tpm), (room[4], t.key_tpm), (room[6], quota_limit(t, "day")),
+                  (room[7], quota_limit(t, "month")))  # fmt: skip
+        self.request_room = min((float(r) for r, cap in requests if cap), default=math.inf)
+        self.token_room = min((float(r) for r, cap in tokens if cap), default=math.inf)
+        self.answered_at = at
+
+    def admits(self, tokens: int, share: float) -> bool:
+        return (self.pending + 1 <= share * self.request_room
+                and self.pending_tokens + tokens <= share * self.token_room)  # fmt: skip
 
 
 class RedisRateLimiter:
@@ -437,6 +521,7 @@ class RedisRateLimiter:
         timeout_s: float = 0.25,
         failure_mode: str = "open",
         retry_after_s: float = 1.0,
+        share: float = 0.1,
         health: DependencyHealth | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -460,6 +545,7 @@ class RedisRateLimiter:
         self._redis: Any = redis.Redis(connection_pool=pool)
         self._prefix = prefix
         self._reserve = self._redis.register_script(_RESERVE)
+        self._read = self._redis.register_script(_READ)
         self._settle = self._redis.register_script(_SETTLE)
         self._batch = ScriptPipe(self._redis, timeout_s=timeout_s)  # a loop turn's reserves: one write
         self.failure_mode = failure_mode
@@ -473,6 +559,10 @@ class RedisRateLimiter:
         self._settles: deque[tuple[list[str], list[int | str]]] = deque(maxlen=100_000)  # failed: retried
         self._outstanding = 0  # settles handed to the batcher, not answered yet
         self._key_cache: dict[tuple[int, int, tuple[str, ...]], list[str]] = {}
+        self._share = share  # of a limit's room a replica may admit at once (Headroom); 0: never
+        self._headroom: dict[tuple[int, int], Headroom] = {}  # (tenant, API key) -> its room
+        self.admitted_at_once = 0  # requests admitted without waiting for Redis (tests, benches)
+        self._unanswered = 0  # of them, those Redis has not answered yet
         self._settler: asyncio.Task[None] | None = None
         self._closing = False
         self.recovery: CounterRecovery | None = None  # set by load_used(): counters from the usage rows
@@ -512,10 +602,12 @@ class RedisRateLimiter:
         self.recovery = CounterRecovery(self._redis, sessions, self._counter, self._epoch, lambda: self.wall_clock())
 
     async def quota_used(self, tenant_id: int) -> dict[str, int]:
-        """From Redis (an admin read, one round trip); raises RedisError when it is down."""
+        """From Redis (an admin read, one round trip); raises RedisError when it is down. Read
+        through the limiter's own connection, after what it sent before: the requests this
+        replica admitted at once are counted."""
         wall = self.wall_clock()
         names = [self._counter(tenant_id, period(kind, wall).name) for kind in PERIOD_KINDS]
-        values = await self._redis.mget(names)
+        values = await self._batch.call(self._read, names, [])
         return {kind: int(v or 0) for kind, v in zip(PERIOD_KINDS, values, strict=True)}
 
     @property
@@ -524,15 +616,14 @@ class RedisRateLimiter:
 
     def _trip(self, exc: BaseException) -> None:
         self._open_until = self._clock() + self._retry_after
+        self._headroom.clear()  # what Redis said before the fault is not acted on after it
         what = "serving with this replica's own limits" if self.failure_mode == "open" else "refusing with 503"
         self._health.failed("redis", exc, what)
 
-    async def reserve(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
-        check_size(tenant, tokens)
-        if self._clock() < self._open_until or self._probing:
-            return self._without_redis(tenant, tokens, request_id)
-        probe = self._open_until > 0  # the breaker was open: this request is its probe
-        self._probing = probe
+    def _call(
+        self, tenant: TenantSnapshot, tokens: int, request_id: str, admitted: bool
+    ) -> tuple[list[Period], list[str], list[int | str]]:
+        """_RESERVE's periods, KEYS and ARGV for this request."""
         wall = self.wall_clock()
         periods = [period(kind, wall) for kind in PERIOD_KINDS]
         args: list[int | str] = [
@@ -548,11 +639,77 @@ class RedisRateLimiter:
             *(quota_limit(tenant, p.kind) or 0 for p in periods),
             *(int(p.seconds_left(wall)) + COUNTER_GRACE_S for p in periods),
             repr(wall),  # a counter begun now counts the usage rows before this (quota_recovery)
+            "1" if admitted else "0",
         ]
+        return periods, self._all_keys(tenant, tuple(p.name for p in periods)), args
+
+    def reserve_at_once(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation | None:
+        """Admit without waiting for Redis where this replica may (Headroom): the reserve goes
+        out with the next batch, taken whatever Redis then says, and its settle follows its
+        reply. While Redis is down the fallback decides at once too. Else None: reserve()."""
+        check_size(tenant, tokens)
+        if self._clock() < self._open_until or self._probing:
+            return self._without_redis(tenant, tokens, request_id)
+        room = self._headroom.get((tenant.id, tenant.api_key_id))
+        if (room is None or room.tenant is not tenant or not room.admits(tokens, self._share)
+                or self._unanswered >= ADMIT_AT_ONCE_UNANSWERED
+                or self._clock() - room.answered_at > ADMIT_AT_ONCE_FOR_S):  # fmt: skip
+            return None
+        periods, keys, args = self._call(tenant, tokens, request_id, admitted=True)
         names = tuple(p.name for p in periods)
-        keys = self._all_keys(tenant, names)
+        if names != room.periods:  # a new day: Redis says first
+            return None
+        room.pending += 1
+        room.pending_tokens += tokens
+        self._outstanding += 1
+        self._unanswered += 1
+        answer = self._batch.call(self._reserve, keys, args, linger=0.0 if self._closing else SETTLE_LINGER_S)
+        reservation = Reservation(tenant, request_id, tokens, local=False, periods=names, answer=answer)
+        answer.add_done_callback(partial(self._admitted_answer, room, reservation, periods))
+        self.admitted_at_once += 1
+        return reservation
+
+    def _admitted_answer(
+        self, room: Headroom, reservation: Reservation, periods: list[Period], answer: asyncio.Future[Any]
+    ) -> None:
+        """Redis's reply to a reserve admitted at once: the room it leaves, the epochs."""
+        self._outstanding -= 1
+        self._unanswered -= 1
+        room.pending -= 1
+        room.pending_tokens -= reservation.tokens
+        exc = asyncio.CancelledError() if answer.cancelled() else answer.exception()
+        if exc is not None:  # its settle forgets the holder, as for a reserve whose answer was lost
+            self._headroom.pop((reservation.tenant.id, reservation.tenant.api_key_id), None)
+            if isinstance(exc, RedisError | OSError | asyncio.CancelledError):
+                self._trip(exc)
+            else:
+                log.error("a rate-limit reserve failed: %r", exc)
+            return
+        reply = answer.result()
+        room.answered(reply[4:], self._clock())
+        reservation.epochs = self._counted(reservation.tenant, periods, int(reply[1]), _epochs(reply))
+
+    def _counted(
+        self, tenant: TenantSnapshot, periods: list[Period], unseeded: int, counted_in: tuple[str, ...]
+    ) -> tuple[str, ...]:
+        """The epochs a reservation was counted in; counters begun without their usage rows are
+        seeded from them in the background (core/quota_recovery.py)."""
+        if unseeded and self.recovery is not None:  # off the request path: a background task
+            for i, p in enumerate(periods):
+                if unseeded & (1 << i):
+                    self.recovery.schedule(tenant.id, p, counted_in[i])
+        return counted_in
+
+    async def reserve(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
+        check_size(tenant, tokens)
+        if self._clock() < self._open_until or self._probing:
+            return self._without_redis(tenant, tokens, request_id)
+        probe = self._open_until > 0  # the breaker was open: this request is its probe
+        self._probing = probe
+        periods, keys, args = self._call(tenant, tokens, request_id, admitted=False)
+        at = (tenant.id, tenant.api_key_id)
         try:
-            verdict, wait_ms, *epochs = await self._batch.call(self._reserve, keys, args)
+            reply = await self._batch.call(self._reserve, keys, args)
         except (RedisError, OSError) as exc:  # redis' TimeoutError is a RedisError; OSError: refused
             self._trip(exc)
             # The script may have run before the answer was lost: forget its holder later.
@@ -564,6 +721,10 @@ class RedisRateLimiter:
         if probe:
             self._open_until = 0.0
             self._health.recovered("redis")
+        verdict, wait_ms = reply[0], reply[1]
+        if verdict != 0:
+            self._headroom.pop(at, None)  # at a limit: Redis decides each request until it has room again
+            wall = self.wall_clock()
         if verdict == 2:
             raise too_many_concurrent(tenant)
         if verdict == 1:
@@ -575,11 +736,14 @@ class RedisRateLimiter:
         if verdict in (5, 6):  # the second number is the tokens the period has used
             p = periods[verdict - 5]
             raise quota_exceeded(tenant, p, quota_limit(tenant, p.kind) or 0, int(wait_ms), wall)
-        unseeded, counted_in = int(wait_ms), tuple(e.decode() if isinstance(e, bytes) else str(e) for e in epochs)
-        if unseeded and self.recovery is not None:  # off the request path: a background task
-            for i, p in enumerate(periods):
-                if unseeded & (1 << i):
-                    self.recovery.schedule(tenant.id, p, counted_in[i])
+        names = tuple(p.name for p in periods)
+        room = self._headroom.get(at)
+        if room is None or room.tenant is not tenant or room.periods != names:
+            if len(self._headroom) >= 4096:
+                self._headroom.clear()
+            room = self._headroom[at] = Headroom(tenant, names)
+        room.answered(reply[4:], self._clock())
+        counted_in = self._counted(tenant, periods, int(wait_ms), _epochs(reply))
         return Reservation(tenant, request_id, tokens, local=False, periods=names, epochs=counted_in)
 
     def _without_redis(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
@@ -592,10 +756,24 @@ class RedisRateLimiter:
             self.fallback.settle(reservation, used_tokens)
             return
         tenant = reservation.tenant
-        unused = max(0, reservation.tokens - used_tokens)
         keys = self._all_keys(tenant, reservation.periods)
+        epochs, answer = reservation.epochs, reservation.answer
+        if answer is not None:  # admitted at once: the settle goes after the reserve's reply
+            if not answer.done():
+                self._outstanding += 1
+                answer.add_done_callback(partial(self._settle_answered, reservation, used_tokens))
+                return
+            if answer.cancelled() or answer.exception() is not None:  # it may have run: forget its holder
+                self._queue_settle(keys, [reservation.request_id, 0, 0, 0, 0, 0])
+                return
+            epochs = _epochs(answer.result())
+        unused = max(0, reservation.tokens - used_tokens)
         self._queue_settle(keys, [reservation.request_id, tenant.tpm or 0, unused, tenant.key_tpm or 0,
-                                  used_tokens, repr(self.wall_clock()), *reservation.epochs])  # fmt: skip
+                                  used_tokens, repr(self.wall_clock()), *epochs])  # fmt: skip
+
+    def _settle_answered(self, reservation: Reservation, used_tokens: int, _: asyncio.Future[Any]) -> None:
+        self._outstanding -= 1
+        self.settle(reservation, used_tokens)
 
     def _queue_settle(self, keys: list[str], args: list[int | str]) -> None:
         """Send it with the next batch of reserves, or alone after SETTLE_LINGER_S: under load
@@ -621,7 +799,8 @@ class RedisRateLimiter:
 
     @property
     def pending_settles(self) -> int:
-        """Settles not yet answered by Redis: in flight, or kept after a fault."""
+        """Settles not yet answered by Redis (and reserves admitted at once): in flight, or kept
+        after a fault."""
         return self._outstanding + len(self._settles)
 
     async def _run_settles(self) -> None:
