@@ -7,7 +7,7 @@ from laneway.bootstrap import issue_key
 from laneway.core.accounting import UsageRecorder
 from laneway.core.auth import KeyAuthenticator, hash_secret, new_api_key
 from laneway.core.errors import GatewayError
-from laneway.db.repositories import TenantRepository, UsageRepository
+from laneway.db.repositories import KeyRows, TenantRepository, UsageRepository
 from laneway.db.session import make_sessionmaker
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -44,6 +44,31 @@ async def test_authenticate_caches_and_sees_revocation_within_the_ttl(db_engine:
         await asyncio.sleep(0.02)
     else:
         pytest.fail("revoked key still accepted after 1 s")
+
+
+async def test_key_rows_are_typed_as_the_orm_types_them(db_engine: AsyncEngine) -> None:
+    """KeyRows reads through the driver (the sweeps' cheap path) and still gives what a select
+    through SQLAlchemy gives: datetimes, lists, booleans, floats, on SQLite and PostgreSQL."""
+    sessions = make_sessionmaker(db_engine)
+    async with sessions() as s, s.begin():
+        await TenantRepository(s).create("typed", weight=2.5, allowed_models=["a", "b"], allowed_lanes=["x"],
+                                         tokens_per_day=10**12, disabled=True)  # fmt: skip
+    expires = datetime.now(UTC) + timedelta(days=1)
+    key_id, secret = await issue_key(sessions, "typed", expires_at=expires)
+    async with sessions() as s, s.begin():
+        await TenantRepository(s).revoke_key(key_id)
+        key = await TenantRepository(s).find_key(hash_secret(secret))
+        assert key is not None
+        orm = (key.secret_sha256, key.id, key.revoked_at, key.expires_at, key.rpm, key.tpm, key.max_concurrency,
+               key.allowed_models, key.tenant.id, key.tenant.name, key.tenant.weight, key.tenant.rpm, key.tenant.tpm,
+               key.tenant.max_concurrency, key.tenant.allowed_models, key.tenant.allowed_lanes,
+               key.tenant.priority_floor, key.tenant.tokens_per_day, key.tenant.tokens_per_month,
+               key.tenant.disabled)  # fmt: skip
+    rows = await KeyRows(db_engine)([hash_secret(secret), hash_secret("lw-nobody")])
+    assert rows == [orm]
+    [row] = rows
+    assert isinstance(row[2], datetime) and isinstance(row[3], datetime) and row[7] is None
+    assert row[14] == ["a", "b"] and row[15] == ["x"] and row[19] is True and row[10] == 2.5
 
 
 @pytest.mark.parametrize("header", [None, "", "Basic abc", "Bearer ", "Bearer lw-nope"])

@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from laneway.core import load_shedding
 from laneway.core.dependencies import DependencyHealth
 from laneway.core.errors import GatewayError, dependency_unavailable
-from laneway.db.repositories import TenantRepository
+from laneway.db.repositories import KeyRows
 from laneway.types import TenantSnapshot
 
 KEY_PREFIX = "lw-"
@@ -83,7 +83,7 @@ class KeyAuthenticator:
         health: DependencyHealth | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._sessions = sessions
+        self._rows = KeyRows(sessions.kw["bind"])  # the sessions' engine
         self._ttl = ttl_s
         self._stale = stale_s
         self._lookup_timeout = lookup_timeout_s
@@ -291,17 +291,15 @@ class KeyAuthenticator:
     async def _lookup(self, digests: list[str]) -> dict[str, tuple[object, ...]]:
         """What the database says of these keys (absent: no such key), in one query per 500."""
         found: dict[str, tuple[object, ...]] = {}
-        async with self._sessions() as session:
-            repo = TenantRepository(session)
-            for i in range(0, len(digests), 500):
-                self.lookups += 1
-                for row in await repo.key_rows(digests[i : i + 500]):
-                    found[row[0]] = tuple(row)
+        for i in range(0, len(digests), KeyRows.BATCH):
+            self.lookups += 1
+            for row in await self._rows(digests[i : i + KeyRows.BATCH]):
+                found[cast(str, row[0])] = row
         return found
 
 
 def _outcome(row: tuple[object, ...] | None) -> TenantSnapshot | GatewayError:
-    """A key's row (TenantRepository.key_rows) as what authenticating with it gives."""
+    """A key's row (db/repositories.py KeyRows) as what authenticating with it gives."""
     if row is None:
         return _unauthorized("Incorrect API key provided.")
     (_, key_id, revoked_at, expires_at, key_rpm, key_tpm, key_conc, key_models,
