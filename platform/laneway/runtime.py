@@ -421,8 +421,11 @@ def runtime_readings(
     if isinstance(local, MemoryRateLimiter):
         out.append(("laneway_ratelimit_local_holders", "Concurrency holders kept in this process's memory.", "gauge",
                     {}, local.holders))  # fmt: skip
-    pending_settles = getattr(limiter, "pending_settles", None)
-    if pending_settles is not None:
+    if isinstance(limiter, RedisRateLimiter):
         out.append(("laneway_ratelimit_settles_pending", "Rate-limit settles not yet sent to Redis.", "gauge", {},
-                    pending_settles))  # fmt: skip
+                    limiter.pending_settles))  # fmt: skip
+        for by, n in (("replica", limiter.admitted_at_once), ("redis", limiter.decided_by_redis)):
+            out.append(("laneway_ratelimit_decisions_total", "Rate-limit decisions taken with Redis limits: by "
+                        "this replica on Redis's last answer (far from every limit), or by Redis itself.",
+                        "counter", {"by": by}, n))  # fmt: skip
     return out

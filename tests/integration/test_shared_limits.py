@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -16,7 +19,8 @@ from services import require_service
 from serving import serve, stop_all
 
 
-async def _seed(url: str) -> str:
+async def _seed(url: str) -> dict[str, str]:
+    """Two tenants: "shared" (4 requests a minute) and "roomy" (far from its limits)."""
     engine = make_engine(url)
     await migrate.upgrade(engine)
     sessions = make_sessionmaker(engine)
@@ -25,23 +29,31 @@ async def _seed(url: str) -> str:
             "sim", deployments=[{"name": "sim-1", "engine_kind": "sim", "config": {"decode_ms_base": 0.5}}]
         )
         await TenantRepository(s).create("shared", rpm=4)
-    _, key = await issue_key(sessions, "shared")
+        await TenantRepository(s).create("roomy", rpm=100_000, tpm=10_000_000, max_concurrency=1000)
+    keys = {name: (await issue_key(sessions, name))[1] for name in ("shared", "roomy")}
     await engine.dispose()
-    return key
+    return keys
+
+
+def _env(tmp_path: Path, url: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "LANEWAY_DATA_DIR": str(tmp_path),
+        "LANEWAY_DATABASE_URL": url,
+        "LANEWAY_BOOTSTRAP_DEMO": "false",
+        "LANEWAY_REDIS_URL": REDIS_URL,
+        "LANEWAY_REDIS_PREFIX": f"lwtest:{uuid.uuid4().hex}:",
+    }
+
+
+REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 def test_two_gateways_on_one_redis_enforce_one_limit(tmp_path: Path) -> None:
     require_service("Redis", "127.0.0.1", 6379)
     url = f"sqlite+aiosqlite:///{tmp_path / 'laneway.db'}"
-    key = asyncio.run(_seed(url))
-    env = {
-        **os.environ,
-        "LANEWAY_DATA_DIR": str(tmp_path),
-        "LANEWAY_DATABASE_URL": url,
-        "LANEWAY_BOOTSTRAP_DEMO": "false",
-        "LANEWAY_REDIS_URL": os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
-        "LANEWAY_REDIS_PREFIX": f"lwtest:{uuid.uuid4().hex}:",
-    }
+    key = asyncio.run(_seed(url))["shared"]
+    env = _env(tmp_path, url)
     (a, port_a), (b, port_b) = serve(env), serve(env)
     try:
         statuses = []
@@ -58,3 +70,50 @@ def test_two_gateways_on_one_redis_enforce_one_limit(tmp_path: Path) -> None:
         assert statuses == [200, 200, 200, 200, 429, 429]
     finally:
         stop_all(a, b)
+
+
+def test_far_from_its_limits_a_gateway_admits_at_once_and_redis_still_counts_it(tmp_path: Path) -> None:
+    require_service("Redis", "127.0.0.1", 6379)
+    url = f"sqlite+aiosqlite:///{tmp_path / 'laneway.db'}"
+    keys = asyncio.run(_seed(url))
+    env = _env(tmp_path, url)
+    proc, port = serve(env)
+    try:
+        used = 0
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+            for _ in range(20):
+                r = client.post("/v1/completions", headers={"Authorization": f"Bearer {keys['roomy']}"},
+                                json={"model": "sim", "prompt": "hi", "max_tokens": 2})  # fmt: skip
+                assert r.status_code == 200, r.text
+                used += r.json()["usage"]["total_tokens"]
+            decisions = _decisions(client.get("/metrics").text)
+        assert decisions["replica"] >= 15 and decisions["redis"] >= 1  # the first, at least: nothing known yet
+        # Redis counted every one of them, and the settles gave back what they did not use.
+        pattern = f"{env['LANEWAY_REDIS_PREFIX']}rl:*:used:day:*"
+        assert _poll(lambda: asyncio.run(_counted(pattern)), used), f"Redis's count never reached {used}"
+    finally:
+        stop_all(proc)
+
+
+def _decisions(metrics: str) -> dict[str, float]:
+    found = re.findall(r'^laneway_ratelimit_decisions_total\{by="(\w+)"\} ([0-9.e+]+)$', metrics, re.M)
+    return {by: float(n) for by, n in found}
+
+
+async def _counted(pattern: str) -> int:
+    import redis.asyncio as redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        return sum([int(await client.get(k) or 0) for k in await client.keys(pattern)])
+    finally:
+        await client.aclose()
+
+
+def _poll(read: Callable[[], int], want: int, within_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if read() == want:
+            return True
+        time.sleep(0.05)
+    return False

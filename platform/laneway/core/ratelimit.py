@@ -561,7 +561,8 @@ class RedisRateLimiter:
         self._key_cache: dict[tuple[int, int, tuple[str, ...]], list[str]] = {}
         self._share = share  # of a limit's room a replica may admit at once (Headroom); 0: never
         self._headroom: dict[tuple[int, int], Headroom] = {}  # (tenant, API key) -> its room
-        self.admitted_at_once = 0  # requests admitted without waiting for Redis (tests, benches)
+        self.admitted_at_once = 0  # requests admitted without waiting for Redis (metrics, tests)
+        self.decided_by_redis = 0  # requests Redis answered for (admitted or refused)
         self._unanswered = 0  # of them, those Redis has not answered yet
         self._settler: asyncio.Task[None] | None = None
         self._closing = False
@@ -721,6 +722,7 @@ class RedisRateLimiter:
         if probe:
             self._open_until = 0.0
             self._health.recovered("redis")
+        self.decided_by_redis += 1
         verdict, wait_ms = reply[0], reply[1]
         if verdict != 0:
             self._headroom.pop(at, None)  # at a limit: Redis decides each request until it has room again
