@@ -664,7 +664,10 @@ class RedisRateLimiter:
         room.pending_tokens += tokens
         self._outstanding += 1
         self._unanswered += 1
-        answer = self._batch.call(self._reserve, keys, args, linger=0.0 if self._closing else SETTLE_LINGER_S)
+        # Sent at the end of this loop turn, with whatever else this turn sends (the lingering
+        # settles): not lingering on a timer of its own, whose wake-up costs more than the
+        # write it would share (at 300/s: 1.21x memory's CPU with a 5 ms linger, see README).
+        answer = self._batch.call(self._reserve, keys, args)
         reservation = Reservation(tenant, request_id, tokens, local=False, periods=names, answer=answer)
         answer.add_done_callback(partial(self._admitted_answer, room, reservation, periods))
         self.admitted_at_once += 1
