@@ -342,7 +342,9 @@ def test_a_client_that_hangs_up_mid_stream_stops_the_generation_in_vllm(gw: Gate
     generated = metric(real_vllm, "vllm:generation_tokens_total") - before
     time.sleep(1)
     assert metric(real_vllm, "vllm:generation_tokens_total") - before == generated  # it stopped growing
-    assert 3 <= generated < 300, generated  # 900 asked; far fewer made before the abort reached it
+    # 900 asked, fewer made: the abort came before the length (how many before it depends on the
+    # machine's load, not on the gateway: 400 in a full suite run on 2026-12-04, under 300 alone)
+    assert 3 <= generated < 900, generated
     assert finished(real_vllm, "length") == completed  # it never ran to its length
 
 
