@@ -137,3 +137,28 @@ async def test_a_frozen_redis_fails_the_calls_waiting_within_the_timeout_then_is
         await batcher.close()
         await client.aclose()
         server.stop()
+
+
+async def test_a_script_redis_has_not_seen_still_runs_in_the_order_its_call_was_made(
+    private_redis: PrivateRedis,
+) -> None:
+    """On a Redis that never loaded the script (new, restarted, flushed), its first call must
+    not run after the calls made behind it: a NOSCRIPT answered by loading and running it
+    again on another connection would put an enqueue after its own leave."""
+    import redis.asyncio as redis
+
+    client = redis.Redis.from_url(private_redis.url)
+    pipe = ScriptPipe(client, timeout_s=1.0)
+    put = client.register_script("redis.call('SET', KEYS[1], ARGV[1]) return 1")
+    drop = client.register_script("return redis.call('DEL', KEYS[1])")
+    try:
+        await client.script_flush()
+        await drop(keys=["warm"])  # this one Redis knows; `put` it has never seen
+        done = [pipe.call(put, ["k"], ["v"]), pipe.call(drop, ["k"], [])]  # one turn: one write
+        assert await asyncio.gather(*done) == [1, 1]  # the drop found what the put had set
+        assert await client.exists("k") == 0
+        await client.script_flush()  # flushed under an open connection: NOSCRIPT, still answered
+        assert await pipe.call(put, ["k2"], ["v"]) == 1
+    finally:
+        await pipe.close()
+        await client.aclose()

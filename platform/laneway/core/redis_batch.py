@@ -105,6 +105,8 @@ class _Lingering:
 
 
 def _pack(script: Any, keys: list[str], args: list[Any]) -> bytes:
+    if script is None:  # ScriptPipe._loads
+        return bytes(hiredis.pack_command(("SCRIPT", "LOAD", *args)))
     return bytes(hiredis.pack_command(("EVALSHA", script.sha, len(keys), *keys, *args)))
 
 
@@ -129,7 +131,22 @@ class ScriptPipe(_Lingering):
         batch, self._pending = self._pending, []
         if batch:
             self.round_trips += 1
+            batch = self._loads(replies, batch) + batch
             replies.send(b"".join([_pack(script, keys, args) for script, keys, args, _ in batch]), batch)
+
+    def _loads(self, replies: _Replies, batch: list[_Call]) -> list[_Call]:
+        """SCRIPT LOAD ahead of a script's first call on this connection: the call then cannot
+        meet NOSCRIPT, whose recovery (running it again on another connection) would put it
+        after the calls sent behind it - a leave before its enqueue, say. Nobody waits on the
+        load's reply (its future is done already)."""
+        loads: list[_Call] = []
+        for script, *_ in batch:
+            if script is not None and script.sha not in replies.loaded:
+                replies.loaded.add(script.sha)
+                answered: asyncio.Future[Any] = self.loop().create_future()
+                answered.cancel()
+                loads.append((None, [], [script.script], answered))
+        return loads
 
     async def _connect(self) -> None:
         conn: Any = None
@@ -231,6 +248,7 @@ class _Replies(asyncio.Protocol):
         self.waiting: deque[tuple[_Call, float, int]] = deque()
         self.answered = 0
         self.lost = False
+        self.loaded: set[str] = set()  # the scripts loaded on this connection (ScriptPipe._loads)
 
     def send(self, data: bytes, batch: list[_Call]) -> None:
         loop = self._pipe.loop()
