@@ -1,30 +1,26 @@
-"""Redis script calls made in the same event-loop turn, sent together.
+"""Redis script calls made in the same event-loop turn, sent together, in the order made.
 
 Under load many requests reach Redis at the same moment (each reserves its rate limit and
 queues for a shared engine slot). Sent one by one, each call pays the client's command
 building, a write and a read; batched, a turn's calls share one write and one read, and the
 gateway's CPU per request in Redis mode drops towards the memory mode's. A call made alone
-is sent alone, a loop turn later. A call may also *linger* (a settle, a refund: nobody
-waits on it): it then rides with the next batch that someone waits on, or goes out after
-the linger.
+is sent alone, at the end of its loop turn. A call may also *linger* (a settle, a refund:
+nobody waits on it): it then rides with the next batch that someone waits on, or goes out
+after the linger.
 
-Two ways to send a batch:
-
-- `ScriptPipe` (the rate limiter): one connection of its own, pipelined. Each batch is one
-  write as soon as the turn ends, and each reply resolves the oldest call waiting, straight
-  from the socket's data callback (hiredis parses): no task, no per-read timeout context, no
-  pool checkout per batch. Redis answers a connection's commands in order, so batches may be
-  in flight side by side and still run in the order they were made. One timer per connection
-  fails the calls of a Redis that stopped answering (frozen: `timeout_s`), and the connection
-  with them. redis-py makes the connection (its URL, TLS, AUTH and SELECT handling) and the
-  pipe then takes over its transport. Through redis-py's client, a round trip cost ~200 us
-  of CPU, 20x the memory limiter's whole decision (bench/redis_limits.py).
-- `ScriptBatcher` (shared slots): through the client's pool and pipelines, one batch in flight
-  at a time: batches sent side by side on two pooled connections could run in either order,
-  so a request that left while its enqueue was in flight could have its leave run first and
-  its queue entry outlive it. (On the faster own connection, tests/unit/test_shared_slots.py's
-  cancel race left an entry behind now and then - a race of its own, not yet understood,
-  that the slower path hides.)
+`ScriptPipe`: one connection of its own, pipelined. Each batch is one write as soon as the
+turn ends, and each reply resolves the oldest call waiting, straight from the socket's data
+callback (hiredis parses): no task, no per-read timeout context, no pool checkout per batch.
+Redis answers a connection's commands in order, so batches may be in flight side by side and
+still run in the order they were made - which the shared engine slots rely on (a request's
+leave never runs before its enqueue, a heartbeat's renewal never after a leave made once it
+was sent), and the limiter (a settle after its reserve). A script is loaded ahead of its
+first call on each connection, so that no call meets NOSCRIPT and has to run again later,
+out of order. One timer per connection fails the calls of a Redis that stopped answering
+(frozen: `timeout_s`), and the connection with them. redis-py makes the connection (its URL,
+TLS, AUTH and SELECT handling) and the pipe then takes over its transport. Through redis-py's
+client, a round trip cost ~200 us of CPU, 20x the memory limiter's whole decision
+(bench/redis_limits.py).
 """
 
 from __future__ import annotations
@@ -38,18 +34,19 @@ from typing import Any
 import hiredis  # a dependency: redis[hiredis]
 from redis._parsers.base import BaseParser
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 _Call = tuple[Any, list[str], list[Any], asyncio.Future[Any]]
 
 
 class _Lingering:
-    """What both senders share: the calls of this turn, and the lingering ones' timer."""
+    """When a batch goes (ScriptPipe's other half): the calls of this turn, and the lingering
+    ones' timer."""
 
     def __init__(self) -> None:
         self._pending: list[_Call] = []
-        self._scheduled = False  # a flush is due (next loop turn, or when the batch in flight ends)
+        self._scheduled = False  # a flush is due at the end of this loop turn
         self._lingering: asyncio.TimerHandle | None = None  # a flush due after lingering calls' wait
         self.round_trips = 0  # batches sent (tests, benches)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -72,20 +69,15 @@ class _Lingering:
         if self._scheduled:
             return future
         if linger > 0:
-            if self._lingering is None and not self._busy():
+            if self._lingering is None:
                 self._lingering = loop.call_later(linger, self._linger_over)
             return future
         self._scheduled = True
         if self._lingering is not None:
             self._lingering.cancel()
             self._lingering = None
-        if not self._busy():
-            loop.call_soon(self._flush)
+        loop.call_soon(self._flush)
         return future
-
-    def _busy(self) -> bool:
-        """A batch in flight will flush what is pending when it ends."""
-        return False
 
     def _flush(self) -> None:
         raise NotImplementedError
@@ -94,8 +86,7 @@ class _Lingering:
         self._lingering = None
         if not self._scheduled:
             self._scheduled = True
-            if not self._busy():
-                self._flush()
+            self._flush()
 
     def flush_soon(self) -> None:
         """Send the lingering calls now (shutting down)."""
@@ -304,77 +295,3 @@ class _Replies(asyncio.Protocol):
 
     def close(self) -> None:
         self._drop(RedisConnectionError("closed"))
-
-
-class ScriptBatcher(_Lingering):
-    """Script calls through the client's pool (see the module's docstring): one batch in flight
-    at a time, the calls made meanwhile sent together when it is answered."""
-
-    def __init__(self, redis: Any) -> None:
-        super().__init__()
-        self._redis = redis
-        self._sending: asyncio.Task[None] | None = None
-
-    def _busy(self) -> bool:
-        return self._sending is not None
-
-    def _flush(self) -> None:
-        batch, self._pending, self._scheduled = self._pending, [], False
-        self._sending = self.loop().create_task(self._send(batch))
-        self._sending.add_done_callback(self._sent)
-
-    def _sent(self, _: asyncio.Task[None]) -> None:
-        self._sending = None
-        if self._scheduled:  # calls made while that batch was out: theirs is next
-            self._flush()
-        elif self._pending and self._lingering is None:  # only lingering calls came meanwhile
-            self._scheduled = True
-            self._flush()
-
-    async def _send(self, batch: list[_Call]) -> None:
-        self.round_trips += 1
-        try:
-            replies = await run_scripts(self._redis, [(script, keys, args) for script, keys, args, _ in batch])
-            for i, reply in enumerate(replies):
-                if isinstance(reply, NoScriptError):  # Redis restarted: load it, then run it
-                    script, keys, args, _ = batch[i]
-                    try:
-                        replies[i] = await script(keys=keys, args=args)
-                    except Exception as exc:
-                        replies[i] = exc
-        except BaseException as exc:  # the connection failed: every call of the batch did
-            _fail([future for *_, future in batch], exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        for (*_, future), reply in zip(batch, replies, strict=True):
-            if future.done():
-                continue
-            if isinstance(reply, Exception):
-                future.set_exception(reply)
-            else:
-                future.set_result(reply)
-
-    async def close(self) -> None:
-        """Send what is pending, wait for it."""
-        self.flush_soon()
-        while self._sending is not None:
-            await asyncio.shield(self._sending)
-            await asyncio.sleep(0)  # its done callback runs (and may send what came meanwhile)
-
-
-async def run_scripts(redis: Any, calls: list[tuple[Any, list[str], list[Any]]]) -> list[Any]:
-    """Run registered scripts through the client: one alone, several in one pipeline (EVALSHA
-    directly: redis-py's Script objects in a pipeline ask SCRIPT EXISTS first, a second round
-    trip each time). A reply is the result or the call's exception; NOSCRIPT is left to the
-    caller."""
-    if len(calls) == 1:
-        script, keys, args = calls[0]
-        try:
-            return [await script(keys=keys, args=args)]
-        except ResponseError as exc:
-            return [exc]
-    async with redis.pipeline(transaction=False) as pipe:
-        for script, keys, args in calls:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
-        return list(await pipe.execute(raise_on_error=False))

@@ -50,7 +50,7 @@ from laneway.core import admission
 from laneway.core.dependencies import DependencyHealth
 from laneway.core.errors import GatewayError
 from laneway.core.policy import LanePolicy
-from laneway.core.redis_batch import ScriptBatcher
+from laneway.core.redis_batch import ScriptPipe
 from laneway.core.scheduler import DeploymentScheduler, Ticket, queue_timeout
 
 log = logging.getLogger("laneway.shared_slots")
@@ -283,7 +283,8 @@ class SharedSlots:
         self._enqueue = self._redis.register_script(_ENQUEUE)
         self._leave = self._redis.register_script(_LEAVE)
         self._heartbeat = self._redis.register_script(_HEARTBEAT)
-        self._batch = ScriptBatcher(self._redis)  # a loop turn's enqueues and leaves: one round trip
+        # A loop turn's enqueues, leaves and heartbeats: one write, run in the order made.
+        self._batch = ScriptPipe(self._redis, timeout_s=timeout_s)
         self._health = health or DependencyHealth()
         self.healthy = True
         self.replicas = 1  # live replicas at the last heartbeat (1: assume alone until told)
@@ -410,7 +411,9 @@ class SharedSlots:
                 waiting += w
             args: list[Any] = [self.replica_id, group[-1].capacity, self.lease_ttl_s, len(held), *held, *waiting]
             try:
-                out = await self._heartbeat(keys=self.keys(name), args=[self.prefix, name, *args])
+                # In the batch's order with the enqueues and leaves: a leave made after these
+                # members were listed runs after the renewal that would otherwise re-add them.
+                out = await self._batch.call(self._heartbeat, self.keys(name), [self.prefix, name, *args])
             except (RedisError, OSError) as exc:
                 self.fault(exc)
                 return
