@@ -181,6 +181,33 @@ async def test_a_waiter_cancelled_at_every_await_leaves_nothing_behind(replicas:
         await client.aclose()
 
 
+async def test_a_release_made_while_a_heartbeat_is_on_its_way_is_not_undone_by_it(
+    replicas: list[SharedSlots],
+) -> None:
+    """A heartbeat lists the leases it renews (and re-adds one that expired during a pause);
+    a release made after it listed them must still end the lease, not be renewed after it."""
+    import redis.asyncio as aioredis
+
+    s = replicas[0].scheduler("engine-h", 2)
+    held = replicas[0].keys("engine-h")[0]
+    client = aioredis.from_url(REDIS_URL)
+    loop = asyncio.get_running_loop()
+    try:
+        for _ in range(5):
+            t = ticket(1)
+            await s.acquire(t)
+            beat = asyncio.ensure_future(replicas[0].heartbeat())
+            await asyncio.sleep(0)  # the heartbeat has listed the lease and is on its way ...
+            s.release(t)  # ... and the leave follows it
+            await beat
+            deadline = loop.time() + 0.5  # well before the lease (1 s) would expire by itself
+            while await client.zcard(held):
+                assert loop.time() < deadline, "the heartbeat renewed a released lease"
+                await asyncio.sleep(0.005)
+    finally:
+        await client.aclose()
+
+
 async def test_without_redis_each_replica_uses_its_share_and_comes_back() -> None:
     redis = PrivateRedis().start()
     slots = [SharedSlots(redis.url, "lw:", replica_id=f"r{i}", lease_ttl_s=1.0) for i in range(2)]
