@@ -188,6 +188,11 @@ def test_n_and_logprobs_come_back_per_choice(client: openai.OpenAI) -> None:
 # ---- priority, metrics, cancellation, request ids ----
 
 
+# First tokens closer than this came from one vLLM step (two fillers ended together): the
+# threads that read them only order them to within a few ms on a loaded machine.
+TOGETHER_S = 0.02
+
+
 def test_priority_reaches_vllm_which_serves_the_more_urgent_waiting_request_first(
     gw: Gateway, client: openai.OpenAI, real_vllm: RealVLLM
 ) -> None:
@@ -267,7 +272,8 @@ def test_priority_reaches_vllm_which_serves_the_more_urgent_waiting_request_firs
     # does not always keep the order: under a loaded CPU it has given the slot that freed to
     # `later` (FCFS) with both waiting and one slot free (2 of 5 runs on 2026-12-04, with the
     # gateway's part the same each time; 1 of 3 full suite runs, with its only scenario of three
-    # tries, on 2026-12-04 evening). So up to five tries: the order held in one of them passes;
+    # tries, on 2026-12-04 evening; and twice both first tokens came 0.8 ms apart, from one
+    # step, which proves nothing either way). So up to five tries: the order held in one passes;
     # the wrong order in two tries fails (a gateway that dropped the priority gets FCFS every
     # time); fewer than two scenarios, none in the right order, skips, saying so.
     wrong: list[tuple[dict[str, float], list[str]]] = []
@@ -286,6 +292,8 @@ def test_priority_reaches_vllm_which_serves_the_more_urgent_waiting_request_firs
         if first_token["urgent"] < first_token["later"]:
             assert done.index("filler-0") < done.index("later"), done
             return
+        if first_token["urgent"] - first_token["later"] < TOGETHER_S:
+            continue  # two slots freed at once: both served in one step, in no telling order
         wrong.append((dict(first_token), list(done)))
     assert len(wrong) < 2, f"`later` got its slot before `urgent` in every try that had the scenario: {wrong}"
     pytest.skip(f"vLLM had all eight fillers running and both requests waiting in {len(wrong)} of five tries, "
