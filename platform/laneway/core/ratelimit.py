@@ -313,7 +313,8 @@ class MemoryRateLimiter:
 # the limits say, so that the counters stay the true record of what was served.
 # Verdicts: 0 taken (then: the counters still to be seeded from the usage rows, bit 1 the
 # day's, 2 the month's; each counter's epoch; and the room each limit has left after this
-# request, in Headroom.LIMITS' order, 0 for a limit not set); 1 tenant rate (wait ms);
+# request - the tenant's rpm, tpm, concurrency, the key's rpm, tpm, concurrency, the day's and
+# the month's quota - 0 for a limit not set: Headroom.answered); 1 tenant rate (wait ms);
 # 2 tenant concurrency; 3 key rate (wait ms); 4 key concurrency; 5 day quota, 6 month quota
 # (tokens used).
 _RESERVE = """
@@ -562,8 +563,8 @@ class RedisRateLimiter:
         self._share = share  # of a limit's room a replica may admit at once (Headroom); 0: never
         self._headroom: dict[tuple[int, int], Headroom] = {}  # (tenant, API key) -> its room
         self.admitted_at_once = 0  # requests admitted without waiting for Redis (metrics, tests)
+        self._unanswered = 0  # of those, the ones whose reserve Redis has not answered yet
         self.decided_by_redis = 0  # requests Redis answered for (admitted or refused)
-        self._unanswered = 0  # of them, those Redis has not answered yet
         self._settler: asyncio.Task[None] | None = None
         self._closing = False
         self.recovery: CounterRecovery | None = None  # set by load_used(): counters from the usage rows
