@@ -40,16 +40,26 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 _Call = tuple[Any, list[str], list[Any], asyncio.Future[Any]]
 
 
-class _Lingering:
-    """When a batch goes (ScriptPipe's other half): the calls of this turn, and the lingering
-    ones' timer."""
+def _pack(script: Any, keys: list[str], args: list[Any]) -> bytes:
+    if script is None:  # ScriptPipe._loads
+        return bytes(hiredis.pack_command(("SCRIPT", "LOAD", *args)))
+    return bytes(hiredis.pack_command(("EVALSHA", script.sha, len(keys), *keys, *args)))
 
-    def __init__(self) -> None:
+
+class ScriptPipe:
+    """Script calls on one pipelined connection of its own (see the module's docstring)."""
+
+    def __init__(self, redis: Any, *, timeout_s: float) -> None:
+        self._redis = redis
+        self._timeout = timeout_s
         self._pending: list[_Call] = []
         self._scheduled = False  # a flush is due at the end of this loop turn
         self._lingering: asyncio.TimerHandle | None = None  # a flush due after lingering calls' wait
         self.round_trips = 0  # batches sent (tests, benches)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._replies: _Replies | None = None  # the open connection's reader, once connected
+        self._connecting: asyncio.Task[None] | None = None
+        self._retried: weakref.WeakSet[asyncio.Future[Any]] = weakref.WeakSet()  # sent twice already
 
     def loop(self) -> asyncio.AbstractEventLoop:
         """The running loop, kept: on Python 3.11 each asyncio.get_running_loop() is a getpid()
@@ -79,9 +89,6 @@ class _Lingering:
         loop.call_soon(self._flush)
         return future
 
-    def _flush(self) -> None:
-        raise NotImplementedError
-
     def _linger_over(self) -> None:
         self._lingering = None
         if not self._scheduled:
@@ -93,24 +100,6 @@ class _Lingering:
         if self._lingering is not None:
             self._lingering.cancel()
             self._linger_over()
-
-
-def _pack(script: Any, keys: list[str], args: list[Any]) -> bytes:
-    if script is None:  # ScriptPipe._loads
-        return bytes(hiredis.pack_command(("SCRIPT", "LOAD", *args)))
-    return bytes(hiredis.pack_command(("EVALSHA", script.sha, len(keys), *keys, *args)))
-
-
-class ScriptPipe(_Lingering):
-    """Script calls on one pipelined connection of its own (see the module's docstring)."""
-
-    def __init__(self, redis: Any, *, timeout_s: float) -> None:
-        super().__init__()
-        self._redis = redis
-        self._timeout = timeout_s
-        self._replies: _Replies | None = None  # the open connection's reader, once connected
-        self._connecting: asyncio.Task[None] | None = None
-        self._retried: weakref.WeakSet[asyncio.Future[Any]] = weakref.WeakSet()  # sent twice already
 
     def _flush(self) -> None:
         self._scheduled = False
