@@ -26,8 +26,6 @@ TENANT = TenantSnapshot(id=1, name="acme", api_key_id=11, max_concurrency=100)
 class SlowMemoryLimiter(MemoryRateLimiter):
     """The memory limiter behind a network-like await, so reserve() can be cancelled mid-way."""
 
-    remote = True
-
     def reserve_at_once(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation | None:
         return None  # never decided without the network
 

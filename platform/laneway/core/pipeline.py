@@ -514,15 +514,13 @@ class Gateway:
         return lease
 
     async def _reserve(self, call: Call, tokens: int) -> Reservation:
-        """The limiter's reserve, safe against cancellation: a remote reservation that completes
-        after the client left is settled at once (nothing used) instead of leaking."""
+        """The limiter's reserve, safe against cancellation: decided at once where the limiter
+        can (nothing to cut), else over the network, where a reservation that completes after
+        the client left is settled at once (nothing used) instead of leaking."""
         at_once = self.limiter.reserve_at_once(call.tenant, tokens, call.request_id)
-        if at_once is not None:  # decided without waiting: nothing to cut
+        if at_once is not None:
             return at_once
-        reserve = self.limiter.reserve(call.tenant, tokens, call.request_id)
-        if not self.limiter.remote:
-            return await reserve  # runs to the end without suspending: cannot be cut
-        task = asyncio.ensure_future(reserve)
+        task = asyncio.ensure_future(self.limiter.reserve(call.tenant, tokens, call.request_id))
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:

@@ -140,9 +140,6 @@ class Reservation:
 
 
 class RateLimiter(Protocol):
-    # True when reserve() crosses the network: the caller then protects it from cancellation
-    # (a reservation made while the client left must still be given back).
-    remote: bool
     wall_clock: Callable[[], float]  # epoch seconds: which quota period is current (injectable)
 
     async def reserve(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
@@ -150,7 +147,8 @@ class RateLimiter(Protocol):
 
     def reserve_at_once(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation | None:
         """reserve()'s decision where it can be taken without waiting: the reservation, or the
-        refusal raised; None: await reserve()."""
+        refusal raised; None: await reserve(), which crosses the network (the caller protects
+        it from cancellation: a reservation made while the client left must be given back)."""
 
     def settle(self, reservation: Reservation, used_tokens: int) -> None:
         """The request ended: give back its concurrency slot and the tokens it did not use.
@@ -186,8 +184,6 @@ class TokenBucket:
 
 
 class MemoryRateLimiter:
-    remote = False
-
     def __init__(
         self, clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time
     ) -> None:
@@ -510,8 +506,6 @@ class RedisRateLimiter:
       (core/redis_batch.py); those that fail are kept (bounded) and retried until Redis
       answers, so a tenant's concurrency holders and refunds are never lost to an outage.
     """
-
-    remote = True
 
     def __init__(
         self,
