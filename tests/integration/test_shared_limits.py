@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -16,7 +14,7 @@ from laneway.db import migrate
 from laneway.db.repositories import ModelRepository, TenantRepository
 from laneway.db.session import make_engine, make_sessionmaker
 from services import require_service
-from serving import serve, stop_all
+from serving import serve, stop_all, wait_for
 
 
 async def _seed(url: str) -> dict[str, str]:
@@ -90,7 +88,7 @@ def test_far_from_its_limits_a_gateway_admits_at_once_and_redis_still_counts_it(
         assert decisions["replica"] >= 15 and decisions["redis"] >= 1  # the first, at least: nothing known yet
         # Redis counted every one of them, and the settles gave back what they did not use.
         pattern = f"{env['LANEWAY_REDIS_PREFIX']}rl:*:used:day:*"
-        assert _poll(lambda: asyncio.run(_counted(pattern)), used), f"Redis's count never reached {used}"
+        wait_for(lambda: asyncio.run(_counted(pattern)) == used, within=5, step=0.05, what=f"Redis counting {used}")
     finally:
         stop_all(proc)
 
@@ -108,12 +106,3 @@ async def _counted(pattern: str) -> int:
         return sum([int(await client.get(k) or 0) for k in await client.keys(pattern)])
     finally:
         await client.aclose()
-
-
-def _poll(read: Callable[[], int], want: int, within_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if read() == want:
-            return True
-        time.sleep(0.05)
-    return False
