@@ -304,3 +304,17 @@ async def test_a_redis_that_falls_behind_slows_admission_at_once(redis_limiter: 
         redis_limiter.settle(reservation, 10)
     assert await redis_limiter.settled()
     assert redis_limiter.reserve_at_once(t, 10, "again") is not None  # answered: room again
+
+
+async def test_shutdown_sends_the_reserves_admitted_at_once_and_their_settles(redis_limiter: RedisRateLimiter) -> None:
+    """close() right after requests admitted at once ended, before Redis answered any of
+    their reserves: each reserve and then its settle still reach Redis, and no holder is left."""
+    t = tenant(max_concurrency=1000)
+    held = [await redis_limiter.reserve(t, 10, "first")]
+    held += [r for i in range(10) if (r := redis_limiter.reserve_at_once(t, 10, f"r{i}")) is not None]
+    assert len(held) == 11 and all(r.answer is not None and not r.answer.done() for r in held[1:])
+    for reservation in held:
+        redis_limiter.settle(reservation, 4)  # each waits for its reserve's answer
+    await redis_limiter.close()
+    holders, _, today = await redis_state(redis_limiter._prefix, t.id)
+    assert holders == 0 and today == 4 * len(held)
