@@ -759,8 +759,7 @@ class RedisRateLimiter:
         keys = self._all_keys(tenant, reservation.periods)
         epochs, answer = reservation.epochs, reservation.answer
         if answer is not None:  # admitted at once: the settle goes after the reserve's reply
-            if not answer.done():
-                self._outstanding += 1
+            if not answer.done():  # (counted in pending_settles as its reserve, until answered)
                 answer.add_done_callback(partial(self._settle_answered, reservation, used_tokens))
                 return
             if answer.cancelled() or answer.exception() is not None:  # it may have run: forget its holder
@@ -772,7 +771,6 @@ class RedisRateLimiter:
                                   used_tokens, repr(self.wall_clock()), *epochs])  # fmt: skip
 
     def _settle_answered(self, reservation: Reservation, used_tokens: int, _: asyncio.Future[Any]) -> None:
-        self._outstanding -= 1
         self.settle(reservation, used_tokens)
 
     def _queue_settle(self, keys: list[str], args: list[int | str]) -> None:
