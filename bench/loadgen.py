@@ -2,8 +2,11 @@
 server does, and latency is measured from each request's *scheduled* send time, so a server
 that falls behind shows it (no coordinated omission).
 
-Plain asyncio streams with keep-alive connections (a new one opened when none is idle), HTTP/1.1
-parsed by hand: cheap enough to drive 1,000+ requests a second from one core.
+Keep-alive connections (a new one opened when none is idle), each an asyncio Protocol whose
+responses httptools parses in its callbacks: no task, stream reader or timeout per request, so
+that one core can drive a gateway at five times its capacity (12,000+ requests a second) and
+still write each request on time. Time-outs are swept every 100 ms. It reports its own CPU
+time too, to show it was not the bottleneck.
 
 Used by bench/overhead.py; run alone:
   .venv/bin/python bench/loadgen.py URL --rate 300 --seconds 5 [--key K] [--stream]
@@ -18,45 +21,153 @@ import argparse
 import asyncio
 import json
 import time
-from collections import deque
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
-Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+import httptools
 
 
-class _Closed(Exception):
-    pass
+class _Client(asyncio.Protocol):
+    """One keep-alive connection, one request in flight at a time (as an SDK client sends),
+    its response parsed by httptools's C parser in the protocol's own callbacks: no task and
+    no stream reader per request, so one core can offer a gateway five times its capacity."""
+
+    def __init__(self, gen: _Generator) -> None:
+        self.gen = gen
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.scheduled = self.sent = 0.0
+        self.wrote = 0.0  # ms after its scheduled time
+        self.first: float | None = None
+        self.busy = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def send(self, scheduled: float, sent: float) -> None:
+        assert self.transport is not None
+        self.scheduled, self.sent, self.first, self.busy = scheduled, sent, None, True
+        self.wrote = (time.perf_counter() - scheduled) * 1000
+        self.gen.late.append(self.wrote)
+        self.transport.write(self.gen.request)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.gen.failed(self)
+
+    def on_body(self, body: bytes) -> None:
+        if self.first is None:
+            self.first = time.perf_counter()
+
+    def on_message_complete(self) -> None:
+        if self.busy:
+            self.busy = False
+            self.gen.answered(self, self.parser.get_status_code(), self.parser.should_keep_alive())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.gen.failed(self)  # a failure if a request was in flight; else the idle one is forgotten
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, float | None, bool]:
-    """Read one response; (status, seconds to its first body byte after the head, keep-alive)."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    if not head:
-        raise _Closed
-    lines = head.split(b"\r\n")
-    status = int(lines[0].split(b" ", 2)[1])
-    headers = {}
-    for line in lines[1:]:
-        if b":" in line:
-            k, _, v = line.partition(b":")
-            headers[k.strip().lower()] = v.strip().lower()
-    first: float | None = None
-    if headers.get(b"transfer-encoding") == b"chunked":
-        while True:
-            size = int((await reader.readuntil(b"\r\n"))[:-2].split(b";")[0], 16)
-            if first is None:
-                first = time.perf_counter()
-            if size == 0:
-                await reader.readuntil(b"\r\n")
-                break
-            await reader.readexactly(size + 2)
-    else:
-        length = int(headers.get(b"content-length", b"0"))
-        if length:
-            await reader.readexactly(length)
-        first = time.perf_counter()
-    return status, first, headers.get(b"connection") != b"close"
+class _Generator:
+    """The connections and the counts of one run."""
+
+    def __init__(self, host: str, port: int, request: bytes, deadline_s: float, max_connections: int,
+                 stream: bool, with_timeline: bool) -> None:  # fmt: skip
+        self.host, self.port, self.request = host, port, request
+        self.deadline_s, self.max_connections = deadline_s, max_connections
+        self.stream, self.with_timeline = stream, with_timeline
+        self.idle: list[_Client] = []
+        self.in_flight: set[_Client] = set()
+        self.connecting = 0
+        self.opened = 0
+        self.latencies: dict[str, list[float]] = {}
+        # (scheduled offset s, status, latency ms, written ms: when the request went out after its
+        # scheduled time, its connect included)
+        self.timeline: list[tuple[float, int, float, float]] = []
+        self.ttfb: list[float] = []
+        self.late: list[float] = []  # how late each request was written (ms): the generator's own lag
+        self.timeouts = 0
+        self.errors = 0
+        self.start = 0.0
+        self.quiet = asyncio.Event()  # nothing in flight or connecting
+
+    def fire(self, scheduled: float) -> None:
+        """Send the request scheduled for then, on an idle connection or a new one."""
+        sent = time.perf_counter()
+        self.quiet.clear()
+        if self.idle:
+            client = self.idle.pop()
+            self.in_flight.add(client)
+            client.send(scheduled, sent)
+        elif self.opened >= self.max_connections:
+            self.errors += 1  # the connection cap
+        else:
+            self.opened += 1
+            self.connecting += 1
+            asyncio.get_running_loop().create_task(self._connect(scheduled, sent))
+
+    async def _connect(self, scheduled: float, sent: float) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(max(0.001, scheduled + self.deadline_s - time.perf_counter())):
+                _, client = await loop.create_connection(lambda: _Client(self), self.host, self.port)
+        except TimeoutError:
+            self.timeouts += 1
+            return
+        except OSError:
+            self.errors += 1
+            return
+        finally:
+            self.connecting -= 1
+            self._check_quiet()
+        self.quiet.clear()
+        self.in_flight.add(client)
+        client.send(scheduled, sent)
+
+    def answered(self, client: _Client, status: int, keep: bool) -> None:
+        done = time.perf_counter()
+        self.in_flight.discard(client)
+        # From the scheduled send time, or the actual one when a timer fired a little early.
+        origin = min(client.scheduled, client.sent)
+        latency = (done - origin) * 1000
+        self.latencies.setdefault(str(status), []).append(latency)
+        if self.with_timeline:
+            self.timeline.append((client.scheduled - self.start, status, latency, client.wrote))
+        if self.stream and client.first is not None:
+            self.ttfb.append((client.first - origin) * 1000)
+        if keep:
+            self.idle.append(client)
+        elif client.transport is not None:
+            client.transport.close()
+        self._check_quiet()
+
+    def failed(self, client: _Client) -> None:
+        if client.busy:
+            client.busy = False
+            self.errors += 1
+        self.in_flight.discard(client)
+        if client in self.idle:
+            self.idle.remove(client)
+        if client.transport is not None:
+            client.transport.abort()
+        self._check_quiet()
+
+    def expire(self) -> None:
+        """Abort the requests past their deadline (counted as timed out, not failed)."""
+        now = time.perf_counter()
+        for client in [c for c in self.in_flight if now > c.scheduled + self.deadline_s]:
+            client.busy = False
+            self.timeouts += 1
+            self.in_flight.discard(client)
+            if client.transport is not None:
+                client.transport.abort()
+        self._check_quiet()
+
+    def _check_quiet(self) -> None:
+        if not self.in_flight and not self.connecting:
+            self.quiet.set()
 
 
 async def run(url: str, body: dict[str, Any], rate: float, seconds: float, key: str | None = None,
@@ -68,71 +179,33 @@ async def run(url: str, body: dict[str, Any], rate: float, seconds: float, key: 
     auth = f"Authorization: Bearer {key}\r\n" if key else ""
     request = (f"POST {parts.path} HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Type: application/json\r\n"
                f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload  # fmt: skip
-    idle: deque[Conn] = deque()
-    opened = 0
-    latencies: dict[str, list[float]] = {}
-    # (scheduled offset s, status, latency ms, written ms: when the request went out after its
-    # scheduled time, its connect included)
-    timeline: list[tuple[float, int, float, float]] = []
-    ttfb: list[float] = []
-    late: list[float] = []  # how late each request was written (ms after its scheduled time): the generator's own lag
-    timeouts = 0
-    errors = 0
-
-    async def one(scheduled: float) -> None:
-        nonlocal opened, timeouts, errors
-        sent = time.perf_counter()
-        conn = idle.pop() if idle else None
-        try:
-            async with asyncio.timeout(max(0.001, scheduled + deadline_s - time.perf_counter())):
-                if conn is None:
-                    if opened >= max_connections:
-                        raise ConnectionError("connection cap")
-                    opened += 1
-                    conn = await asyncio.open_connection(host, port)
-                reader, writer = conn
-                wrote = (time.perf_counter() - scheduled) * 1000
-                late.append(wrote)
-                writer.write(request)
-                status, first, keep = await _read_response(reader)
-        except TimeoutError:
-            timeouts += 1
-            if conn is not None:
-                conn[1].close()
-            return
-        except (OSError, asyncio.IncompleteReadError, _Closed, ValueError, IndexError):
-            errors += 1
-            if conn is not None:
-                conn[1].close()
-            return
-        done = time.perf_counter()
-        # From the scheduled send time, or the actual one when a timer fired a little early.
-        latency = (done - min(scheduled, sent)) * 1000
-        latencies.setdefault(str(status), []).append(latency)
-        if with_timeline:
-            timeline.append((scheduled - start, status, latency, wrote))
-        if first is not None and body.get("stream"):
-            ttfb.append((first - min(scheduled, sent)) * 1000)
-        if keep:
-            idle.append(conn)
-        else:
-            conn[1].close()
-
-    tasks = []
-    start = time.perf_counter() + 0.05
+    gen = _Generator(host, port, request, deadline_s, max_connections, bool(body.get("stream")), with_timeline)
+    cpu = time.process_time()
+    gen.start = start = time.perf_counter() + 0.05
     n = int(rate * seconds)
+    next_expiry = start + 0.1
     for i in range(n):
         scheduled = start + i / rate
         delay = scheduled - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.ensure_future(one(scheduled)))
-    await asyncio.gather(*tasks)
+        gen.fire(scheduled)
+        if scheduled >= next_expiry:
+            gen.expire()
+            next_expiry = scheduled + 0.1
+    while not gen.quiet.is_set():
+        try:
+            await asyncio.wait_for(gen.quiet.wait(), 0.1)
+        except TimeoutError:
+            gen.expire()
     elapsed = time.perf_counter() - start
-    for _, w in idle:
-        w.close()
-    return {"sent": n, "elapsed": elapsed, "latencies": latencies, "ttfb": ttfb, "late": late, "timeouts": timeouts,
-            "errors": errors, "connections": opened, **({"timeline": timeline} if with_timeline else {})}  # fmt: skip
+    cpu = time.process_time() - cpu
+    for client in gen.idle:
+        if client.transport is not None:
+            client.transport.close()
+    return {"sent": n, "elapsed": elapsed, "latencies": gen.latencies, "ttfb": gen.ttfb, "late": gen.late,
+            "timeouts": gen.timeouts, "errors": gen.errors, "connections": gen.opened, "cpu_s": cpu,
+            **({"timeline": gen.timeline} if with_timeline else {})}  # fmt: skip
 
 
 def main() -> None:

@@ -174,6 +174,7 @@ def row(label: str, rate: float, res: dict[str, Any], cpu_ms: float | None) -> d
         "ttfb_p50": pct(res.get("ttfb", []), 0.5),
         "ttfb_p99": pct(res.get("ttfb", []), 0.99),
         "late_p99": pct(res.get("late", []), 0.99),
+        "gen_busy": res.get("cpu_s", float("nan")) / res["elapsed"],  # the load generator's share of its core
         "refused_after_1s_p99": pct([e[2] for e in after_onset if e[1] == 503], 0.99),
         # ... and from the request's write: without the load generator's own lateness (nor a
         # new connection's connect, which is partly the gateway's accept).
@@ -281,13 +282,15 @@ def print_overload(capacity: float, probes: list[dict[str, Any]], overloads: lis
           f"< 100 ms and 99 % success). At 5x ({5 * capacity:.0f}/s offered), from a settled gateway:")  # fmt: skip
     print("\n| 5x overload | goodput | of capacity | success p50 / p99 | refused (503) | refused p50 / p99 "
           "| refused p99 after 1 s (from the write) | timed out or failed | shed by reason "
-          "| load generator late p99 |\n"
-          "|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+          "| gateway core busy | load generator late p99 (busy) |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
     for o in overloads:
         print(f"| {o['label']} | {o['rps']:.0f}/s | {o['rps'] / capacity:.2f} | {fmt(o['p50'])} / {fmt(o['p99'])} "
               f"| {o['refused']} | {fmt(o['refused_p50'])} / {fmt(o['refused_p99'])} "
               f"| {fmt(o['refused_after_1s_p99'])} ({fmt(o['refused_after_1s_written_p99'])}) | {o['timeouts']} | "
-              + ", ".join(f"{k} {v}" for k, v in o["shed_by"].items() if v) + f" | {fmt(o['late_p99'])} |")  # fmt: skip
+              + ", ".join(f"{k} {v}" for k, v in o["shed_by"].items() if v)
+              + f" | {(o['cpu_ms'] or 0) * o['rps'] / 10:.0f} % "
+              f"| {fmt(o['late_p99'])} ({o['gen_busy'] * 100:.0f} %) |")  # fmt: skip
     labels = list(dict.fromkeys(o["label"] for o in overloads))
     if len(overloads) > len(labels):  # several rounds: the medians
         print("\n| 5x overload, rounds interleaved | goodput of capacity (median) | every round "
@@ -309,6 +312,8 @@ def main() -> None:
     ap.add_argument("--rates", type=float, nargs="*", default=[100, 300, 1000])
     ap.add_argument("--overload-only", action="store_true", help="only the capacity ramp and the 5x rows")
     ap.add_argument("--overload-rounds", type=int, default=1, help="the 5x rows this many times, interleaved")
+    ap.add_argument("--capacity", type=float, help="take this capacity (a rate a second) instead of the ramp's; "
+                    "with --ab: a 5x row of it for each tree in each round")  # fmt: skip
     ap.add_argument("--ab-redis", action="store_true", help="--ab with Redis limits on both trees")
     ap.add_argument(
         "--limits-only",
@@ -329,7 +334,7 @@ def main() -> None:
         limits_only(args.rates, args.seconds, args.limits_only)
         return
     if args.ab:
-        ab(Path(args.ab[0]), args.rates, args.seconds, int(args.ab[1]), args.ab_redis)
+        ab(Path(args.ab[0]), args.rates, args.seconds, int(args.ab[1]), args.ab_redis, args.capacity)
         return
     rows: list[dict[str, Any]] = []
     with bench_services() as (work, up_url, redis):
@@ -355,8 +360,11 @@ def main() -> None:
                 rows.append(row("direct, 16-chunk streams", stream_rate, direct, None))
                 rows.append(measure(mem_port, mem, mem_key, "laneway (memory), 16-chunk streams", stream_rate,
                                     args.seconds, stream=True))  # fmt: skip
-            capacity, probes = find_capacity(mem_port, mem, mem_key, args.seconds)
-            rows += probes
+            if args.capacity:
+                capacity = args.capacity
+            else:
+                capacity, probes = find_capacity(mem_port, mem, mem_key, args.seconds)
+                rows += probes
             variants = [(mem_port, mem, mem_key, "laneway (memory)"),
                         (cpu_port, cpu, cpu_key, "laneway (memory, cpu shedding at 0.9)"),
                         (one_port, one, one_key, "laneway (memory, one accept a loop turn)"),
@@ -456,10 +464,12 @@ def limits_only(rates: list[float], seconds: float, rounds: int) -> None:
         for rate in rates for mode in modes))  # fmt: skip
 
 
-def ab(src: Path, rates: list[float], seconds: float, rounds: int, redis_limits: bool = False) -> None:
+def ab(src: Path, rates: list[float], seconds: float, rounds: int, redis_limits: bool = False,
+       capacity: float | None = None) -> None:  # fmt: skip
     """This tree against another source tree (its `platform/` first on PYTHONPATH), same fake
     engine, memory limits (or Redis limits: `redis_limits`), rows interleaved round after round;
-    the medians, and this tree's ratio to the other (the baseline)."""
+    the medians, and this tree's ratio to the other (the baseline). With `capacity`, each round
+    also has a 5x row for each tree (5x that rate)."""
     other = src.resolve() / "platform"
     if not (other / "laneway").is_dir():
         raise SystemExit(f"{src} has no platform/laneway")
@@ -480,6 +490,9 @@ def ab(src: Path, rates: list[float], seconds: float, rounds: int, redis_limits:
                             settle(port, quiet_s=0.3)
                             r = measure(port, proc, key, tree, rate, seconds, stream=stream)
                             got.setdefault((tree, kind, rate), []).append(r)
+                for tree, (proc, port, key) in gateways.items() if capacity else ():
+                    got.setdefault((tree, "5x", 5 * (capacity or 0)), []).append(
+                        overloaded(port, proc, key, tree, capacity or 0, seconds))  # fmt: skip
     print(f"# bench/overhead.py --ab {src} {rounds} on {platform.node()} ({os.cpu_count()} CPUs, load "
           f"{os.getloadavg()[0]:.1f}); gateway pinned to core {GATEWAY_CORE}; {seconds:g} s per row; medians of "
           f"{rounds} interleaved rounds; {'redis' if redis_limits else 'memory'} limits")  # fmt: skip
@@ -494,6 +507,19 @@ def ab(src: Path, rates: list[float], seconds: float, rounds: int, redis_limits:
                 print(f"| {kind} | {rate:.0f}/s | {tree} | {fmt(pct([r['p50'] for r in rs], 0.5))} "
                       f"| {fmt(pct([r['p99'] for r in rs], 0.5))} | {pct([r['success'] for r in rs], 0.5) * 100:.1f} % "
                       f"| {fmt(cpu)} | {cpu / base_cpu:.2f}x | {every(rs)} |")  # fmt: skip
+    if capacity:
+        print(f"\n5x rows: {5 * capacity:.0f}/s offered (5x the given capacity of {capacity:.0f}/s)\n"
+              "\n| tree | goodput of capacity (median) | every round | refused p50 (median) | every round "
+              "| gateway core busy | load generator late p99 |\n|---|---|---|---|---|---|---|")  # fmt: skip
+        for tree in trees:
+            rs = got[(tree, "5x", 5 * capacity)]
+            shares = [r["rps"] / capacity for r in rs]
+            busy = [(r["cpu_ms"] or 0) * r["rps"] / 10 for r in rs]
+            print(f"| {tree} | {pct(shares, 0.5):.2f} | {' / '.join(f'{s:.2f}' for s in shares)} "
+                  f"| {fmt(pct([r['refused_p50'] for r in rs], 0.5))} "
+                  f"| {' / '.join(fmt(r['refused_p50'], '', 1) for r in rs)} "
+                  f"| {' / '.join(f'{b:.0f} %' for b in busy)} "
+                  f"| {' / '.join(fmt(r['late_p99'], '', 1) for r in rs)} |")  # fmt: skip
 
 
 def every(rows: list[dict[str, Any]]) -> str:
