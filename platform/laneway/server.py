@@ -99,6 +99,14 @@ class CorkedTransport:
         if self._held >= self.hold_bytes:
             self.flush()
 
+    def write_now(self, data: bytes) -> None:
+        """A write that needs no corking (a whole answer): straight to the transport, without
+        the end-of-turn callback, unless writes are held (they go first)."""
+        if self._pending:
+            self.write(data)
+        else:
+            self.transport.write(data)
+
     def flush(self) -> None:
         pending = self._pending
         if not pending:
@@ -146,6 +154,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._lost = False
         self._between = True  # the parser is between two requests (none begun)
         self._admitted = False  # the shedder let this request in already (refuse_whole)
+        self._refused_at = -1e9  # when _refuse_whole last answered (the keep-alive counts from it)
         super().connection_made(transport)
         self.transport = cast(asyncio.Transport, CorkedTransport(transport, self.loop))  # the cycles' too
         sock = transport.get_extra_info("socket")
@@ -210,10 +219,32 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return False
         self._disarm()
         self._answer_overloaded(rid if rid is not None and sane_request_id(rid) else None)
+        self.server_state.total_requests += 1
         if close:
             self.transport.close()
-        self.on_response_complete()  # keep-alive as after any answer
+        else:
+            self._keep_alive_after_refusal()
         return True
+
+    def _keep_alive_after_refusal(self) -> None:
+        """Keep-alive as uvicorn's on_response_complete arms it after any answer (nothing is
+        pipelined or paused here), but without a new timer for each refusal under a flood (a
+        cancel and a call_later each): the timer armed after the connection's last answer
+        stays, and when it fires it counts the idle time from the last refusal instead."""
+        self._refused_at = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+
+    def timeout_keep_alive_handler(self) -> None:
+        idle_for = self.loop.time() - self._refused_at
+        if idle_for < self.timeout_keep_alive:  # a refusal since the timer was armed
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive - idle_for, self.timeout_keep_alive_handler
+            )
+            return
+        super().timeout_keep_alive_handler()
 
     def on_message_begin(self) -> None:
         self._between = False
@@ -240,8 +271,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def _answer_overloaded(self, request_id: bytes | None) -> None:
-        """The prepared 503, with the client's (sane) request id or a fresh one."""
-        self.transport.write(_OVERLOADED_HEAD + (request_id or fresh_request_id().encode()) + _OVERLOADED_TAIL)
+        """The prepared 503, with the client's (sane) request id or a fresh one: written at once
+        (one write, nothing to cork), unless this turn's writes are held (order)."""
+        answer = _OVERLOADED_HEAD + (request_id or fresh_request_id().encode()) + _OVERLOADED_TAIL
+        cast(CorkedTransport, self.transport).write_now(answer)
 
     def on_body(self, body: bytes) -> None:
         if not self._shedding:

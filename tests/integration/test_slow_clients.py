@@ -400,6 +400,30 @@ def test_refusals_at_the_door_skip_the_parser_only_for_a_whole_plain_request(
         sock.close()
 
 
+def test_a_connection_refused_at_the_door_stays_alive_from_its_last_refusal_then_closes(
+    gw: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refusals at the door re-arm no keep-alive timer each (a flood would pay a cancel and a
+    new timer a refusal): the one timer, when it fires, counts the idle time from the last
+    refusal. So a connection refused again and again stays open past the keep-alive time, and
+    one left idle after a refusal is still closed."""
+    monkeypatch.setattr(gw.server.server.config, "timeout_keep_alive", 0.6)  # new connections'
+    whole = request_bytes(gw, {"model": "sim", "prompt": "hi", "max_tokens": 2})
+    sock = socket.create_connection(("127.0.0.1", gw.port))
+    try:
+        with overloaded(gw):
+            for _ in range(8):  # 1.6 s of refusals, 0.2 s apart: well past 0.6 s from the first
+                sock.sendall(whole)
+                assert read_answer(sock).startswith(b"HTTP/1.1 503")
+                time.sleep(0.2)
+        sock.settimeout(3.0)
+        started = time.monotonic()
+        assert sock.recv(4096) == b""  # closed by the server once idle for the keep-alive time
+        assert time.monotonic() - started < 2.0
+    finally:
+        sock.close()
+
+
 def test_a_gateway_over_its_cpu_target_lets_in_only_its_admitted_share(gw: Gateway) -> None:
     """The cpu signal: with half of new API requests admitted, every other one gets the prepared
     503 at the door (counted as `cpu`) and the rest reach the app; /metrics shows the share."""

@@ -19,13 +19,13 @@ there that the lease has accounted for the request).
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
 from litestar.types import Message, Scope
 
+from laneway.core.ids import random_hex
 from laneway.tracing import TRACE_KEY
 
 if TYPE_CHECKING:
@@ -73,12 +73,6 @@ def request_id(scope: Scope) -> str:
 
 def fresh_request_id() -> str:
     return "req_" + random_hex()
-
-
-def random_hex() -> str:
-    """128 random bits as 32 hex digits, as uuid4().hex looks (without building a UUID: a
-    third of the cost, paid by every request and every shed one)."""
-    return os.urandom(16).hex()
 
 
 def sane_request_id(value: bytes) -> bool:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 import weakref
 from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from laneway.core import capabilities, load_shedding
 from laneway.core.accounting import UsageRecorder
 from laneway.core.errors import GatewayError, shutting_down
+from laneway.core.ids import random_hex
 from laneway.core.policy import LanePolicy, PolicyStore
 from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, Reservation
 from laneway.core.routing import LaneRouter
@@ -335,7 +335,7 @@ class Gateway:
         )
         stops = snapshot.stops(task=task, model_stops=deployment.spec.config.get("stop", ()), requested=stop)
         # The body's id, whatever X-Request-Id the client sent: OpenAI's shape, unique per completion.
-        request_id = _ID_PREFIX.get(endpoint, "chatcmpl-" if messages is not None else "cmpl-") + os.urandom(16).hex()
+        request_id = _ID_PREFIX.get(endpoint, "chatcmpl-" if messages is not None else "cmpl-") + random_hex()
         capabilities.check(deployment.engine.info, alias, generation)
         generation.request_id = engine_request_id(request_id, client_request_id)
         generation.max_tokens = budget
@@ -441,7 +441,7 @@ class Gateway:
                 code="context_length_exceeded",
                 param="input",
             )
-        request_id = "embd-" + os.urandom(16).hex()
+        request_id = "embd-" + random_hex()
         engine_id = engine_request_id(request_id, client_request_id)
         generation = GenerationRequest(request_id=engine_id, prompt="", prompt_tokens=total, max_tokens=0,
                                        priority=priority, stream=False)  # fmt: skip
