@@ -6,7 +6,8 @@ deployment, pinned to ONE core (taskset), and an open-loop load generator (bench
 a fixed arrival rate, latency measured from each request's scheduled send time, so a server
 that falls behind cannot hide it). The engine and the load generator share the other core.
 - direct: the load generator calls the fake engine itself (the baseline, same run).
-- laneway (memory): rate limits in process memory; (redis limits): in a private redis-server;
+- laneway (memory): rate limits in process memory; (redis limits): in a private redis-server
+  (on the other core too, as on another host: its work is not the gateway's);
   (redis limits + shared slots): the engine's slots shared through Redis too, as when several
   replicas front it (core/shared_slots.py; two more round trips per request).
 For each rate: p50/p99/max latency of the successful requests, success rate, achieved
@@ -110,6 +111,8 @@ def bench_services() -> Iterator[tuple[Path, str, PrivateRedis]]:
     up_port = free_port()
     upstream = subprocess.Popen(pinned(OTHER_CORE, PY, str(ROOT / "bench" / "upstream.py"), "--port", str(up_port)))
     redis = PrivateRedis().start()
+    if shutil.which("taskset") and redis.proc is not None:  # Redis's work is not the gateway's: not on its core
+        subprocess.run(["taskset", "-apc", OTHER_CORE, str(redis.proc.pid)], capture_output=True, check=False)
     time.sleep(0.5)
     try:
         yield work, f"http://127.0.0.1:{up_port}", redis
