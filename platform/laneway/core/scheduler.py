@@ -257,6 +257,9 @@ class DeploymentScheduler:
         ticket.future = asyncio.get_running_loop().create_future()
         self._queues.setdefault(lane.name, _LaneQueue()).push(ticket)
         self._dispatch()
+        future = ticket.future
+        if future.done() and not future.cancelled() and future.exception() is None:
+            return  # granted just now: no wait, so no timer to arm and cancel (most requests)
         try:
             async with asyncio.timeout(lane.queue_timeout_s):
                 await ticket.future
