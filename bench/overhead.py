@@ -173,6 +173,54 @@ def alone_on_core(proc: subprocess.Popen[bytes]) -> None:
         pin(other, GATEWAY_CORE if other is proc else OTHER_CORE)
 
 
+LITELLM_KEY = "sk-bench"
+
+
+@contextmanager
+def litellm_proxy(
+    binary: str | None, upstream: str, work: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], int] | None]:
+    """LiteLLM's proxy in front of the same fake engine, for a column of comparison: one worker
+    on the gateway's core, a master key (auth, no limits or usage database), its logging at
+    ERROR. None when no `litellm` executable is given or found (it is not a dependency)."""
+    if not binary:
+        yield None
+        return
+    port = free_port()
+    config = work / "litellm.yaml"
+    config.write_text(f"""model_list:
+  - model_name: m
+    litellm_params:
+      model: openai/m
+      api_base: {upstream}/v1
+      api_key: none
+general_settings:
+  master_key: {LITELLM_KEY}
+""")
+    log = work / "litellm.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(pinned(GATEWAY_CORE, binary, "--config", str(config), "--port", str(port),
+                                       "--num_workers", "1"),
+                                env={**os.environ, "LITELLM_LOG": "ERROR"}, stdout=out, stderr=out)  # fmt: skip
+    GATEWAYS.append(proc)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health/liveliness", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"LiteLLM's proxy did not start; its log:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield proc, port
+    finally:
+        GATEWAYS.remove(proc)
+        proc.terminate()
+        proc.wait(30)
+
+
 def row(label: str, rate: float, res: dict[str, Any], cpu_ms: float | None) -> dict[str, Any]:
     ok = res["latencies"].get("200", [])
     # After the onset: the load generator opens a new connection for each request while none
@@ -333,6 +381,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rates", type=float, nargs="*", default=[100, 300, 1000])
     ap.add_argument("--overload-only", action="store_true", help="only the capacity ramp and the 5x rows")
+    ap.add_argument("--litellm", default=shutil.which("litellm"), metavar="BIN",
+                    help="LiteLLM's `litellm` executable: rows of its proxy too (default: on PATH)")  # fmt: skip
     ap.add_argument("--overload-rounds", type=int, default=1, help="the 5x rows this many times, interleaved")
     ap.add_argument("--capacity", type=float, help="take this capacity (a rate a second) instead of the ramp's; "
                     "with --ab: a 5x row of it for each tree in each round")  # fmt: skip
@@ -365,7 +415,8 @@ def main() -> None:
                 gateway(up_url, work, redis.url) as (shr, shr_port, shr_key), \
                 gateway(up_url, work, None, env_extra=CPU_SHEDDING) as (cpu, cpu_port, cpu_key), \
                 gateway(up_url, work, None, env_extra=ONE_ACCEPT) as (one, one_port, one_key), \
-                gateway(up_url, work, None, env_extra=HIGH_CAP_ONLY) as (high, high_port, high_key):  # fmt: skip
+                gateway(up_url, work, None, env_extra=HIGH_CAP_ONLY) as (high, high_port, high_key), \
+                litellm_proxy(None if args.overload_only else args.litellm, up_url, work) as litellm:  # fmt: skip
             for port, key in ((mem_port, mem_key), (red_port, red_key), (shr_port, shr_key), (cpu_port, cpu_key),
                               (one_port, one_key), (high_port, high_key)):  # fmt: skip
                 load(f"http://127.0.0.1:{port}/v1/completions", 100, 1, key, False)
@@ -376,12 +427,17 @@ def main() -> None:
                 rows.append(measure(red_port, red, red_key, "laneway (redis limits)", rate, args.seconds))
                 rows.append(measure(shr_port, shr, shr_key, "laneway (redis limits + shared slots)", rate,
                                     args.seconds))  # fmt: skip
+                if litellm is not None:
+                    rows.append(measure(litellm[1], litellm[0], LITELLM_KEY, "litellm proxy", rate, args.seconds))
             stream_rate = args.rates[min(1, len(args.rates) - 1)]
             if not args.overload_only:
                 direct = load(up_url + "/v1/completions", stream_rate, args.seconds, None, True)
                 rows.append(row("direct, 16-chunk streams", stream_rate, direct, None))
                 rows.append(measure(mem_port, mem, mem_key, "laneway (memory), 16-chunk streams", stream_rate,
                                     args.seconds, stream=True))  # fmt: skip
+                if litellm is not None:
+                    rows.append(measure(litellm[1], litellm[0], LITELLM_KEY, "litellm proxy, 16-chunk streams",
+                                        stream_rate, args.seconds, stream=True))  # fmt: skip
             if args.capacity:
                 capacity = args.capacity
             else:
@@ -422,7 +478,7 @@ def main() -> None:
     print("\n| overhead vs direct | rate | p50 | p99 |\n|---|---|---|---|")
     direct = {r["rate"]: r for r in rows if r["label"] == "direct"}
     for r in rows:
-        if r["label"].startswith("laneway") and r["rate"] in direct and "stream" not in r["label"]:
+        if r["label"].startswith(("laneway", "litellm")) and r["rate"] in direct and "stream" not in r["label"]:
             d = direct[r["rate"]]
             print(f"| {r['label']} | {r['rate']:.0f}/s | {fmt(r['p50'] - d['p50'])} | {fmt(r['p99'] - d['p99'])} |")
     print_overload(capacity, [], overloads)
