@@ -221,6 +221,37 @@ general_settings:
         proc.wait(30)
 
 
+def litellm_rows(litellm: tuple[subprocess.Popen[bytes], int], memory: tuple[subprocess.Popen[bytes], int, str],
+                 up_url: str, rates: list[float], seconds: float) -> list[dict[str, Any]]:  # fmt: skip
+    """Direct, laneway (memory) and LiteLLM's proxy at rates LiteLLM can sustain (plus 16-chunk
+    streams at the lowest), each LiteLLM row followed by a wait until it is idle again: behind
+    a rate it cannot keep up with it works through its backlog for seconds, on a core that the
+    next rows need."""
+    (ll, ll_port), (mem, mem_port, mem_key) = litellm, memory
+    out: list[dict[str, Any]] = []
+    for rate in rates:
+        out.append(row("direct", rate, load(up_url + "/v1/completions", rate, seconds, None, False), None))
+        out.append(measure(mem_port, mem, mem_key, "laneway (memory)", rate, seconds))
+        out.append(measure(ll_port, ll, LITELLM_KEY, "litellm proxy", rate, seconds))
+        idle(ll)
+    rate = min(rates)
+    out.append(row("direct, 16-chunk streams", rate, load(up_url + "/v1/completions", rate, seconds, None, True), None))
+    out.append(measure(mem_port, mem, mem_key, "laneway (memory), 16-chunk streams", rate, seconds, stream=True))
+    out.append(measure(ll_port, ll, LITELLM_KEY, "litellm proxy, 16-chunk streams", rate, seconds, stream=True))
+    idle(ll)
+    return out
+
+
+def idle(proc: subprocess.Popen[bytes], limit_s: float = 60.0) -> None:
+    """Wait until `proc` uses under 5 % of a core over half a second (or limit_s passes)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        before = cpu_seconds(proc.pid)
+        time.sleep(0.5)
+        if cpu_seconds(proc.pid) - before < 0.025:
+            return
+
+
 def row(label: str, rate: float, res: dict[str, Any], cpu_ms: float | None) -> dict[str, Any]:
     ok = res["latencies"].get("200", [])
     # After the onset: the load generator opens a new connection for each request while none
@@ -383,6 +414,8 @@ def main() -> None:
     ap.add_argument("--overload-only", action="store_true", help="only the capacity ramp and the 5x rows")
     ap.add_argument("--litellm", default=shutil.which("litellm"), metavar="BIN",
                     help="LiteLLM's `litellm` executable: rows of its proxy too (default: on PATH)")  # fmt: skip
+    ap.add_argument("--litellm-rates", type=float, nargs="*", default=[20, 50],
+                    help="the rates of LiteLLM's rows (one worker saturates near 80/s here)")  # fmt: skip
     ap.add_argument("--overload-rounds", type=int, default=1, help="the 5x rows this many times, interleaved")
     ap.add_argument("--capacity", type=float, help="take this capacity (a rate a second) instead of the ramp's; "
                     "with --ab: a 5x row of it for each tree in each round")  # fmt: skip
@@ -427,8 +460,6 @@ def main() -> None:
                 rows.append(measure(red_port, red, red_key, "laneway (redis limits)", rate, args.seconds))
                 rows.append(measure(shr_port, shr, shr_key, "laneway (redis limits + shared slots)", rate,
                                     args.seconds))  # fmt: skip
-                if litellm is not None:
-                    rows.append(measure(litellm[1], litellm[0], LITELLM_KEY, "litellm proxy", rate, args.seconds))
             stream_rate = args.rates[min(1, len(args.rates) - 1)]
             if not args.overload_only:
                 direct = load(up_url + "/v1/completions", stream_rate, args.seconds, None, True)
@@ -436,8 +467,7 @@ def main() -> None:
                 rows.append(measure(mem_port, mem, mem_key, "laneway (memory), 16-chunk streams", stream_rate,
                                     args.seconds, stream=True))  # fmt: skip
                 if litellm is not None:
-                    rows.append(measure(litellm[1], litellm[0], LITELLM_KEY, "litellm proxy, 16-chunk streams",
-                                        stream_rate, args.seconds, stream=True))  # fmt: skip
+                    rows += litellm_rows(litellm, (mem, mem_port, mem_key), up_url, args.litellm_rates, args.seconds)
             if args.capacity:
                 capacity = args.capacity
             else:
