@@ -11,6 +11,9 @@ that falls behind cannot hide it). The engine and the load generator share the o
   (on the other core too, as on another host: its work is not the gateway's);
   (redis limits + shared slots): the engine's slots shared through Redis too, as when several
   replicas front it (core/shared_slots.py; two more round trips per request).
+- litellm proxy (when its `litellm` executable is found; not a dependency): LiteLLM's proxy
+  in front of the same engine, one worker on the gateway's core, at rates it can sustain
+  (--litellm-rates), beside direct and laneway (memory) at those rates.
 For each rate: p50/p99/max latency of the successful requests, success rate, achieved
 requests per second, and the gateway's CPU time per request from /proc (utime + stime,
 background work included). Then the capacity (a ramp of 25 % steps from 100/s, each row from a
@@ -26,7 +29,7 @@ p99 < 100 ms; at 5x, goodput >= 0.9 of capacity, refused in a few ms; redis with
 memory.
 
 Run: .venv/bin/python bench/overhead.py [--seconds 5] [--rates 100 300 1000] [--overload-only]
-     [--overload-rounds N]
+     [--overload-rounds N] [--litellm BIN] [--litellm-rates 20 50]
 """
 
 from __future__ import annotations
