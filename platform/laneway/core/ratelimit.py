@@ -643,9 +643,9 @@ class RedisRateLimiter:
         """Admit without waiting for Redis where this replica may (Headroom): the reserve goes
         out with the next batch, taken whatever Redis then says, and its settle follows its
         reply. While Redis is down the fallback decides at once too. Else None: reserve()."""
-        check_size(tenant, tokens)
-        if self._clock() < self._open_until or self._probing:
-            return self._without_redis(tenant, tokens, request_id)
+        decided = self._decided_without_redis(tenant, tokens, request_id)
+        if decided is not None:
+            return decided
         room = self._headroom.get((tenant.id, tenant.api_key_id))
         if (room is None or room.tenant is not tenant or not room.admits(tokens, self._share)
                 or self._unanswered >= ADMIT_AT_ONCE_UNANSWERED
@@ -700,9 +700,9 @@ class RedisRateLimiter:
         return counted_in
 
     async def reserve(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
-        check_size(tenant, tokens)
-        if self._clock() < self._open_until or self._probing:
-            return self._without_redis(tenant, tokens, request_id)
+        decided = self._decided_without_redis(tenant, tokens, request_id)
+        if decided is not None:
+            return decided
         probe = self._open_until > 0  # the breaker was open: this request is its probe
         self._probing = probe
         periods, keys, args = self._call(tenant, tokens, request_id, admitted=False)
@@ -745,6 +745,15 @@ class RedisRateLimiter:
         room.answered(reply[4:], self._clock())
         counted_in = self._counted(tenant, periods, int(wait_ms), _epochs(reply))
         return Reservation(tenant, request_id, tokens, local=False, periods=names, epochs=counted_in)
+
+    def _decided_without_redis(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation | None:
+        """What reserve() and reserve_at_once() decide before Redis: a request larger than its
+        limits is refused; while the breaker is open (or its probe is out) the fallback decides.
+        None: Redis's to decide."""
+        check_size(tenant, tokens)
+        if self._clock() < self._open_until or self._probing:
+            return self._without_redis(tenant, tokens, request_id)
+        return None
 
     def _without_redis(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
         if self.failure_mode == "closed":
