@@ -115,8 +115,8 @@ def bench_services() -> Iterator[tuple[Path, str, PrivateRedis]]:
     up_port = free_port()
     upstream = subprocess.Popen(pinned(OTHER_CORE, PY, str(ROOT / "bench" / "upstream.py"), "--port", str(up_port)))
     redis = PrivateRedis().start()
-    if shutil.which("taskset") and redis.proc is not None:  # Redis's work is not the gateway's: not on its core
-        subprocess.run(["taskset", "-apc", OTHER_CORE, str(redis.proc.pid)], capture_output=True, check=False)
+    if redis.proc is not None:  # Redis's work is not the gateway's: not on its core
+        pin(redis.proc, OTHER_CORE)
     time.sleep(0.5)
     try:
         yield work, f"http://127.0.0.1:{up_port}", redis
@@ -293,7 +293,7 @@ def measure(port: int, proc: subprocess.Popen[bytes], key: str, label: str, rate
     res = load(f"http://127.0.0.1:{port}/v1/completions", rate, seconds, key, stream, body, timeline)
     used = cpu_seconds(proc.pid) - before
     ok = len(res["latencies"].get("200", []))
-    return row(label, rate, res, used * 1000 / max(1, ok))
+    return {**row(label, rate, res, used * 1000 / max(1, ok)), "core_busy": used / res["elapsed"]}
 
 
 SHORT_RATE, LONG_RATE = 100.0, 100.0
@@ -393,7 +393,7 @@ def print_overload(capacity: float, probes: list[dict[str, Any]], overloads: lis
               f"| {o['refused']} | {fmt(o['refused_p50'])} / {fmt(o['refused_p99'])} "
               f"| {fmt(o['refused_after_1s_p99'])} ({fmt(o['refused_after_1s_written_p99'])}) | {o['timeouts']} | "
               + ", ".join(f"{k} {v}" for k, v in o["shed_by"].items() if v)
-              + f" | {(o['cpu_ms'] or 0) * o['rps'] / 10:.0f} % "
+              + f" | {o['core_busy'] * 100:.0f} % "
               f"| {fmt(o['late_p99'])} ({o['gen_busy'] * 100:.0f} %) |")  # fmt: skip
     labels = list(dict.fromkeys(o["label"] for o in overloads))
     if len(overloads) > len(labels):  # several rounds: the medians
@@ -601,9 +601,10 @@ def ab(src: Path, rates: list[float], seconds: float, rounds: int, redis_limits:
                             settle(port, quiet_s=0.3)
                             r = measure(port, proc, key, tree, rate, seconds, stream=stream)
                             got.setdefault((tree, kind, rate), []).append(r)
-                for tree, (proc, port, key) in gateways.items() if capacity else ():
-                    got.setdefault((tree, "5x", 5 * (capacity or 0)), []).append(
-                        overloaded(port, proc, key, tree, capacity or 0, seconds))  # fmt: skip
+                if capacity:
+                    for tree, (proc, port, key) in gateways.items():
+                        got.setdefault((tree, "5x", 5 * capacity), []).append(
+                            overloaded(port, proc, key, tree, capacity, seconds))  # fmt: skip
     print(f"# bench/overhead.py --ab {src} {rounds} on {platform.node()} ({os.cpu_count()} CPUs, load "
           f"{os.getloadavg()[0]:.1f}); gateway pinned to core {GATEWAY_CORE}; {seconds:g} s per row; medians of "
           f"{rounds} interleaved rounds; {'redis' if redis_limits else 'memory'} limits")  # fmt: skip
@@ -625,11 +626,10 @@ def ab(src: Path, rates: list[float], seconds: float, rounds: int, redis_limits:
         for tree in trees:
             rs = got[(tree, "5x", 5 * capacity)]
             shares = [r["rps"] / capacity for r in rs]
-            busy = [(r["cpu_ms"] or 0) * r["rps"] / 10 for r in rs]
             print(f"| {tree} | {pct(shares, 0.5):.2f} | {' / '.join(f'{s:.2f}' for s in shares)} "
                   f"| {fmt(pct([r['refused_p50'] for r in rs], 0.5))} "
                   f"| {' / '.join(fmt(r['refused_p50'], '', 1) for r in rs)} "
-                  f"| {' / '.join(f'{b:.0f} %' for b in busy)} "
+                  f"| {' / '.join(fmt(r['core_busy'] * 100, ' %', 0) for r in rs)} "
                   f"| {' / '.join(fmt(r['late_p99'], '', 1) for r in rs)} |")  # fmt: skip
 
 
