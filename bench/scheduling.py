@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from laneway.contracts.errors import GatewayError
 from laneway.core.accounting import UsageRecorder
-from laneway.core.errors import GatewayError
 from laneway.core.pipeline import Gateway
 from laneway.core.policy import LanePolicy, PolicySnapshot, PolicyStore
 from laneway.db.repositories import DeploymentSpec

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from laneway.contracts.codes import ErrorCode
 from laneway.settings import Settings
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ def _with_service(fn: Callable[..., Awaitable[Any]]) -> Callable[[Settings, argp
     def run(settings: Settings, args: argparse.Namespace) -> Any:
         async def go() -> Any:
             from laneway.admin.service import AdminService
-            from laneway.core.errors import GatewayError
+            from laneway.contracts.errors import GatewayError
             from laneway.db import migrate
             from laneway.db.session import make_engine
 
@@ -244,13 +245,13 @@ def _said(after: dict[str, Any], fields: list[str], unset: dict[str, str] | str)
 
 
 async def _tenant_id(svc: AdminService, name: str) -> int:
-    from laneway.core.errors import GatewayError
+    from laneway.contracts.errors import GatewayError
     from laneway.db.repositories import TenantRepository
 
     async with svc.sessions() as session:
         tenant = await TenantRepository(session).get_by_name(name)
     if tenant is None:
-        raise GatewayError(404, f"no tenant named '{name}'", code="not_found")
+        raise GatewayError(ErrorCode.NOT_FOUND, f"no tenant named '{name}'")
     return int(tenant.id)
 
 
@@ -299,7 +300,7 @@ async def _key_revoke(svc: AdminService, actor: str, args: argparse.Namespace) -
 
 async def _model_set(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
     from laneway.admin import service
-    from laneway.core.errors import invalid_request
+    from laneway.contracts.errors import invalid_request
 
     try:
         config = json.loads(args.config)

@@ -4,9 +4,9 @@ from typing import Any
 
 import pytest
 from laneway.bootstrap import issue_key
+from laneway.contracts.errors import GatewayError
 from laneway.core.accounting import UsageRecorder
 from laneway.core.auth import KeyAuthenticator, hash_secret, new_api_key
-from laneway.core.errors import GatewayError
 from laneway.db.repositories import KeyRows, TenantRepository, UsageRepository
 from laneway.db.session import make_sessionmaker
 from sqlalchemy.ext.asyncio import AsyncEngine

@@ -8,8 +8,8 @@ import asyncio
 from typing import Any
 
 import pytest
+from laneway.contracts.errors import GatewayError
 from laneway.core.accounting import UsageRecorder
-from laneway.core.errors import GatewayError
 from laneway.core.pipeline import CLIENT_CLOSED, Gateway
 from laneway.core.policy import LanePolicy, PolicySnapshot, PolicyStore
 from laneway.core.ratelimit import MemoryRateLimiter, Reservation

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from laneway.admin.security import PasswordVerifier, hash_password
 from laneway.admin.throttle import LoginThrottle
-from laneway.core.errors import GatewayError
+from laneway.contracts.errors import GatewayError
 
 
 class Clock:

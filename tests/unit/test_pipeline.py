@@ -3,8 +3,8 @@
 from typing import Any
 
 import pytest
+from laneway.contracts.errors import GatewayError
 from laneway.core.accounting import UsageRecorder
-from laneway.core.errors import GatewayError
 from laneway.core.pipeline import CLIENT_CLOSED, Gateway
 from laneway.core.policy import PolicyStore
 from laneway.db.repositories import DeploymentSpec

@@ -1,5 +1,5 @@
 import pytest
-from laneway.core.errors import GatewayError
+from laneway.contracts.errors import GatewayError
 from laneway.core.policy import DEFAULT_LANE, LanePolicy, PolicySnapshot, TaskPolicy
 from laneway.core.routing import LaneRouter
 

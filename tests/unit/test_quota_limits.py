@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import pytest
-from laneway.core.errors import GatewayError
+from laneway.contracts.errors import GatewayError
 from laneway.core.quota import period
 from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter, Reservation
 from laneway.types import TenantSnapshot

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
-from laneway.core.errors import GatewayError
+from laneway.contracts.errors import GatewayError
 from laneway.core.ratelimit import (
     ADMIT_AT_ONCE_UNANSWERED,
     MemoryRateLimiter,

@@ -21,7 +21,8 @@ from laneway.api.responses_api import (
     refuse_unsupported,
     text_format,
 )
-from laneway.core.errors import GatewayError
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError
 from laneway.types import ChatTurn, Delta, ToolCall
 from openai.types.responses import Response, ResponseStreamEvent
 
@@ -349,7 +350,7 @@ def test_non_streaming_builds_the_same_output_and_no_events() -> None:
 
 def test_a_failure_mid_stream_ends_with_an_error_event_and_response_failed() -> None:
     a, events = run([Delta("partial")])
-    tail = a.failed(GatewayError(503, "The engine failed", code="engine_error"))
+    tail = a.failed(GatewayError(ErrorCode.ENGINE_ERROR, "The engine failed"))
     blocks = [json.loads(b.split(b"\ndata: ")[1]) for b in tail.split(b"\n\n")[:-1]]
     for block in blocks:
         STREAM_EVENT.validate_python(block)

@@ -6,8 +6,8 @@ import asyncio
 from collections import Counter
 
 import pytest
+from laneway.contracts.errors import GatewayError
 from laneway.core import admission
-from laneway.core.errors import GatewayError
 from laneway.core.policy import LanePolicy
 from laneway.core.scheduler import DeploymentScheduler, Ticket
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from laneway.core.errors import GatewayError
+from laneway.contracts.errors import GatewayError
 from laneway.core.policy import LanePolicy
 from laneway.core.scheduler import Ticket
 from laneway.core.shared_slots import SharedScheduler, SharedSlots, fallback_share

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from laneway.core.errors import GatewayError
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError
 from laneway.core.streaming import pumped
 from laneway.types import Delta
 
@@ -50,7 +51,8 @@ async def test_deltas_that_come_one_by_one_are_passed_on_one_by_one() -> None:
 async def test_an_error_comes_after_the_deltas_before_it() -> None:
     seen: list[list[str]] = []
     with pytest.raises(GatewayError):
-        async for batch in pumped(Engine([Delta("a"), Delta("b")], fail=GatewayError(503, "boom")), lease(), 1000):  # type: ignore[arg-type]
+        engine = Engine([Delta("a"), Delta("b")], fail=GatewayError(ErrorCode.ENGINE_ERROR, "boom"))
+        async for batch in pumped(engine, lease(), 1000):  # type: ignore[arg-type]
             seen.append([d.text for d in batch])
     assert seen == [["a", "b"]]
 

@@ -43,7 +43,8 @@ from laneway.admin.service import (
 from laneway.admin.throttle import LoginGuard
 from laneway.admin.validation import Username, check_text, decode, decode_object, int_query
 from laneway.api.openapi import ADMIN_CHANGE, ADMIN_SESSION
-from laneway.core.errors import GatewayError
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError
 from laneway.core.pipeline import Gateway
 from laneway.db.models import ApiKey, Tenant
 from laneway.db.repositories import AdminRepository, AuditRepository, PolicyRepository
@@ -274,13 +275,13 @@ async def open_session(
 
     check.add_done_callback(settle)
     if not await asyncio.shield(check) or admin_id is None:
-        raise GatewayError(401, "Wrong username or password.", code="invalid_credentials")
+        raise GatewayError(ErrorCode.INVALID_CREDENTIALS, "Wrong username or password.")
     token, digest, csrf = new_session_token()
     async with logins.sessions() as session, session.begin():
         repo = AdminRepository(session)
         found = await repo.get_by_username(username)
         if found is None:  # deleted meanwhile
-            raise GatewayError(401, "Wrong username or password.", code="invalid_credentials")
+            raise GatewayError(ErrorCode.INVALID_CREDENTIALS, "Wrong username or password.")
         await repo.open_session(found, digest, csrf, datetime.now(UTC) + SESSION_TTL)
     cookie = Cookie(
         key=SESSION_COOKIE,

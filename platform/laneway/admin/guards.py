@@ -24,8 +24,9 @@ from litestar.handlers.base import BaseRouteHandler
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from laneway.admin.security import token_digest
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError
 from laneway.core.auth import as_utc
-from laneway.core.errors import GatewayError
 from laneway.db.repositories import AdminRepository
 
 SESSION_COOKIE = "laneway_admin"
@@ -42,7 +43,7 @@ class AdminSession(NamedTuple):
 
 class NotLoggedIn(GatewayError):
     def __init__(self, message: str) -> None:
-        super().__init__(401, message, code="not_logged_in")
+        super().__init__(ErrorCode.NOT_LOGGED_IN, message)
 
 
 class AdminGuards:
@@ -77,7 +78,7 @@ class AdminGuards:
 
 def check_csrf(given: str, expected: str) -> None:
     if not given or not secrets.compare_digest(given, expected):
-        raise GatewayError(403, "Missing or wrong CSRF token.", code="csrf_failed")
+        raise GatewayError(ErrorCode.CSRF_FAILED, "Missing or wrong CSRF token.")
 
 
 def _changing(connection: ASGIConnection[Any, Any, Any, Any]) -> AdminSession | None:

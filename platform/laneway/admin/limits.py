@@ -12,7 +12,8 @@ from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from laneway.admin.validation import ModelAlias, Positive
-from laneway.core.errors import GatewayError
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError
 from laneway.core.quota import PERIOD_KINDS, period, rfc3339
 from laneway.core.ratelimit import RateLimiter
 from laneway.db.models import Tenant
@@ -41,10 +42,9 @@ def check_key_limits(tenant: Tenant, values: dict[str, Any]) -> None:
         value, ceiling = values.get(field), getattr(tenant, field)
         if value is not None and ceiling is not None and value > ceiling:
             raise GatewayError(
-                400,
+                ErrorCode.INVALID_REQUEST,
                 f"{field} {value} is above tenant '{tenant.name}''s {words} of {ceiling}; a key's limits can only "
                 f"narrow its tenant's. Use at most {ceiling}, or leave it empty for the tenant's.",
-                code="invalid_request",
                 param=field,
             )
     models = values.get("allowed_models")
@@ -52,17 +52,15 @@ def check_key_limits(tenant: Tenant, values: dict[str, Any]) -> None:
         outside = [m for m in models if m not in tenant.allowed_models]
         if outside:
             raise GatewayError(
-                400,
+                ErrorCode.INVALID_REQUEST,
                 f"allowed_models names {', '.join(repr(m) for m in outside)}, which tenant '{tenant.name}' may not "
                 f"use (it may use: {', '.join(tenant.allowed_models) or 'none'}).",
-                code="invalid_request",
                 param="allowed_models",
             )
     if models == []:
         raise GatewayError(
-            400,
+            ErrorCode.INVALID_REQUEST,
             "allowed_models must name at least one model; leave it empty (null) for every model the tenant may use.",
-            code="invalid_request",
             param="allowed_models",
         )
 

@@ -20,7 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
-from laneway.core.errors import GatewayError
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError
 
 _hasher = PasswordHasher()
 # Verified when the username is unknown, so a wrong name costs as long as a wrong password.
@@ -72,9 +73,8 @@ class PasswordVerifier:
         if self.pending >= self.max_pending:
             self.refused += 1
             raise GatewayError(
-                429,
+                ErrorCode.LOGIN_BUSY,
                 "Too many logins are being checked right now; try again in a moment.",
-                code="login_busy",
                 retry_after=1,
             )
         self.pending += 1

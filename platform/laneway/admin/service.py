@@ -31,9 +31,10 @@ from laneway.admin.validation import (
     check_text,
 )
 from laneway.bootstrap import issue_key
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError
 from laneway.core.auth import KeyAuthenticator
 from laneway.core.config_watch import ConfigChanges
-from laneway.core.errors import GatewayError
 from laneway.core.policy import PolicyStore
 from laneway.db.models import ApiKey, Deployment, Lane, Model, TaskPolicy, Tenant
 from laneway.db.repositories import (
@@ -165,23 +166,23 @@ def row(obj: Any, fields: tuple[str, ...]) -> dict[str, Any]:
 async def get_or_404(session: AsyncSession, model: type[Any], ident: int) -> Any:
     found = await session.get(model, ident)
     if found is None:
-        raise GatewayError(404, f"No {model.__tablename__[:-1]} with id {ident}.", code="not_found")
+        raise GatewayError(ErrorCode.NOT_FOUND, f"No {model.__tablename__[:-1]} with id {ident}.")
     return found
 
 
 def _cannot_clear(field: str) -> GatewayError:
-    return GatewayError(400, f"{field} cannot be cleared; give it a value.", code="invalid_request", param=field)
+    return GatewayError(ErrorCode.INVALID_REQUEST, f"{field} cannot be cleared; give it a value.", param=field)
 
 
 async def _check_name_free(session: AsyncSession, name: str, tenant_id: int | None = None) -> None:
     found = (await session.execute(select(Tenant).where(Tenant.name == name))).scalar_one_or_none()
     if found is not None and found.id != tenant_id:
-        raise GatewayError(409, f"A tenant named '{name}' exists.", code="conflict", param="name")
+        raise GatewayError(ErrorCode.CONFLICT, f"A tenant named '{name}' exists.", param="name")
 
 
 async def create_tenant(svc: AdminService, actor: str, data: TenantIn) -> dict[str, Any]:
     if not data.name:
-        raise GatewayError(400, "A tenant needs a name.", code="invalid_request", param="name")
+        raise GatewayError(ErrorCode.INVALID_REQUEST, "A tenant needs a name.", param="name")
     async with svc.sessions() as session, session.begin():
         await _check_name_free(session, data.name)
         # Fields left out (None) take the column's default: weight 1, priority_floor 0, enabled.
@@ -346,12 +347,15 @@ async def create_admin(svc: AdminService, actor: str, username: str, password: s
     """A new admin account (the password's rules as at first start), audited."""
     check_text("username", username, max_length=100)
     if len(password) < MIN_PASSWORD_CHARS:
-        raise GatewayError(400, f"An admin password needs at least {MIN_PASSWORD_CHARS} characters.",
-                           code="invalid_request", param="password")  # fmt: skip
+        raise GatewayError(
+            ErrorCode.INVALID_REQUEST,
+            f"An admin password needs at least {MIN_PASSWORD_CHARS} characters.",
+            param="password",
+        )
     async with svc.sessions() as session, session.begin():
         admins = AdminRepository(session)
         if await admins.get_by_username(username) is not None:
-            raise GatewayError(409, f"An admin named '{username}' exists.", code="conflict", param="username")
+            raise GatewayError(ErrorCode.CONFLICT, f"An admin named '{username}' exists.", param="username")
         admin = await admins.create(username, hash_password(password))
         await session.flush()
         after = {"id": admin.id, "username": username}
@@ -369,18 +373,27 @@ async def put_model(svc: AdminService, actor: str, alias: str, data: ModelIn) ->
     for i, d in enumerate(data.deployments):
         if d.engine_kind not in ENGINE_KINDS:
             known = ", ".join(sorted(ENGINE_KINDS))
-            raise GatewayError(400, f"Unknown engine kind '{d.engine_kind}' (known: {known}).",
-                               code="invalid_request", param=f"deployments[{i}].engine_kind")  # fmt: skip
+            raise GatewayError(
+                ErrorCode.INVALID_REQUEST,
+                f"Unknown engine kind '{d.engine_kind}' (known: {known}).",
+                param=f"deployments[{i}].engine_kind",
+            )
         if d.name in names[:i]:
-            raise GatewayError(400, f"Two deployments are named '{d.name}'; names must be unique.",
-                               code="invalid_request", param=f"deployments[{i}].name")  # fmt: skip
+            raise GatewayError(
+                ErrorCode.INVALID_REQUEST,
+                f"Two deployments are named '{d.name}'; names must be unique.",
+                param=f"deployments[{i}].name",
+            )
     async with svc.sessions() as session:
         taken = await session.execute(
             select(Deployment.name, Model.alias).join(Model).where(Deployment.name.in_(names), Model.alias != alias)
         )
         for name, other in taken.all():
-            raise GatewayError(409, f"The deployment name '{name}' is used by the model '{other}'.",
-                               code="conflict", param=f"deployments[{names.index(name)}].name")  # fmt: skip
+            raise GatewayError(
+                ErrorCode.CONFLICT,
+                f"The deployment name '{name}' is used by the model '{other}'.",
+                param=f"deployments[{names.index(name)}].name",
+            )
     deployments = [msgspec.structs.asdict(d) for d in data.deployments]
     specs = [DeploymentSpec(0, alias=alias, **d) for d in deployments]
     registry = svc.registry
@@ -392,8 +405,11 @@ async def put_model(svc: AdminService, actor: str, alias: str, data: ModelIn) ->
         started = await registry.start(specs)
     except EngineStartError as exc:
         param = f"deployments[{names.index(exc.name)}]"
-        raise GatewayError(400, f"The deployment '{exc.name}' cannot start, so nothing was changed: {exc.reason}",
-                           code="engine_start_failed", param=param) from None  # fmt: skip
+        raise GatewayError(
+            ErrorCode.ENGINE_START_FAILED,
+            f"The deployment '{exc.name}' cannot start, so nothing was changed: {exc.reason}",
+            param=param,
+        ) from None
 
     async def commit() -> bool:
         return await _commit_model(svc, actor, alias, data, deployments)

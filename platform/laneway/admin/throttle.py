@@ -24,7 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from laneway.admin.security import PasswordVerifier
-from laneway.core.errors import GatewayError
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError
 
 FREE_FAILURES = 5
 WINDOW_S = 15 * 60.0
@@ -85,10 +86,9 @@ class LoginThrottle:
         if wait > 0:
             self.throttled += 1
             raise GatewayError(
-                429,
+                ErrorCode.TOO_MANY_LOGIN_ATTEMPTS,
                 f"Too many failed logins from this address or for this username; try again in "
                 f"{max(1, int(wait + 0.999))} seconds.",
-                code="too_many_login_attempts",
                 retry_after=wait,
             )
         for key in keys:

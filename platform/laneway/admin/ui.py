@@ -47,7 +47,7 @@ from laneway.admin.service import (
     row,
 )
 from laneway.admin.validation import check_text, convert, int_query
-from laneway.core.errors import GatewayError
+from laneway.contracts.errors import GatewayError
 from laneway.core.pipeline import Gateway
 from laneway.db.models import ApiKey, Tenant
 from laneway.db.repositories import AdminRepository, AuditRepository, ModelRepository, PolicyRepository

@@ -26,7 +26,8 @@ from laneway.admin.guards import AdminRequest, NotLoggedIn
 from laneway.admin.presentation import iso_utc
 from laneway.admin.service import AdminService
 from laneway.admin.ui import to_login
-from laneway.core.errors import GatewayError
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError
 from laneway.db.models import Tenant
 from laneway.db.usage_stats import (
     DEFAULT_PERIOD,
@@ -49,7 +50,7 @@ def _period(raw: str | None) -> Period:
     period = PERIODS.get(raw or DEFAULT_PERIOD)
     if period is None:
         choices = ", ".join(PERIODS)
-        raise GatewayError(400, f"period must be one of {choices}.", code="invalid_request", param="period")
+        raise GatewayError(ErrorCode.INVALID_REQUEST, f"period must be one of {choices}.", param="period")
     return period
 
 

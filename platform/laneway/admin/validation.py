@@ -16,7 +16,8 @@ import msgspec
 from msgspec import Meta
 
 from laneway.api.errors import validation_error
-from laneway.core.errors import GatewayError
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError
 
 # \Z, not $: "$" also matches before a final line break, which would let "name\n" through.
 NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f]*\Z"
@@ -57,13 +58,13 @@ FIELD_RULES = {
 def check_text(param: str, value: str, *, max_length: int, allow_empty: bool = False) -> str:
     """A path or query value under the same rules as the string types above."""
     if not value and not allow_empty:
-        raise GatewayError(400, f"{param} must not be empty.", code="invalid_request", param=param)
+        raise GatewayError(ErrorCode.INVALID_REQUEST, f"{param} must not be empty.", param=param)
     if len(value) > max_length:
         raise GatewayError(
-            400, f"{param} must be at most {max_length} characters long.", code="invalid_request", param=param
+            ErrorCode.INVALID_REQUEST, f"{param} must be at most {max_length} characters long.", param=param
         )
     if _CONTROL.search(value):
-        raise GatewayError(400, _no_control(param), code="invalid_request", param=param)
+        raise GatewayError(ErrorCode.INVALID_REQUEST, _no_control(param), param=param)
     return value
 
 
@@ -76,9 +77,7 @@ def int_query(param: str, raw: str | None, *, default: int, lo: int, hi: int) ->
     except ValueError:
         value = None
     if value is None or not lo <= value <= hi:
-        raise GatewayError(
-            400, f"{param} must be a whole number from {lo} to {hi}.", code="invalid_request", param=param
-        )
+        raise GatewayError(ErrorCode.INVALID_REQUEST, f"{param} must be a whole number from {lo} to {hi}.", param=param)
     return value
 
 
@@ -89,7 +88,7 @@ def decode_object(body: bytes) -> dict[str, Any]:
     except msgspec.DecodeError:
         raise _not_json(body) from None
     if not isinstance(decoded, dict):
-        raise GatewayError(400, "The request body must be a JSON object ({...}).", code="invalid_json")
+        raise GatewayError(ErrorCode.INVALID_JSON, "The request body must be a JSON object ({...}).")
     return decoded
 
 
@@ -118,12 +117,12 @@ def humane(exc: msgspec.ValidationError) -> GatewayError:
     unknown = re.search(r"unknown field `([^`]+)`", text_)
     if unknown:
         name = f"{param}.{unknown.group(1)}" if param else unknown.group(1)
-        return GatewayError(400, f"{name} is not a field this accepts.", code="invalid_request", param=name)
+        return GatewayError(ErrorCode.INVALID_REQUEST, f"{name} is not a field this accepts.", param=name)
     if not param and "Expected `object`" in text_:
-        return GatewayError(400, "The request body must be a JSON object ({...}).", code="invalid_json")
+        return GatewayError(ErrorCode.INVALID_JSON, "The request body must be a JSON object ({...}).")
     field = re.sub(r"\[\d+\]$", "", param).rsplit(".", 1)[-1]
     message = FIELD_RULES.get(field) or _sentence(param or "The request body", text_)
-    return GatewayError(400, message, code="invalid_request", param=param or None)
+    return GatewayError(ErrorCode.INVALID_REQUEST, message, param=param or None)
 
 
 _KIND_WORDS = {"int": "a whole number", "float": "a number", "str": "text", "bool": "true or false",
@@ -179,8 +178,8 @@ def _not_json(body: bytes) -> GatewayError:
     if path is not None:
         field = re.sub(r"\[\d+\]$", "", path).rsplit(".", 1)[-1]
         message = FIELD_RULES.get(field) or f"{path} must be a finite number (JSON has no NaN or Infinity)."
-        return GatewayError(400, message, code="invalid_request", param=path)
-    return GatewayError(400, "The request body is not valid JSON.", code="invalid_json")
+        return GatewayError(ErrorCode.INVALID_REQUEST, message, param=path)
+    return GatewayError(ErrorCode.INVALID_JSON, "The request body is not valid JSON.")
 
 
 def _find(value: Any, marker: object, path: str) -> str | None:

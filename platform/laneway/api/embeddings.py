@@ -20,7 +20,8 @@ from laneway.api.protocol import encode
 from laneway.api.request_ids import bind_call, client_request_id
 from laneway.api.routes import _decode, admitted, authenticate, unsupported
 from laneway.api.services import Api
-from laneway.core.errors import invalid_request
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import invalid_request
 from laneway.core.pipeline import CLIENT_CLOSED, Call, Gateway, Lease
 from laneway.types import Embeddings
 
@@ -74,7 +75,7 @@ def _inputs(req: CreateEmbeddingRequest) -> list[str]:
     for i, x in enumerate(items):
         if not isinstance(x, str):
             raise invalid_request(
-                f"`input[{i}]` must be a string, got {type(x).__name__}.", param="input", code="invalid_type"
+                f"`input[{i}]` must be a string, got {type(x).__name__}.", param="input", code=ErrorCode.INVALID_TYPE
             )
         if not x:
             raise invalid_request(f"`input[{i}]` is an empty string; every input needs text.", param="input")

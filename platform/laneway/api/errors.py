@@ -17,7 +17,8 @@ from litestar.types import ExceptionHandlersMap
 
 from laneway.api.protocol import ErrorBody, ErrorEnvelope, encode
 from laneway.api.request_ids import admitted, request_id
-from laneway.core.errors import GatewayError
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError
 from laneway.tracing import TRACE_KEY
 
 if TYPE_CHECKING:
@@ -106,5 +107,5 @@ def validation_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> Gate
     if missing:
         param = f"{param}.{missing.group(1)}" if param else missing.group(1)
     if isinstance(exc, msgspec.DecodeError) and not isinstance(exc, msgspec.ValidationError):
-        return GatewayError(400, f"Request body is not valid JSON: {text}", code="invalid_json")
-    return GatewayError(400, f"Invalid request: {text}", code="invalid_request", param=param or None)
+        return GatewayError(ErrorCode.INVALID_JSON, f"Request body is not valid JSON: {text}")
+    return GatewayError(ErrorCode.INVALID_REQUEST, f"Invalid request: {text}", param=param or None)

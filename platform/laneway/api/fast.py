@@ -31,7 +31,7 @@ from laneway.api.errors import ErrorHandlers
 from laneway.api.request_ids import request_id
 from laneway.api.routes import chat_completions, completions
 from laneway.api.services import ApiServices
-from laneway.core.errors import GatewayError
+from laneway.contracts.errors import GatewayError
 
 log = logging.getLogger("laneway.api")
 

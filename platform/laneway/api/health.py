@@ -15,7 +15,8 @@ from litestar.openapi import ResponseSpec
 from litestar.types import Guard
 
 from laneway.api.openapi import METRICS, METRICS_TOKEN
-from laneway.core.errors import GatewayError
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError
 from laneway.core.pipeline import Gateway
 from laneway.settings import Settings
 
@@ -31,7 +32,7 @@ def metrics_token_guard(settings: Settings) -> Guard:
         scheme, _sep, given = connection.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), expected.encode()):
             raise GatewayError(
-                401, "This endpoint needs 'Authorization: Bearer <metrics token>'.", code="invalid_metrics_token"
+                ErrorCode.INVALID_METRICS_TOKEN, "This endpoint needs 'Authorization: Bearer <metrics token>'."
             )
 
     return require_metrics_token

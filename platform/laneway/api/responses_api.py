@@ -29,7 +29,8 @@ from laneway.api.errors import validation_error
 from laneway.api.routes import _decode, _hints, _respond, _stream_events, authenticate, unsupported
 from laneway.api.services import Api
 from laneway.api.sse import named_event
-from laneway.core.errors import GatewayError, invalid_request
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError, invalid_request
 from laneway.core.pipeline import Call, Gateway, Lease
 from laneway.types import ChatTurn, Delta, FinishReason, ToolCall
 
@@ -40,7 +41,9 @@ T = TypeVar("T")
 
 def _refuse(param: str, why: str) -> GatewayError:
     return invalid_request(
-        f"`{param}` is not supported: {why}; the request was not run.", param=param, code="unsupported_parameter"
+        f"`{param}` is not supported: {why}; the request was not run.",
+        param=param,
+        code=ErrorCode.UNSUPPORTED_PARAMETER,
     )
 
 

@@ -29,8 +29,9 @@ from laneway.api.request_ids import bind_call, client_request_id
 from laneway.api.responses import LeasedStream
 from laneway.api.services import Api, ApiServices
 from laneway.api.sse import DONE, error_event, event
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError, invalid_request
 from laneway.core.auth import KeyAuthenticator
-from laneway.core.errors import GatewayError, invalid_request
 from laneway.core.pipeline import CLIENT_CLOSED, Call, Gateway, Lease
 from laneway.core.streaming import pumped
 from laneway.tracing import TRACE_KEY
@@ -73,26 +74,28 @@ _UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `([^`]+)`$")
 async def _decode(request: Incoming, kind: type[T]) -> T:
     body = await request.body()
     if not body:
-        raise invalid_request("Request body is empty; expected a JSON object.", code="invalid_json")
+        raise invalid_request("Request body is empty; expected a JSON object.", code=ErrorCode.INVALID_JSON)
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
         unknown = _UNKNOWN_FIELD.match(str(exc))
         if unknown is not None:  # as OpenAI answers it: a parameter it does not know is not ignored
             name = unknown.group(1)
-            raise invalid_request(f"Unknown parameter: '{name}'.", param=name, code="unknown_parameter") from None
+            raise invalid_request(
+                f"Unknown parameter: '{name}'.", param=name, code=ErrorCode.UNKNOWN_PARAMETER
+            ) from None
         raise validation_error(exc) from None
     except msgspec.DecodeError as exc:
         raise validation_error(exc) from None
     except RecursionError:  # msgspec stops at the interpreter's recursion limit (~1000 levels)
-        raise invalid_request("Request body is nested too deeply.", code="invalid_json") from None
+        raise invalid_request("Request body is nested too deeply.", code=ErrorCode.INVALID_JSON) from None
 
 
 def unsupported(param: str, what: str) -> GatewayError:
     return invalid_request(
         f"`{param}` ({what}) is not supported by laneway; the request was not run.",
         param=param,
-        code="unsupported_parameter",
+        code=ErrorCode.UNSUPPORTED_PARAMETER,
     )
 
 
@@ -266,9 +269,8 @@ class OpenAIController(Controller):
         alias = model_id.lstrip("/")
         if alias not in gateway.visible_models(tenant):
             raise GatewayError(
-                404,
+                ErrorCode.MODEL_NOT_FOUND,
                 f"The model '{alias}' does not exist or you do not have access to it.",
-                code="model_not_found",
                 param="model",
             )
         card = _card(gateway, alias, int(api.started_at))

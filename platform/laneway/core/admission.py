@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from laneway.core.errors import GatewayError
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError
 from laneway.core.policy import LanePolicy
 
 if TYPE_CHECKING:
@@ -26,32 +27,26 @@ if TYPE_CHECKING:
 
 def queue_full(lane: LanePolicy, depth: int) -> GatewayError:
     return GatewayError(
-        503,
+        ErrorCode.QUEUE_FULL,
         f"The '{lane.name}' lane is full ({depth} requests waiting). Retry later.",
-        code="queue_full",
-        type="service_unavailable",
         retry_after=lane.retry_after_s,
     )
 
 
 def wait_too_long(lane: LanePolicy, wait: float) -> GatewayError:
     return GatewayError(
-        503,
+        ErrorCode.PREDICTED_WAIT_EXCEEDED,
         f"The '{lane.name}' lane would keep this request waiting about {wait:.1f} s, beyond its "
         f"{lane.queue_timeout_s:g} s limit. Retry later.",
-        code="predicted_wait_exceeded",
-        type="service_unavailable",
         retry_after=max(lane.retry_after_s, wait - lane.queue_timeout_s),
     )
 
 
 def over_share(lane: LanePolicy, depth: int, share: float) -> GatewayError:
     return GatewayError(
-        503,
+        ErrorCode.TENANT_QUEUE_SHARE,
         f"Your requests already fill your share of the '{lane.name}' lane ({depth} waiting, share {share:.0f}) "
         "while other tenants wait. Retry later.",
-        code="tenant_queue_share",
-        type="service_unavailable",
         retry_after=lane.retry_after_s,
     )
 

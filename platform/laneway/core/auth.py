@@ -20,9 +20,10 @@ from typing import cast
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError, dependency_unavailable
 from laneway.core import load_shedding
 from laneway.core.dependencies import DependencyHealth
-from laneway.core.errors import GatewayError, dependency_unavailable
 from laneway.db.repositories import KeyRows
 from laneway.types import TenantSnapshot
 
@@ -40,7 +41,7 @@ def new_api_key() -> tuple[str, str, str]:
 
 
 def _unauthorized(message: str) -> GatewayError:
-    return GatewayError(401, message, code="invalid_api_key")
+    return GatewayError(ErrorCode.INVALID_API_KEY, message)
 
 
 @dataclass(slots=True)
@@ -145,7 +146,7 @@ class KeyAuthenticator:
         except Exception as exc:
             self._database_failed(exc)
             if entry is None or not self._usable_stale(entry, now):
-                raise dependency_unavailable("database") from None
+                raise dependency_unavailable(ErrorCode.DATABASE_UNAVAILABLE, "database") from None
             return self._stale_outcome(digest, entry)
 
     def _fresh(self, entry: _Entry | None, now: float) -> TenantSnapshot | GatewayError | None:
@@ -309,7 +310,7 @@ def _outcome(row: tuple[object, ...] | None) -> TenantSnapshot | GatewayError:
     if isinstance(expires_at, datetime) and as_utc(expires_at) <= datetime.now(UTC):
         return _unauthorized("This API key has expired.")
     if disabled:
-        return GatewayError(403, f"Tenant '{name}' is disabled.", code="tenant_disabled")
+        return GatewayError(ErrorCode.TENANT_DISABLED, f"Tenant '{name}' is disabled.")
     return TenantSnapshot(
         id=cast(int, tenant_id),
         name=cast(str, name),

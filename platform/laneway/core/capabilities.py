@@ -4,7 +4,8 @@ deployment's adapter declares (EngineInfo.capabilities): a 400 naming the parame
 
 from __future__ import annotations
 
-from laneway.core.errors import invalid_request
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import invalid_request
 from laneway.types import EngineInfo, GenerationRequest
 
 WHAT = {
@@ -47,5 +48,5 @@ def check(info: EngineInfo, alias: str, g: GenerationRequest) -> None:
                 f"`{param}` ({WHAT[capability]}) is not supported by the engine serving '{alias}' "
                 f"({info.engine}); the request was not run.",
                 param=param,
-                code="unsupported_parameter",
+                code=ErrorCode.UNSUPPORTED_PARAMETER,
             )

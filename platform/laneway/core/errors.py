@@ -1,9 +1,13 @@
-"""GatewayError: a failure the client must hear about, with its HTTP status and OpenAI code."""
+"""The old spelling of GatewayError (status first, code as a keyword), kept only while the
+Redis-backed limiters move to laneway.contracts; it builds the one GatewayError class."""
 
 from __future__ import annotations
 
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError as _GatewayError
 
-class GatewayError(Exception):
+
+class GatewayError(_GatewayError):
     def __init__(
         self,
         status: int,
@@ -14,38 +18,12 @@ class GatewayError(Exception):
         type: str | None = None,
         retry_after: float | None = None,
     ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-        self.param = param
-        self.type = type
-        self.headers: dict[str, str] = {}
-        if retry_after is not None:
-            self.headers["Retry-After"] = str(max(1, int(retry_after + 0.999)))
+        super().__init__(
+            ErrorCode(code or "server_error"), message, param=param, retry_after=retry_after, status=status
+        )
 
 
-def invalid_request(message: str, *, param: str | None = None, code: str = "invalid_request") -> GatewayError:
-    return GatewayError(400, message, code=code, param=param)
+def dependency_unavailable(dependency: str, retry_after: float = 1) -> _GatewayError:
+    from laneway.contracts.errors import dependency_unavailable as unavailable
 
-
-def shutting_down(retry_after: float = 1) -> GatewayError:
-    """This replica is draining for a shutdown: the client should retry (another replica)."""
-    return GatewayError(
-        503,
-        "This gateway replica is shutting down; retry the request.",
-        code="shutting_down",
-        type="service_unavailable",
-        retry_after=retry_after,
-    )
-
-
-def dependency_unavailable(dependency: str, retry_after: float = 1) -> GatewayError:
-    """A dependency the gateway needs (Redis, the database) is down and no fallback applies."""
-    return GatewayError(
-        503,
-        f"The gateway cannot reach its {dependency} right now; retry shortly.",
-        code=f"{dependency.replace(' ', '_')}_unavailable",
-        type="service_unavailable",
-        retry_after=retry_after,
-    )
+    return unavailable(ErrorCode(f"{dependency.replace(' ', '_')}_unavailable"), dependency, retry_after)

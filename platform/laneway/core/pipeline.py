@@ -33,9 +33,10 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError, shutting_down
 from laneway.core import capabilities, load_shedding
 from laneway.core.accounting import UsageRecorder
-from laneway.core.errors import GatewayError, shutting_down
 from laneway.core.ids import random_hex
 from laneway.core.policy import LanePolicy, PolicyStore
 from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, Reservation
@@ -324,10 +325,9 @@ class Gateway:
         room = context - measured.tokens
         if room <= 0:
             raise GatewayError(  # 400, as OpenAI answers it (the SDKs raise BadRequestError)
-                400,
+                ErrorCode.CONTEXT_LENGTH_EXCEEDED,
                 f"This model's maximum context length is {context} tokens; your prompt has "
                 f"{measured.tokens} tokens and leaves no room for a completion.",
-                code="context_length_exceeded",
                 param="messages" if messages else "prompt",
             )
         budget = snapshot.max_tokens(
@@ -369,16 +369,15 @@ class Gateway:
             deployment = self.registry.resolve(alias, embeddings=embeddings)
         except UnknownModel:
             raise GatewayError(
-                404,
+                ErrorCode.MODEL_NOT_FOUND,
                 f"The model '{alias}' does not exist or you do not have access to it.",
-                code="model_not_found",
                 param="model",
             ) from None
         except NotServed:
             deployment = None
         if not tenant.may_use(alias):  # before saying what the model serves: a key that may not use it learns nothing
             raise GatewayError(
-                403, f"Your key is not allowed to use the model '{alias}'.", code="model_not_allowed", param="model"
+                ErrorCode.MODEL_NOT_ALLOWED, f"Your key is not allowed to use the model '{alias}'.", param="model"
             )
         if deployment is None:
             what = (
@@ -386,13 +385,12 @@ class Gateway:
                 if embeddings
                 else "serves embeddings only (POST /v1/embeddings); it does not generate text"
             )
-            raise GatewayError(400, f"The model '{alias}' {what}.", code="unsupported_parameter", param="model")
+            raise GatewayError(ErrorCode.UNSUPPORTED_PARAMETER, f"The model '{alias}' {what}.", param="model")
         if lane is not None and lane not in tenant.allowed_lanes:
             raise GatewayError(
-                403,
+                ErrorCode.LANE_NOT_ALLOWED,
                 f"Tenant '{tenant.name}' may not choose a lane (asked for '{lane}'); its requests are routed "
                 "by the lane rules. An admin can allow lanes per tenant.",
-                code="lane_not_allowed",
                 param="X-Laneway-Lane",
             )
         return deployment
@@ -421,10 +419,9 @@ class Gateway:
         total = sum(counts)
         if total > MAX_EMBEDDING_TOKENS:
             raise GatewayError(
-                400,
+                ErrorCode.INVALID_REQUEST,
                 f"The inputs have {total} tokens together; one request may have at most {MAX_EMBEDDING_TOKENS}. "
                 "Send them in smaller batches.",
-                code="invalid_request",
                 param="input",
             )
         task = task or "embeddings"
@@ -435,10 +432,9 @@ class Gateway:
         longest = max(range(len(counts)), key=counts.__getitem__)
         if counts[longest] > context:
             raise GatewayError(
-                400,
+                ErrorCode.CONTEXT_LENGTH_EXCEEDED,
                 f"This model's maximum context length is {context} tokens; input[{longest}] has "
                 f"{counts[longest]} tokens. Shorten it or split it.",
-                code="context_length_exceeded",
                 param="input",
             )
         request_id = "embd-" + random_hex()
@@ -607,8 +603,9 @@ class Gateway:
                 await engine_stream.aclose()  # closing the engine stream is the cancellation
         except EngineRequestError as exc:  # the request's values, not the engine's health
             call.fail(400, "invalid_request")
-            raise GatewayError(400, f"The engine serving '{call.alias}' refused the request: {exc}",
-                               code="invalid_request") from exc  # fmt: skip
+            raise GatewayError(
+                ErrorCode.INVALID_REQUEST, f"The engine serving '{call.alias}' refused the request: {exc}"
+            ) from exc
         except EngineError as exc:
             raise self._engine_failed(call, exc) from exc
         except BaseException as exc:
@@ -651,7 +648,7 @@ class Gateway:
         log.error("engine error on %s (%s): %s", call.generation.request_id, call.deployment.spec.name, exc)
         self.registry.record(call.deployment, ok=False)
         call.fail(503, "engine_error")
-        return GatewayError(503, f"The engine serving '{call.alias}' failed: {exc}", code="engine_error", retry_after=1)
+        return GatewayError(ErrorCode.ENGINE_ERROR, f"The engine serving '{call.alias}' failed: {exc}", retry_after=1)
 
     # ---- bookkeeping ----
     def forget(self, lease: Lease) -> None:

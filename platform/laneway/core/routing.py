@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from laneway.core.errors import invalid_request
+from laneway.contracts.errors import invalid_request
 from laneway.core.policy import DEFAULT_LANE, LanePolicy, PolicySnapshot
 
 

@@ -25,8 +25,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError
 from laneway.core import admission
-from laneway.core.errors import GatewayError
 from laneway.core.policy import LanePolicy
 
 
@@ -119,10 +120,8 @@ class _LaneQueue:
 
 def queue_timeout(lane: LanePolicy, waited_s: float) -> GatewayError:
     return GatewayError(
-        503,
+        ErrorCode.QUEUE_TIMEOUT,
         f"The '{lane.name}' lane is saturated: no engine slot within {waited_s:.1f} s. Retry later.",
-        code="queue_timeout",
-        type="service_unavailable",
         retry_after=lane.retry_after_s,
     )
 

@@ -20,7 +20,8 @@ import logging
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from laneway.core.errors import GatewayError
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError
 from laneway.core.pipeline import CLIENT_CLOSED, Gateway, Lease
 from laneway.types import Delta
 
@@ -30,11 +31,9 @@ log = logging.getLogger("laneway.streaming")
 
 def backpressure_error(limit: int) -> GatewayError:
     return GatewayError(
-        503,
+        ErrorCode.BACKPRESSURE,
         f"The client read the stream too slowly: more than {limit} tokens were waiting to be sent, "
         "so the generation was cancelled.",
-        code="backpressure",
-        type="service_unavailable",
     )
 
 
@@ -64,8 +63,9 @@ async def pumped(gateway: Gateway, lease: Lease, limit: int | None) -> AsyncGene
             buffer.put_nowait(exc)
         except Exception:  # a bug, or an engine error no adapter mapped: without this the client would hang
             log.exception("stream %s failed", lease.call.request_id)
-            buffer.put_nowait(GatewayError(500, "The gateway failed to handle this request; it has been logged.",
-                                           code="internal_error", type="server_error"))  # fmt: skip
+            buffer.put_nowait(
+                GatewayError(ErrorCode.INTERNAL_ERROR, "The gateway failed to handle this request; it has been logged.")
+            )
         finally:
             await source.aclose()
 

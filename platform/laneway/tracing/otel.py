@@ -47,7 +47,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, set_
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from laneway import __version__
-from laneway.core.errors import GatewayError
+from laneway.contracts.errors import GatewayError
 from laneway.server import RECEIVED_AT
 from laneway.tracing import TRACE_KEY
 
