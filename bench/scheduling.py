@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from laneway.contracts.errors import GatewayError
-from laneway.core.accounting import UsageRecorder
-from laneway.core.pipeline import Gateway
+from laneway.core.pipeline import Gateway, GenerationIntent
 from laneway.core.policy import LanePolicy, PolicySnapshot, PolicyStore
 from laneway.db.repositories import DeploymentSpec
 from laneway.engines.registry import EngineRegistry
 from laneway.types import GenerationRequest, TenantSnapshot
+from laneway.usage import UsageRecorder
 
 SIM = {"max_concurrency": 32, "prefill_ms_per_token": 0.05, "decode_ms_base": 10.0, "decode_ms_per_seq": 0.5}
 SHORT_PROMPT = "short question " * 27  # ~100 sim tokens
@@ -117,12 +117,14 @@ async def laneway_one(gateway: Gateway, arrival: Arrival, n: int) -> float | Non
     t0 = time.perf_counter()
     call = await gateway.prepare(
         TENANTS[arrival.tenant],
-        endpoint="chat",
-        alias="m",
-        stream=arrival.short,
-        prompt=SHORT_PROMPT if arrival.short else LONG_PROMPT,
-        max_tokens=32 if arrival.short else 128,
-        seed=n,
+        GenerationIntent(
+            endpoint="chat",
+            alias="m",
+            stream=arrival.short,
+            prompt=SHORT_PROMPT if arrival.short else LONG_PROMPT,
+            max_tokens=32 if arrival.short else 128,
+            seed=n,
+        ),
     )
     try:
         lease = await gateway.admit(call)
@@ -140,7 +142,7 @@ async def laneway_one(gateway: Gateway, arrival: Arrival, n: int) -> float | Non
 
 async def run(config: str, seconds: float, noisy: bool) -> tuple[list[float], int]:
     registry = await build(dedicated=config == "laneway")
-    gateway = Gateway(registry, UsageRecorder(None), PolicyStore(None, PolicySnapshot(lanes=LANES)))  # type: ignore[arg-type]
+    gateway = Gateway(registry, PolicyStore(None, PolicySnapshot(lanes=LANES)), sinks=[UsageRecorder(None)])  # type: ignore[arg-type]
     arrivals = workload(seconds, noisy)
     short_ttft: list[float] = []
     refused = 0

@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the suite's seeding helper
 
 import laneway  # noqa: E402
 from laneway.app import create_app  # noqa: E402
+from laneway.core.pipeline import GenerationIntent  # noqa: E402
 from laneway.settings import Settings  # noqa: E402
 from litestar.testing import AsyncTestClient  # noqa: E402
 from serving import seed, sim_model  # noqa: E402
@@ -73,18 +74,18 @@ async def measure(settings: Settings, key: str, n: int, stream: bool) -> tuple[f
 
 async def pipeline(n: int, traced: bool) -> float:
     """CPU time (us) of one request through the pipeline, its spans included when traced."""
-    from laneway.core.accounting import UsageRecorder
     from laneway.core.pipeline import Gateway
     from laneway.core.policy import PolicyStore
     from laneway.db.repositories import DeploymentSpec
     from laneway.engines.registry import EngineRegistry
     from laneway.types import TenantSnapshot
+    from laneway.usage import UsageRecorder
 
     registry = EngineRegistry()
     await registry.load([DeploymentSpec(1, "sim-1", "sim", "sim", {"decode_ms_base": 0.0, "decode_ms_per_seq": 0.0,
                                                       "prefill_ms_per_token": 0.0, "max_concurrency": 64},
                                         "sim", "sim", 4096)])  # fmt: skip
-    gw = Gateway(registry, UsageRecorder(None, interval_s=3600), PolicyStore(None))  # type: ignore[arg-type]
+    gw = Gateway(registry, PolicyStore(None), sinks=[UsageRecorder(None, interval_s=3600)])  # type: ignore[arg-type]
     tenant = TenantSnapshot(id=1, name="acme", api_key_id=1)
     tracer = None
     if traced:
@@ -102,7 +103,9 @@ async def pipeline(n: int, traced: bool) -> float:
         trace = tracer.begin("completions", scope) if tracer is not None else None  # type: ignore[arg-type]
         if trace is not None:
             await trace.auth(asyncio.sleep(0, tenant))
-        call = await gw.prepare(tenant, endpoint="completions", alias="sim", stream=False, prompt="hi", max_tokens=4)
+        call = await gw.prepare(
+            tenant, GenerationIntent(endpoint="completions", alias="sim", stream=False, prompt="hi", max_tokens=4)
+        )
         lease = gw.lease(call)
         if trace is not None:
             trace.bind(call)

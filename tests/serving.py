@@ -241,3 +241,11 @@ def closed_by_server(socks: list[socket.socket], timeout: float = 5.0) -> int:
             closed += 1
         s.close()
     return closed
+
+
+def usage_rows(gateway: Any) -> list[dict[str, Any]]:
+    """The usage rows a Gateway built in a test has queued (its UsageRecorder sink)."""
+    from laneway.usage import UsageRecorder
+
+    recorder = next(s for s in gateway.sinks if isinstance(s, UsageRecorder))
+    return recorder.queued_rows()

@@ -20,11 +20,11 @@ from laneway.admin.ui import AdminPages, AdminUI
 from laneway.admin.usage_ui import UsagePages
 from laneway.api.embeddings import EmbeddingsController
 from laneway.api.errors import ErrorHandlers
+from laneway.api.handlers import OpenAIController
 from laneway.api.health import live, metrics, metrics_token_guard, ready
 from laneway.api.openapi import add_wire_schemas, openapi_config
 from laneway.api.request_ids import stamp_request_id
-from laneway.api.responses_api import ResponsesController
-from laneway.api.routes import OpenAIController
+from laneway.api.responses.handler import ResponsesController
 from laneway.resources import ADMIN_STATIC, ADMIN_TEMPLATES, package_dir
 from laneway.runtime import Runtime, RuntimePlugin
 from laneway.settings import Settings

@@ -25,31 +25,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from laneway.contracts.codes import reason_of
+
 if TYPE_CHECKING:
-    from laneway.core.pipeline import Call
+    from laneway.core.pipeline import Outcome
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64)
 BASE_LABELS = ("lane", "model", "quantization", "gpu_type", "engine")
-
-# Why a request was refused or cut short, by the error code the client saw.
-REJECTION_REASONS = {
-    "rate_limit_exceeded": "rate_limit",
-    "request_too_large": "rate_limit",
-    "concurrency_limit_exceeded": "concurrency",
-    "queue_full": "queue_full",
-    "tenant_queue_share": "tenant_queue_share",
-    "predicted_wait_exceeded": "predicted_wait",
-    "queue_timeout": "queue_timeout",
-    "backpressure": "backpressure",
-    "client_disconnected": "disconnect",
-    "slow_client": "slow_client",
-    "engine_error": "engine_error",
-    "shutting_down": "shutting_down",
-    "rate_limiter_unavailable": "dependency",
-    "database_unavailable": "dependency",
-    "internal_error": "internal_error",
-}
 
 # A runtime reading taken at scrape time: (name, help, "gauge" | "counter", labels, value).
 Reading = tuple[str, str, str, dict[str, str], float]
@@ -117,32 +100,33 @@ class GatewayMetrics:
             )
         return bound
 
-    def observe(self, call: Call, now: float) -> None:
-        info = call.deployment.engine.info
-        lv: tuple[str, ...] = (call.lane.name, call.alias, info.quantization, info.gpu_type, info.engine)
+    def finished(self, outcome: Outcome) -> None:
+        """A finished request's histograms and counters (the pipeline's OutcomeSink)."""
+        now = outcome.ended
+        lv: tuple[str, ...] = (outcome.lane, outcome.model, outcome.quantization, outcome.gpu_type, outcome.engine)
         if self.tenant_label:
-            lv = (*lv, call.tenant.name)
+            lv = (*lv, outcome.tenant_name)
         m = self._bound(lv)
-        status = self._statuses.get((lv, call.status))
+        status = self._statuses.get((lv, outcome.status))
         if status is None:
-            status = self._statuses[lv, call.status] = self.requests.labels(*lv, str(call.status))
+            status = self._statuses[lv, outcome.status] = self.requests.labels(*lv, str(outcome.status))
         status.inc()
-        reason = REJECTION_REASONS.get(call.error_code or "")
+        reason = reason_of(outcome.error_code)
         if reason:
             self.rejections.labels(*lv, reason).inc()
-        m.e2e.observe(now - call.started)
-        if call.dispatched_at is None:
+        m.e2e.observe(now - outcome.started)
+        if outcome.dispatched_at is None:
             return  # never reached the engine
-        m.queue_wait.observe(call.dispatched_at - call.started)
-        m.prompt_tokens.inc(call.prompt_tokens)
-        m.completion_tokens.inc(call.completion_tokens)
-        if call.first_token_at is not None:
-            m.ttft.observe(call.first_token_at - call.started)
-            m.prefill.observe(call.first_token_at - call.dispatched_at)
-            decode = now - call.first_token_at
+        m.queue_wait.observe(outcome.dispatched_at - outcome.started)
+        m.prompt_tokens.inc(outcome.prompt_tokens)
+        m.completion_tokens.inc(outcome.completion_tokens)
+        if outcome.first_token_at is not None:
+            m.ttft.observe(outcome.first_token_at - outcome.started)
+            m.prefill.observe(outcome.first_token_at - outcome.dispatched_at)
+            decode = now - outcome.first_token_at
             m.decode.observe(decode)
-            if call.completion_tokens > 1:
-                m.tpot.observe(decode / (call.completion_tokens - 1))
+            if outcome.completion_tokens > 1:
+                m.tpot.observe(decode / (outcome.completion_tokens - 1))
 
     def refused(self, endpoint: str, status: int, code: str | None) -> None:
         """One error answer to a request that never held a lease. `endpoint` is a route's path

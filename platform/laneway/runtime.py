@@ -32,7 +32,6 @@ from laneway.admin.service import AdminService
 from laneway.admin.throttle import LoginGuard
 from laneway.api.services import ApiServices
 from laneway.bootstrap import admin_password_file, bootstrap_admin, bootstrap_demo, bootstrap_first_admin
-from laneway.core.accounting import UsageRecorder
 from laneway.core.auth import KeyAuthenticator
 from laneway.core.config_watch import ConfigChanges
 from laneway.core.dependencies import DependencyHealth, database_unreachable
@@ -49,6 +48,7 @@ from laneway.engines.llamacpp import LlamaCppEngine
 from laneway.engines.registry import EngineRegistry
 from laneway.metrics import GatewayMetrics, Reading
 from laneway.settings import Settings
+from laneway.usage import UsageRecorder
 
 if TYPE_CHECKING:
     from laneway.tracing.otel import Tracing
@@ -208,16 +208,16 @@ class Runtime:
             await shared_slots.start()
         self.gateway = gateway = Gateway(
             registry,
-            recorder,
             policies,
             limiter,
+            sinks=(recorder, self.metrics),
             default_max_tokens=settings.default_max_tokens,
             quantum=settings.scheduler_quantum,
             starvation_share=settings.lane_starvation_share,
             headroom=settings.scheduler_headroom_slots,
-            metrics=self.metrics,
             shared_slots=shared_slots,
         )
+        self.metrics.watch_queues(gateway.queue_stats)
         # Long ticks while no API request arrives and none is in flight; the shedder wakes it.
         self.loop_lag = loop_lag = LoopLagMonitor(
             on_sample=self.shedder.tick, busy=lambda: not self.shedder.quiet() or gateway.in_flight > 0
@@ -307,6 +307,9 @@ class Runtime:
     def provide_gateway(self) -> Gateway:
         return self.gateway
 
+    def provide_metrics(self) -> GatewayMetrics:
+        return self.metrics
+
     def provide_admin_service(self) -> AdminService:
         return self.admin
 
@@ -321,6 +324,7 @@ class Runtime:
         return {
             "api": Provide(self.provide_api, sync_to_thread=False),
             "gateway": Provide(self.provide_gateway, sync_to_thread=False),
+            "metrics": Provide(self.provide_metrics, sync_to_thread=False),
             "admin_service": Provide(self.provide_admin_service, sync_to_thread=False),
             "live": Provide(self.provide_live_figures, sync_to_thread=False),
             "logins": Provide(self.provide_logins, sync_to_thread=False),

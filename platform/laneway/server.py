@@ -42,12 +42,11 @@ from typing import Any, cast
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from laneway.api.disconnect import DISCONNECT_EXTENSION
 from laneway.api.errors import ErrorHandlers
 from laneway.api.fast import FastRoutes
 from laneway.api.request_ids import HEADER as REQUEST_ID_HEADER
 from laneway.api.request_ids import fresh_request_id, sane_request_id, sent_request_id
-from laneway.api.responses import ABORT_EXTENSION
+from laneway.contracts.scope import ABORT_EXTENSION, DISCONNECT_EXTENSION
 from laneway.core import load_shedding
 from laneway.core.load_shedding import LoadShedder, Preparing
 from laneway.metrics import Reading

@@ -5,10 +5,10 @@ from typing import Any
 import pytest
 from laneway.bootstrap import issue_key
 from laneway.contracts.errors import GatewayError
-from laneway.core.accounting import UsageRecorder
 from laneway.core.auth import KeyAuthenticator, hash_secret, new_api_key
 from laneway.db.repositories import KeyRows, TenantRepository, UsageRepository
 from laneway.db.session import make_sessionmaker
+from laneway.usage import UsageRecorder
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 

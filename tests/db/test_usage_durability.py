@@ -7,10 +7,10 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from laneway.core.accounting import UsageRecorder
 from laneway.db import migrate
 from laneway.db.repositories import TenantRepository, UsageRepository
 from laneway.db.session import make_engine, make_sessionmaker
+from laneway.usage import UsageRecorder
 from services import PrivatePostgres
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine

@@ -11,13 +11,14 @@ from typing import Any
 import numpy as np
 import pytest
 from laneway.contracts.errors import GatewayError
-from laneway.core.accounting import UsageRecorder
-from laneway.core.pipeline import CLIENT_CLOSED, Gateway
+from laneway.core.pipeline import CLIENT_CLOSED, EmbeddingIntent, Gateway, GenerationIntent
 from laneway.core.policy import LanePolicy, PolicySnapshot, PolicyStore
 from laneway.core.ratelimit import MemoryRateLimiter
 from laneway.db.repositories import DeploymentSpec
 from laneway.engines.registry import EngineRegistry
 from laneway.types import TenantSnapshot
+from laneway.usage import UsageRecorder
+from serving import usage_rows
 
 TENANT = TenantSnapshot(id=1, name="acme", api_key_id=11, tpm=1000)
 LANES = (LanePolicy("embed", match_tasks=frozenset({"embeddings"})), LanePolicy("standard"))
@@ -33,13 +34,13 @@ async def gateway() -> AsyncIterator[Gateway]:
     # One alias with a generating and an embedding deployment: each request finds its kind.
     await registry.load([sim("m-chat", "m"), sim("m-embed", "m", embeddings=True, embedding_dim=16)])
     recorder = UsageRecorder(None, interval_s=60)  # type: ignore[arg-type]
-    gw = Gateway(registry, recorder, PolicyStore(None, PolicySnapshot(lanes=LANES)), MemoryRateLimiter())
+    gw = Gateway(registry, PolicyStore(None, PolicySnapshot(lanes=LANES)), MemoryRateLimiter(), sinks=[recorder])
     yield gw
     await registry.close()
 
 
 async def test_embeddings_go_to_the_embedder_and_are_reserved_and_settled_as_input_tokens(gateway: Gateway) -> None:
-    call = await gateway.prepare_embeddings(TENANT, alias="m", inputs=["abcd" * 3, "abcd"], user="u")
+    call = await gateway.prepare_embeddings(TENANT, EmbeddingIntent(alias="m", inputs=["abcd" * 3, "abcd"], user="u"))
     assert (call.deployment.spec.name, call.lane.name, call.task) == ("m-embed", "embed", "embeddings")
     assert call.endpoint == "embeddings"
     assert call.prompt_tokens == 3 + 1 and call.generation.max_tokens == 0
@@ -49,23 +50,23 @@ async def test_embeddings_go_to_the_embedder_and_are_reserved_and_settled_as_inp
     result = await gateway.embed(lease)
     lease.release()
     assert result.vectors.shape == (2, 16) and np.allclose(np.linalg.norm(result.vectors, axis=1), 1.0)
-    [row] = gateway.recorder.queued_rows()
+    [row] = usage_rows(gateway)
     assert (row["endpoint"], row["status"], row["prompt_tokens"], row["completion_tokens"]) == ("embeddings", 200, 4, 0)
     assert (row["lane"], row["end_user"], row["stream"]) == ("embed", "u", False)
-    chat = await gateway.prepare(TENANT, endpoint="chat", alias="m", stream=False, prompt="hi")
+    chat = await gateway.prepare(TENANT, GenerationIntent(endpoint="chat", alias="m", stream=False, prompt="hi"))
     assert chat.deployment.spec.name == "m-chat"  # text goes to the deployment that generates
     assert gateway.in_flight == 0 and call.deployment.outstanding == 0
 
 
 async def test_an_input_beyond_the_context_is_refused_not_truncated(gateway: Gateway) -> None:
     with pytest.raises(GatewayError) as info:
-        await gateway.prepare_embeddings(TENANT, alias="m", inputs=["short", "x" * 400])
+        await gateway.prepare_embeddings(TENANT, EmbeddingIntent(alias="m", inputs=["short", "x" * 400]))
     assert (info.value.status, info.value.code, info.value.param) == (400, "context_length_exceeded", "input")
     assert "input[1]" in info.value.message
 
 
 async def test_cancelled_while_embedding_frees_the_slot_and_is_recorded_as_client_closed(gateway: Gateway) -> None:
-    call = await gateway.prepare_embeddings(TENANT, alias="m", inputs=["a"])
+    call = await gateway.prepare_embeddings(TENANT, EmbeddingIntent(alias="m", inputs=["a"]))
     engine: Any = call.deployment.engine
     engine.embed_ms = 60_000
     lease = await gateway.admit(call)
@@ -81,30 +82,32 @@ async def test_cancelled_while_embedding_frees_the_slot_and_is_recorded_as_clien
     assert engine.active_slots == 0 and call.deployment.outstanding == 0
     lease.release()
     lease.release()  # idempotent: one row
-    assert [r["status"] for r in gateway.recorder.queued_rows()] == [CLIENT_CLOSED]
+    assert [r["status"] for r in usage_rows(gateway)] == [CLIENT_CLOSED]
     assert isinstance(gateway.limiter, MemoryRateLimiter) and gateway.limiter.holders == 0
 
 
 async def test_an_engine_fault_is_503_engine_error(gateway: Gateway) -> None:
-    call = await gateway.prepare_embeddings(TENANT, alias="m", inputs=["ok", "<<laneway-sim-fault>>"])
+    call = await gateway.prepare_embeddings(TENANT, EmbeddingIntent(alias="m", inputs=["ok", "<<laneway-sim-fault>>"]))
     lease = await gateway.admit(call)
     with pytest.raises(GatewayError) as info:
         await gateway.embed(lease)
     lease.release()
     assert (info.value.status, info.value.code) == (503, "engine_error")
-    assert gateway.recorder.queued_rows()[-1]["status"] == 503 and gateway.in_flight == 0
+    assert usage_rows(gateway)[-1]["status"] == 503 and gateway.in_flight == 0
 
 
 async def test_a_model_without_an_embedder_is_400_naming_it() -> None:
     registry = EngineRegistry()
     await registry.load([sim("c-chat", "c")])
-    gw = Gateway(registry, UsageRecorder(None, interval_s=60), PolicyStore(None))  # type: ignore[arg-type]
+    gw = Gateway(registry, PolicyStore(None), sinks=[UsageRecorder(None, interval_s=60)])  # type: ignore[arg-type]
     try:
         with pytest.raises(GatewayError) as info:
-            await gw.prepare_embeddings(TENANT, alias="c", inputs=["a"])
+            await gw.prepare_embeddings(TENANT, EmbeddingIntent(alias="c", inputs=["a"]))
         assert (info.value.status, info.value.code, info.value.param) == (400, "unsupported_parameter", "model")
         with pytest.raises(GatewayError) as denied:  # a key that may not use the model learns nothing more
-            await gw.prepare_embeddings(TenantSnapshot(2, "t", 2, allowed_models=frozenset()), alias="c", inputs=["a"])
+            await gw.prepare_embeddings(
+                TenantSnapshot(2, "t", 2, allowed_models=frozenset()), EmbeddingIntent(alias="c", inputs=["a"])
+            )
         assert denied.value.status == 403
     finally:
         await registry.close()

@@ -9,15 +9,16 @@ from typing import Any
 
 import pytest
 from laneway.contracts.errors import GatewayError
-from laneway.core.accounting import UsageRecorder
-from laneway.core.pipeline import CLIENT_CLOSED, Gateway
+from laneway.core.pipeline import CLIENT_CLOSED, Gateway, GenerationIntent
+from laneway.core.pipeline.stream import pumped
 from laneway.core.policy import LanePolicy, PolicySnapshot, PolicyStore
 from laneway.core.ratelimit import MemoryRateLimiter, Reservation
 from laneway.core.scheduler import DeploymentScheduler, Ticket
-from laneway.core.streaming import pumped
 from laneway.db.repositories import DeploymentSpec
 from laneway.engines.registry import EngineRegistry
 from laneway.types import TenantSnapshot
+from laneway.usage import UsageRecorder
+from serving import usage_rows
 
 LANE = LanePolicy(name="only", max_concurrency=2, max_queue_depth=100, queue_timeout_s=30)
 TENANT = TenantSnapshot(id=1, name="acme", api_key_id=11, max_concurrency=100)
@@ -45,7 +46,7 @@ async def gateway(request: pytest.FixtureRequest) -> Any:
     spec = DeploymentSpec(1, "m-sim", "m", "sim", config, "q", "g", 4096)
     await registry.load([spec])
     limiter = MemoryRateLimiter() if request.param == "memory" else SlowMemoryLimiter()
-    gw = Gateway(registry, UsageRecorder(None), PolicyStore(None, PolicySnapshot(lanes=(LANE,))), limiter)  # type: ignore[arg-type]
+    gw = Gateway(registry, PolicyStore(None, PolicySnapshot(lanes=(LANE,))), limiter, sinks=[UsageRecorder(None)])  # type: ignore[arg-type]
     yield gw
     await registry.close()
 
@@ -114,7 +115,7 @@ async def test_cancelled_at_every_await_of_admission_and_generation_nothing_leak
             outcome = await asyncio.gather(task, return_exceptions=True)
             await settle()
             assert_nothing_held(gateway)
-            rows = [r for r in gateway.recorder.queued_rows() if r["request_id"] == call.request_id]
+            rows = [r for r in usage_rows(gateway) if r["request_id"] == call.request_id]
             assert len(rows) == len(opened), (k, rows)  # cancelled before it started: nothing taken
             if not isinstance(outcome[0], asyncio.CancelledError):
                 assert rows[0]["status"] == 200
@@ -127,24 +128,30 @@ async def test_cancelled_at_every_await_of_admission_and_generation_nothing_leak
 
 
 async def prepared(gateway: Gateway, *, stream: bool) -> Any:
-    return await gateway.prepare(TENANT, endpoint="completions", alias="m", stream=stream, prompt="hi", max_tokens=4)
+    return await gateway.prepare(
+        TENANT, GenerationIntent(endpoint="completions", alias="m", stream=stream, prompt="hi", max_tokens=4)
+    )
 
 
 async def test_release_is_idempotent_and_refusals_release_too(gateway: Gateway) -> None:
     lease = await gateway.admit(await prepared(gateway, stream=False))
     lease.release()
     lease.release()
-    assert len(gateway.recorder.queued_rows()) == 1
+    assert len(usage_rows(gateway)) == 1
     limited = TenantSnapshot(id=1, name="acme", api_key_id=11, tpm=1)
-    call = await gateway.prepare(limited, endpoint="completions", alias="m", stream=False, prompt="hi", max_tokens=4)
+    call = await gateway.prepare(
+        limited, GenerationIntent(endpoint="completions", alias="m", stream=False, prompt="hi", max_tokens=4)
+    )
     with pytest.raises(GatewayError):
         await gateway.admit(call)  # 429: more tokens than the tenant's TPM
     assert_nothing_held(gateway)
-    assert gateway.recorder.queued_rows()[-1]["status"] == 429
+    assert usage_rows(gateway)[-1]["status"] == 429
 
 
 async def test_a_lease_whose_generation_is_left_suspended_still_frees_the_engine(gateway: Gateway) -> None:
-    call = await gateway.prepare(TENANT, endpoint="completions", alias="m", stream=True, prompt="hi", max_tokens=500)
+    call = await gateway.prepare(
+        TENANT, GenerationIntent(endpoint="completions", alias="m", stream=True, prompt="hi", max_tokens=500)
+    )
     lease = await gateway.admit(call)
     deltas = gateway.run(lease)
     await anext(deltas)  # generating; then nobody iterates or closes it
@@ -171,5 +178,5 @@ async def test_drain_refuses_the_queued_lets_the_running_finish_then_cuts(gatewa
     await drain  # the two running never ended: cut, then released
     assert [e.code for e in interrupted] == ["shutting_down"]
     assert_nothing_held(gateway)
-    statuses = sorted((r["status"], r["error_code"]) for r in gateway.recorder.queued_rows())
+    statuses = sorted((r["status"], r["error_code"]) for r in usage_rows(gateway))
     assert statuses == [(503, "shutting_down")] * 4

@@ -4,12 +4,13 @@ from typing import Any
 
 import pytest
 from laneway.contracts.errors import GatewayError
-from laneway.core.accounting import UsageRecorder
-from laneway.core.pipeline import CLIENT_CLOSED, Gateway
+from laneway.core.pipeline import CLIENT_CLOSED, Gateway, GenerationIntent
 from laneway.core.policy import PolicyStore
 from laneway.db.repositories import DeploymentSpec
 from laneway.engines.registry import EngineRegistry, UnknownModel
 from laneway.types import ChatTurn, TenantSnapshot
+from laneway.usage import UsageRecorder
+from serving import usage_rows
 
 TENANT = TenantSnapshot(id=1, name="acme", api_key_id=11)
 
@@ -31,7 +32,7 @@ def spec(alias: str, kind: str = "sim", config: dict[str, Any] | None = None, ma
 async def gateway() -> Gateway:
     registry = EngineRegistry()
     await registry.load([spec("sim"), spec("broken", kind="nope")])
-    gw = Gateway(registry, UsageRecorder(None, interval_s=60), PolicyStore(None), default_max_tokens=32)  # type: ignore[arg-type]
+    gw = Gateway(registry, PolicyStore(None), sinks=[UsageRecorder(None, interval_s=60)], default_max_tokens=32)  # type: ignore[arg-type]
     yield gw  # type: ignore[misc]
     await registry.close()
 
@@ -46,7 +47,7 @@ async def drain(gw: Gateway, call: Any) -> str:
 
 async def test_unknown_model_is_404_and_a_failed_deployment_is_reported(gateway: Gateway) -> None:
     with pytest.raises(GatewayError) as info:
-        await gateway.prepare(TENANT, endpoint="chat", alias="nope", stream=False, prompt="x")
+        await gateway.prepare(TENANT, GenerationIntent(endpoint="chat", alias="nope", stream=False, prompt="x"))
     assert (info.value.status, info.value.code, info.value.param) == (404, "model_not_found", "model")
     assert "broken-nope" in gateway.registry.failed and not gateway.registry.ready
 
@@ -54,20 +55,25 @@ async def test_unknown_model_is_404_and_a_failed_deployment_is_reported(gateway:
 async def test_model_outside_the_tenants_allow_list_is_403(gateway: Gateway) -> None:
     tenant = TenantSnapshot(id=2, name="t", api_key_id=2, allowed_models=frozenset({"other"}))
     with pytest.raises(GatewayError) as info:
-        await gateway.prepare(tenant, endpoint="chat", alias="sim", stream=False, prompt="x")
+        await gateway.prepare(tenant, GenerationIntent(endpoint="chat", alias="sim", stream=False, prompt="x"))
     assert info.value.status == 403 and info.value.code == "model_not_allowed"
 
 
 async def test_prompt_that_fills_the_context_is_400_context_length_exceeded(gateway: Gateway) -> None:
     with pytest.raises(GatewayError) as info:
-        await gateway.prepare(TENANT, endpoint="completions", alias="sim", stream=False, prompt="x" * 1024)
+        await gateway.prepare(
+            TENANT, GenerationIntent(endpoint="completions", alias="sim", stream=False, prompt="x" * 1024)
+        )
     assert info.value.status == 400 and info.value.code == "context_length_exceeded"
 
 
 async def test_max_tokens_is_the_clients_when_lower_and_never_beyond_the_context(gateway: Gateway) -> None:
     async def budget(prompt_chars: int, asked: int | None) -> int:
         call = await gateway.prepare(
-            TENANT, endpoint="completions", alias="sim", stream=False, prompt="x" * prompt_chars, max_tokens=asked
+            TENANT,
+            GenerationIntent(
+                endpoint="completions", alias="sim", stream=False, prompt="x" * prompt_chars, max_tokens=asked
+            ),
         )
         return call.generation.max_tokens
 
@@ -78,12 +84,15 @@ async def test_max_tokens_is_the_clients_when_lower_and_never_beyond_the_context
 
 async def test_chat_messages_are_rendered_and_generation_is_accounted(gateway: Gateway) -> None:
     call = await gateway.prepare(
-        TENANT, endpoint="chat", alias="sim", stream=True, messages=[ChatTurn("user", "hi")], max_tokens=4, seed=3
+        TENANT,
+        GenerationIntent(
+            endpoint="chat", alias="sim", stream=True, messages=[ChatTurn("user", "hi")], max_tokens=4, seed=3
+        ),
     )
     assert call.generation.prompt.startswith("<|im_start|>user\nhi")
     text = await drain(gateway, call)
     assert call.completion_tokens == 4 and call.finish_reason == "length" and len(text.split()) == 4
-    [row] = gateway.recorder.queued_rows()
+    [row] = usage_rows(gateway)
     assert row["tenant_id"] == 1 and row["api_key_id"] == 11 and row["status"] == 200
     assert row["completion_tokens"] == 4 and row["stream"] is True and row["ttft_ms"] is not None
 
@@ -92,12 +101,16 @@ async def test_stop_sequences_are_enforced_by_the_gateway(gateway: Gateway) -> N
     full = await drain(
         gateway,
         await gateway.prepare(
-            TENANT, endpoint="completions", alias="sim", stream=False, prompt="q", max_tokens=30, seed=5
+            TENANT,
+            GenerationIntent(endpoint="completions", alias="sim", stream=False, prompt="q", max_tokens=30, seed=5),
         ),
     )
     stop = full.split()[5]  # a word the sim will emit (first occurrence is the cut point)
     call = await gateway.prepare(
-        TENANT, endpoint="completions", alias="sim", stream=False, prompt="q", max_tokens=30, seed=5, stop=[stop]
+        TENANT,
+        GenerationIntent(
+            endpoint="completions", alias="sim", stream=False, prompt="q", max_tokens=30, seed=5, stop=[stop]
+        ),
     )
     text = await drain(gateway, call)
     assert text == full[: full.index(stop)]
@@ -105,7 +118,9 @@ async def test_stop_sequences_are_enforced_by_the_gateway(gateway: Gateway) -> N
 
 
 async def test_abandoned_stream_frees_the_engine_and_is_recorded_as_client_closed(gateway: Gateway) -> None:
-    call = await gateway.prepare(TENANT, endpoint="chat", alias="sim", stream=True, prompt="q", max_tokens=200)
+    call = await gateway.prepare(
+        TENANT, GenerationIntent(endpoint="chat", alias="sim", stream=True, prompt="q", max_tokens=200)
+    )
     lease = await gateway.admit(call)
     stream = gateway.run(lease)
     await anext(stream)
@@ -114,7 +129,7 @@ async def test_abandoned_stream_frees_the_engine_and_is_recorded_as_client_close
     await stream.aclose()
     assert engine.active_slots == 0 and call.deployment.outstanding == 0
     lease.release()
-    assert gateway.recorder.queued_rows()[-1]["status"] == CLIENT_CLOSED
+    assert usage_rows(gateway)[-1]["status"] == CLIENT_CLOSED
 
 
 async def test_lanes_map_to_replicas_and_least_outstanding_among_them() -> None:
@@ -131,23 +146,28 @@ async def test_lanes_map_to_replicas_and_least_outstanding_among_them() -> None:
         ]
     )
     lanes = (LanePolicy("interactive", match_stream=True), LanePolicy("standard"))
-    gw = Gateway(registry, UsageRecorder(None), PolicyStore(None, PolicySnapshot(lanes=lanes)))  # type: ignore[arg-type]
+    gw = Gateway(registry, PolicyStore(None, PolicySnapshot(lanes=lanes)), sinks=[UsageRecorder(None)])  # type: ignore[arg-type]
     try:
         # The standard lane may only use the replica that serves every lane ...
         bulk = [
-            await gw.prepare(TENANT, endpoint="chat", alias="m", stream=False, prompt="q", max_tokens=50) for _ in "ab"
+            await gw.prepare(
+                TENANT, GenerationIntent(endpoint="chat", alias="m", stream=False, prompt="q", max_tokens=50)
+            )
+            for _ in "ab"
         ]
         assert {c.lane.name for c in bulk} == {"standard"} and {c.deployment.spec.name for c in bulk} == {"m-any"}
         leases = [await gw.admit(c) for c in bulk]
         # ... and interactive traffic avoids it while it has a backlog.
-        short = await gw.prepare(TENANT, endpoint="chat", alias="m", stream=True, prompt="q", max_tokens=50)
+        short = await gw.prepare(
+            TENANT, GenerationIntent(endpoint="chat", alias="m", stream=True, prompt="q", max_tokens=50)
+        )
         assert (short.lane.name, short.deployment.spec.name) == ("interactive", "m-fast")
         for lease in leases:
             lease.release()
         assert bulk[0].deployment.outstanding == 0
         # Idle: interactive may use either replica (least outstanding, first on ties).
         assert (
-            await gw.prepare(TENANT, endpoint="chat", alias="m", stream=True, prompt="q")
+            await gw.prepare(TENANT, GenerationIntent(endpoint="chat", alias="m", stream=True, prompt="q"))
         ).deployment.spec.name == "m-fast"
     finally:
         await registry.close()
@@ -193,13 +213,21 @@ async def test_live_swap_keeps_the_old_engine_when_the_new_one_cannot_start() ->
 async def test_lanes_and_priorities_only_as_far_as_the_tenant_is_granted(gateway: Gateway) -> None:
     """Any key could send X-Laneway-Lane: interactive with a 4K prompt, or priority -1000000."""
     with pytest.raises(GatewayError) as info:
-        await gateway.prepare(TENANT, endpoint="chat", alias="sim", stream=False, prompt="x", lane="interactive")
+        await gateway.prepare(
+            TENANT, GenerationIntent(endpoint="chat", alias="sim", stream=False, prompt="x", lane="interactive")
+        )
     assert (info.value.status, info.value.code, info.value.param) == (403, "lane_not_allowed", "X-Laneway-Lane")
-    call = await gateway.prepare(TENANT, endpoint="chat", alias="sim", stream=False, prompt="x", priority=-1_000_000)
+    call = await gateway.prepare(
+        TENANT, GenerationIntent(endpoint="chat", alias="sim", stream=False, prompt="x", priority=-1_000_000)
+    )
     assert call.generation.priority == 0  # clamped to the tenant's floor
     trusted = TenantSnapshot(id=3, name="ops", api_key_id=3, allowed_lanes=frozenset({"gone"}), priority_floor=-10)
-    call = await gateway.prepare(trusted, endpoint="chat", alias="sim", stream=False, prompt="x", priority=-1_000_000)
+    call = await gateway.prepare(
+        trusted, GenerationIntent(endpoint="chat", alias="sim", stream=False, prompt="x", priority=-1_000_000)
+    )
     assert call.generation.priority == -10
     with pytest.raises(GatewayError) as info:  # granted, but no such lane: the router's 400
-        await gateway.prepare(trusted, endpoint="chat", alias="sim", stream=False, prompt="x", lane="gone")
+        await gateway.prepare(
+            trusted, GenerationIntent(endpoint="chat", alias="sim", stream=False, prompt="x", lane="gone")
+        )
     assert info.value.status == 400

@@ -1,7 +1,7 @@
 import msgspec
 import pytest
 from laneway.api import protocol as p
-from laneway.api.errors import validation_error
+from laneway.contracts.errors import validation_error
 
 
 def decode(body: dict[str, object]) -> p.ChatCompletionRequest:

@@ -10,9 +10,9 @@ from typing import Any
 import msgspec
 import pydantic
 import pytest
-from laneway.api import responses_protocol as rp
-from laneway.api.responses_api import (
-    ResponseAssembler,
+from laneway.api.responses import protocol as rp
+from laneway.api.responses.assembler import ResponseAssembler
+from laneway.api.responses.request import (
     chat_response_format,
     chat_tool_choice,
     chat_tools,

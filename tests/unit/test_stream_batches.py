@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
-from laneway.core.streaming import pumped
+from laneway.core.pipeline.stream import pumped
 from laneway.types import Delta
 
 

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from laneway.api.disconnect import DISCONNECT_EXTENSION
-from laneway.api.responses import _LeasedASGIStream
+from laneway.api.leased_stream import _LeasedASGIStream
 
 
 class _Call:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from laneway.core.accounting import UsageRecorder
+from laneway.usage import UsageRecorder
 
 
 class HeldWrites(UsageRecorder):

@@ -15,9 +15,8 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from laneway.api.errors import validation_error
 from laneway.contracts.codes import ErrorCode
-from laneway.contracts.errors import GatewayError
+from laneway.contracts.errors import GatewayError, validation_error
 
 # \Z, not $: "$" also matches before a final line break, which would let "name\n" through.
 NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f]*\Z"

@@ -6,12 +6,14 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
+from laneway.api.request_ids import bind_call
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.scope import DISCONNECT_EXTENSION
 from laneway.core.pipeline import CLIENT_CLOSED, Call
 
 T = TypeVar("T")
 # ASGI scope extension (laneway's server, server.py): watch(callback) -> unwatch. The callback
 # runs when the connection is lost (at once if it already is): no task per request for it.
-DISCONNECT_EXTENSION = "laneway.watch_disconnect"
 Watch = Callable[[Callable[[], None]], Callable[[], None]]
 
 
@@ -43,7 +45,7 @@ async def until_disconnect(request: Connection, work: Awaitable[T], call: Call) 
     def left() -> None:
         nonlocal gone
         gone = True
-        call.fail(CLIENT_CLOSED, "client_disconnected")
+        call.fail(CLIENT_CLOSED, ErrorCode.CLIENT_DISCONNECTED)
         current.cancel()
 
     scope: Any = request.scope
@@ -76,3 +78,20 @@ async def until_disconnect(request: Connection, work: Awaitable[T], call: Call) 
 async def _disconnected(request: Connection) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+class HttpClient:
+    """The pipeline's Client for an HTTP request: the admitted call is bound to the request's
+    scope (its X-Request-Id, its trace, who accounts for it), and every wait races the client
+    hanging up (ClientDisconnected, after the call is marked 499)."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: Connection) -> None:
+        self.request = request
+
+    def bound(self, call: Call) -> None:
+        bind_call(self.request.scope, call)
+
+    async def watch(self, work: Awaitable[T], call: Call) -> T:
+        return await until_disconnect(self.request, work, call)

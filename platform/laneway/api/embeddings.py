@@ -1,7 +1,7 @@
 """POST /v1/embeddings, OpenAI-compatible: decode and check the body, hand it to the pipeline
-(prepare_embeddings -> lease -> acquire -> embed -> release, as a completion without
-generation), encode the vectors as floats or as base64 of little-endian float32 (what the
-official SDKs ask for by default, and decode)."""
+(Gateway.serve with an EmbeddingIntent: a completion without generation), encode the vectors
+as floats or as base64 of little-endian float32 (what the official SDKs ask for by default,
+and decode)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,15 @@ from msgspec import Meta, Struct
 from numpy.typing import NDArray
 
 from laneway.api import openapi
-from laneway.api.disconnect import ClientDisconnected, until_disconnect
+from laneway.api.disconnect import ClientDisconnected, HttpClient
 from laneway.api.protocol import encode
-from laneway.api.request_ids import bind_call, client_request_id
-from laneway.api.routes import _decode, admitted, authenticate, unsupported
+from laneway.api.request import authenticate, decode, unsupported
+from laneway.api.request_ids import client_request_id
 from laneway.api.services import Api
+from laneway.api.stream import lane_header
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import invalid_request
-from laneway.core.pipeline import CLIENT_CLOSED, Call, Gateway, Lease
+from laneway.core.pipeline import CLIENT_CLOSED, Call, EmbeddingIntent
 from laneway.types import Embeddings
 
 # Inputs one request may carry: OpenAI's limit (its SDKs and LangChain batch within it).
@@ -111,11 +112,6 @@ def _body(call: Call, result: Embeddings, encoding_format: str) -> bytes:
     return encode(CreateEmbeddingResponse(data=data, model=call.alias, usage=usage))
 
 
-async def _admit_and_embed(gateway: Gateway, lease: Lease) -> Embeddings:
-    """A slot, then the embeddings (a shutdown interrupts it as it does a generation)."""
-    return await admitted(gateway, lease, lambda: gateway.embed(lease))
-
-
 class EmbeddingsController(Controller):
     path = "/v1"
 
@@ -125,30 +121,19 @@ class EmbeddingsController(Controller):
         operation_class=openapi.generation(CreateEmbeddingResponse, CreateEmbeddingRequest),
     )
     async def create_embeddings(self, request: Request, api: Api) -> Response[bytes]:  # type: ignore[type-arg]
-        gateway = api.gateway
         tenant = await authenticate(request, api.authenticator)
-        req = await _decode(request, CreateEmbeddingRequest)
+        req = await decode(request, CreateEmbeddingRequest)
         if req.user is not None and "\x00" in req.user:  # stored on the usage row: PostgreSQL text can't hold NUL
             raise invalid_request("`user` must not contain NUL (\\u0000) characters.", param="user")
         if req.dimensions is not None:
             raise unsupported("dimensions", "shortened vectors; the model's vectors keep their own length")
-        inputs = _inputs(req)
-        call = await gateway.prepare_embeddings(
-            tenant, alias=req.model, inputs=inputs, user=req.user, **_hints(request)
-        )
-        headers = {"X-Laneway-Lane": call.lane.name}  # X-Request-Id: api/request_ids.py stamps every answer
-        # Opened before the first await and released by this `finally`, whatever ends the request.
-        lease = gateway.lease(call)
-        bind_call(request.scope, call)
+        intent = EmbeddingIntent(alias=req.model, inputs=_inputs(req), user=req.user, **_hints(request))
         try:
-            result = await until_disconnect(request, _admit_and_embed(gateway, lease), call)
+            embedded = await api.gateway.serve(tenant, intent, HttpClient(request))
         except ClientDisconnected:
             return Response(b"", status_code=CLIENT_CLOSED)
-        except BaseException as exc:
-            call.fail(*gateway.outcome_of(exc))
-            raise
-        finally:
-            lease.release()
+        call, result = embedded.call, embedded.result
+        headers = lane_header(call)
         if result.vectors.size > OFF_LOOP_FLOATS:  # a big answer's encoding would hold up every other request
             body = await asyncio.to_thread(_body, call, result, req.encoding_format)
         else:

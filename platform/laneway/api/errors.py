@@ -7,38 +7,22 @@ an admitted one is counted (and its span ended) when its lease is released."""
 from __future__ import annotations
 
 import logging
-import re
 from typing import TYPE_CHECKING, Any, cast
 
-import msgspec
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException
 from litestar.types import ExceptionHandlersMap
 
 from laneway.api.protocol import ErrorBody, ErrorEnvelope, encode
 from laneway.api.request_ids import admitted, request_id
-from laneway.contracts.codes import ErrorCode
-from laneway.contracts.errors import GatewayError
-from laneway.tracing import TRACE_KEY
+from laneway.contracts.errors import GatewayError, error_type
+from laneway.contracts.scope import TRACE_KEY
 
 if TYPE_CHECKING:
     from laneway.metrics import GatewayMetrics
     from laneway.tracing.otel import RequestTrace
 
 log = logging.getLogger("laneway.api")
-
-_TYPE_BY_STATUS = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "server_error",
-    503: "service_unavailable",
-}
 
 
 def error_response(
@@ -50,9 +34,7 @@ def error_response(
     type_: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> Response[bytes]:
-    body = ErrorEnvelope(
-        ErrorBody(message=message, type=type_ or _TYPE_BY_STATUS.get(status, "api_error"), param=param, code=code)
-    )
+    body = ErrorEnvelope(ErrorBody(message=message, type=type_ or error_type(status), param=param, code=code))
     return Response(content=encode(body), status_code=status, media_type=MediaType.JSON, headers=headers)
 
 
@@ -92,20 +74,3 @@ class ErrorHandlers:
         self._count(request, 500, "internal_error")
         return error_response(500, "The gateway failed to handle this request; it has been logged.",
                               code="internal_error")  # fmt: skip
-
-
-_PATH = re.compile(r"at `\$\.?([^`]*)`")
-_MISSING = re.compile(r"missing required field `([^`]+)`")
-
-
-def validation_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> GatewayError:
-    """Turn msgspec's message ("Expected `int`, got `str` - at `$.max_tokens`") into a 400 with param."""
-    text = str(exc)
-    match = _PATH.search(text)
-    param = match.group(1) if match else ""
-    missing = _MISSING.search(text)
-    if missing:
-        param = f"{param}.{missing.group(1)}" if param else missing.group(1)
-    if isinstance(exc, msgspec.DecodeError) and not isinstance(exc, msgspec.ValidationError):
-        return GatewayError(ErrorCode.INVALID_JSON, f"Request body is not valid JSON: {text}")
-    return GatewayError(ErrorCode.INVALID_REQUEST, f"Invalid request: {text}", param=param or None)

@@ -4,7 +4,7 @@ Litestar's per-request layers (routing, the Request object, resolving the handle
 parameters, building and sending the Response, the before_send hooks) cost about as much
 CPU as the request's own work in the gateway (bench/overhead.py, README). These two routes
 are the hot path, so the server (server.py) puts `FastRoutes` in front of the app: it runs
-the same handler functions (api/routes.py) with a minimal request, and sends their answer
+the same handler functions (api/handlers.py) with a minimal request, and sends their answer
 itself; everything else, and these routes under any other method, goes to Litestar.
 
 Nothing a client sees changes: the same errors through the same exception handlers
@@ -28,8 +28,8 @@ from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.response import Stream
 
 from laneway.api.errors import ErrorHandlers
+from laneway.api.handlers import chat_completions, completions
 from laneway.api.request_ids import request_id
-from laneway.api.routes import chat_completions, completions
 from laneway.api.services import ApiServices
 from laneway.contracts.errors import GatewayError
 
@@ -41,7 +41,7 @@ _JSON = b"application/json"
 
 
 class FastRequest:
-    """What the handlers read of a request (api/routes.py's Incoming), read off the scope."""
+    """What the handlers read of a request (api/handlers.py's Incoming), read off the scope."""
 
     __slots__ = ("_headers", "max_body", "receive", "scope")
 

@@ -18,6 +18,7 @@ from laneway.api.openapi import METRICS, METRICS_TOKEN
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.core.pipeline import Gateway
+from laneway.metrics import GatewayMetrics
 from laneway.settings import Settings
 
 
@@ -78,6 +79,6 @@ async def ready(gateway: NamedDependency[Gateway]) -> Response[dict[str, object]
     security=METRICS_TOKEN,
     operation_class=METRICS,
 )
-async def metrics(gateway: NamedDependency[Gateway]) -> Response[bytes]:
+async def metrics(metrics: NamedDependency[GatewayMetrics]) -> Response[bytes]:
     """Behind metrics_token_guard (the app adds it: the token is a setting)."""
-    return Response(gateway.metrics.exposition(), media_type="text/plain; version=0.0.4")
+    return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")

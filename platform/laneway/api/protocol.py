@@ -97,7 +97,7 @@ class _SamplingFields(Struct, kw_only=True):
 class ChatCompletionRequest(_SamplingFields, kw_only=True, forbid_unknown_fields=True):
     """Every parameter OpenAI's API takes is declared: an unknown one is a 400 (as OpenAI
     answers it), one that would change the output and cannot be honoured is refused by name
-    (api/routes.py), and those that change nothing in the answer (store, service_tier,
+    (api/request.py), and those that change nothing in the answer (store, service_tier,
     prompt_cache_key, safety_identifier, prediction) are accepted and have no effect."""
 
     messages: Annotated[list[ChatMessageIn], Meta(min_length=1)]

@@ -25,15 +25,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 from litestar.types import Message, Scope
 
+from laneway.contracts.scope import CALL_KEY, REQUEST_ID_HEADER, TRACE_KEY
+from laneway.contracts.scope import REQUEST_ID_KEY as _ID_KEY
 from laneway.core.ids import random_hex
-from laneway.tracing import TRACE_KEY
 
 if TYPE_CHECKING:
     from laneway.core.pipeline import Call
 
-HEADER = b"x-request-id"
-CALL_KEY = "laneway.call"  # scope key: the admitted Call (set when its lease is opened)
-_ID_KEY = "laneway.request_id"  # scope key: the id of a request that has no call
+HEADER = REQUEST_ID_HEADER
 _SANE = r"[A-Za-z0-9_.:\-]{1,64}"
 _SANE_TEXT = re.compile(_SANE)
 _SANE_BYTES = re.compile(_SANE.encode())

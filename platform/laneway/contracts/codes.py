@@ -87,7 +87,7 @@ C = ErrorCode
 _INFO: dict[ErrorCode, CodeInfo] = {
     C.INVALID_REQUEST: CodeInfo(400, _BAD, None, False),
     C.INVALID_JSON: CodeInfo(400, _BAD, None, False),
-    C.INVALID_TYPE: CodeInfo(415, _BAD, None, False),
+    C.INVALID_TYPE: CodeInfo(400, _BAD, None, False),
     C.UNKNOWN_PARAMETER: CodeInfo(400, _BAD, None, False),
     C.UNSUPPORTED_PARAMETER: CodeInfo(400, _BAD, None, False),
     C.CONTEXT_LENGTH_EXCEEDED: CodeInfo(400, _BAD, None, False),

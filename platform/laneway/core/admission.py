@@ -15,14 +15,22 @@ served within a round whatever the flood behind it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.core.policy import LanePolicy
 
-if TYPE_CHECKING:
-    from laneway.core.scheduler import DeploymentScheduler
+
+class QueueView(Protocol):
+    """What admission reads of a deployment's queue (core/scheduler.py's DeploymentScheduler)."""
+
+    def depth(self, lane: str) -> int: ...
+    def tenant_depth(self, lane: str, tenant_id: int) -> int: ...
+    def queued_weights(self, lane: str) -> dict[int, float]: ...
+    def evict_newest(self, lane: str, tenant_id: int, error: Callable[[], BaseException]) -> bool: ...
+    def predicted_wait(self, lane: LanePolicy, tenant_id: int | None = None, weight: float = 1.0) -> float: ...
 
 
 def queue_full(lane: LanePolicy, depth: int) -> GatewayError:
@@ -51,7 +59,7 @@ def over_share(lane: LanePolicy, depth: int, share: float) -> GatewayError:
     )
 
 
-def admit(scheduler: DeploymentScheduler, lane: LanePolicy, tenant_id: int = 0, weight: float = 1.0) -> None:
+def admit(scheduler: QueueView, lane: LanePolicy, tenant_id: int = 0, weight: float = 1.0) -> None:
     weights = scheduler.queued_weights(lane.name)
     weights[tenant_id] = max(weight, 0.01)
     total_weight = sum(weights.values())

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from laneway.contracts.scope import TRACE_KEY as TRACE_KEY  # re-exported: api and tracing read it here
+
 if TYPE_CHECKING:
     from laneway.settings import Settings
     from laneway.tracing.otel import Tracing
-
-TRACE_KEY = "laneway.trace"  # ASGI scope key: the request's RequestTrace (only while tracing is on)
 
 
 class TracingUnavailable(RuntimeError):

@@ -48,8 +48,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from laneway import __version__
 from laneway.contracts.errors import GatewayError
-from laneway.server import RECEIVED_AT
-from laneway.tracing import TRACE_KEY
+from laneway.contracts.scope import RECEIVED_AT, TRACE_KEY
 
 if TYPE_CHECKING:
     from laneway.core.pipeline import Call

@@ -27,6 +27,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from laneway.core.dependencies import DependencyHealth
+from laneway.core.pipeline.outcome import Outcome
 from laneway.db.repositories import TenantRepository, UsageRepository
 
 log = logging.getLogger("laneway.accounting")
@@ -73,6 +74,30 @@ class UsageRecorder:
         self.dropped = 0  # oldest rows shed while the database was down for long
         self.rejected = 0  # rows the database refused (set aside, logged)
         self._in_flight: list[dict[str, Any]] = []  # the batch being written (out of the queue meanwhile)
+
+    def finished(self, outcome: Outcome) -> None:
+        """The usage row of a finished request (the pipeline's OutcomeSink)."""
+        self.record(
+            {
+                "request_id": outcome.request_id,
+                "tenant_id": outcome.tenant_id,
+                "api_key_id": outcome.api_key_id,
+                "model": outcome.model,
+                "deployment": outcome.deployment,
+                "lane": outcome.lane,
+                "endpoint": outcome.endpoint,
+                "stream": outcome.stream,
+                "end_user": outcome.end_user,
+                "status": outcome.status,
+                "finish_reason": outcome.finish_reason,
+                "error_code": outcome.error_code,
+                "prompt_tokens": outcome.prompt_tokens,
+                "completion_tokens": outcome.completion_tokens,
+                "queue_ms": outcome.queue_ms,
+                "ttft_ms": outcome.ttft_ms,
+                "total_ms": outcome.total_ms,
+            }
+        )
 
     def record(self, row: dict[str, Any]) -> None:
         """Non-blocking: queue one usage row."""

@@ -6,7 +6,7 @@ not yet handed to the transport. When a slow client lets them exceed the lane's
 `max_unacked_tokens`, the generation is cancelled (the engine slot is freed for someone who
 reads), and the stream ends with an error event. Without this bound an engine decodes for a
 client that is not reading, and the gateway holds the whole answer in memory. (The time a
-single send may stay blocked is bounded by the response, see api/responses.py.)
+single send may stay blocked is bounded by the response, see api/leased_stream.py.)
 
 The pump is also how a running request is cut short from outside (a shutdown past its
 drain timeout): Lease.interrupt() puts the error in the buffer and cancels the pump, so
@@ -18,15 +18,22 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator
-from typing import Any
+from typing import Any, Protocol
 
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
-from laneway.core.pipeline import CLIENT_CLOSED, Gateway, Lease
+from laneway.core.pipeline.call import CLIENT_CLOSED
+from laneway.core.pipeline.lease import Lease
 from laneway.types import Delta
 
 _END = object()
 log = logging.getLogger("laneway.streaming")
+
+
+class Runner(Protocol):
+    """Whoever runs an admitted lease's generation (the Gateway)."""
+
+    def run(self, lease: Lease) -> AsyncGenerator[Delta, None]: ...
 
 
 def backpressure_error(limit: int) -> GatewayError:
@@ -37,7 +44,7 @@ def backpressure_error(limit: int) -> GatewayError:
     )
 
 
-async def pumped(gateway: Gateway, lease: Lease, limit: int | None) -> AsyncGenerator[list[Delta], None]:
+async def pumped(gateway: Runner, lease: Lease, limit: int | None) -> AsyncGenerator[list[Delta], None]:
     """The lease's deltas through a pump task, in batches: each batch is every delta that was
     waiting in the buffer when the consumer came for the next one (one, when the client keeps
     up with the engine; more, when an engine delivers several at once or the loop runs behind),
@@ -54,7 +61,7 @@ async def pumped(gateway: Gateway, lease: Lease, limit: int | None) -> AsyncGene
             async for delta in source:
                 unacked += max(1, delta.tokens)
                 if limit is not None and unacked > limit:
-                    lease.call.fail(CLIENT_CLOSED, "backpressure")
+                    lease.call.fail(CLIENT_CLOSED, ErrorCode.BACKPRESSURE)
                     buffer.put_nowait(backpressure_error(limit))
                     return  # closing the source (below) frees the engine slot now
                 buffer.put_nowait(delta)

@@ -73,7 +73,7 @@ class JsonSchemaFormat(Struct, frozen=True):
 class ResponsesRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     model: Annotated[str, Meta(min_length=1)]
     # A string, or a list of items; items are dispatched on `type` (a message may omit it) by
-    # api/responses_api.py, which names the offending item in its 400.
+    # api/responses/request.py, which names the offending item in its 400.
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     max_output_tokens: PositiveInt | None = None

@@ -23,14 +23,14 @@ from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Receive, Scope, Send
 
-from laneway.api.disconnect import DISCONNECT_EXTENSION, Watch
+from laneway.api.disconnect import Watch
+from laneway.contracts.scope import ABORT_EXTENSION, DISCONNECT_EXTENSION
 from laneway.core.pipeline import CLIENT_CLOSED, Lease
 
 log = logging.getLogger("laneway.api")
 
 # The transport's abort(), put in the ASGI scope by laneway's HTTP protocol (server.py): a
 # client that stopped reading is cut off instead of being left holding buffered bytes.
-ABORT_EXTENSION = "laneway.abort"
 
 
 def _release_unsent(lease: Lease) -> None:

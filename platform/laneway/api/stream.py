@@ -1,0 +1,141 @@
+"""The pipeline's answer back to the wire: a whole JSON body, or an SSE stream that owns the
+request's lease until it is sent (api/leased_stream.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from litestar import MediaType, Response
+from litestar.response import Stream
+
+from laneway.api import protocol as p
+from laneway.api.choices import CompletionOffsets, token_logprobs, tool_call_chunks
+from laneway.api.leased_stream import LeasedStream
+from laneway.api.services import ApiServices
+from laneway.api.sse import DONE, error_event, event
+from laneway.contracts.errors import GatewayError
+from laneway.core.pipeline import Call, Completed, Streaming
+from laneway.types import Delta
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def lane_header(call: Call) -> dict[str, str]:
+    return {"X-Laneway-Lane": call.lane.name}  # X-Request-Id: api/request_ids.py, from the call
+
+
+def respond(
+    api: ApiServices,
+    answer: Completed | Streaming,
+    body: Callable[[Completed], Any],
+    events: Callable[[Streaming], AsyncIterator[bytes]],
+) -> Response[bytes] | Stream:
+    """A whole answer as JSON; a stream as SSE, the response taking over the lease."""
+    headers = lane_header(answer.call)
+    if isinstance(answer, Completed):
+        return Response(p.encode(body(answer)), media_type=MediaType.JSON, headers=headers)
+    return LeasedStream(answer.lease, events(answer), headers={**SSE_HEADERS, **headers},
+                        send_timeout_s=api.stream_send_timeout_s)  # fmt: skip
+
+
+def usage(call: Call) -> p.Usage:
+    return p.Usage(
+        prompt_tokens=call.prompt_tokens,
+        completion_tokens=call.completion_tokens,
+        total_tokens=call.prompt_tokens + call.completion_tokens,
+    )
+
+
+async def sse(
+    stream: Streaming,
+    head: bytes | None,
+    render: Callable[[Delta], list[bytes]],
+    tail: Callable[[], bytes] | None,
+    *,
+    fail: Callable[[GatewayError], bytes] | None = None,
+    done: bytes = DONE,
+) -> AsyncIterator[bytes]:
+    """The SSE body every endpoint shares: head, a chunk per delta, usage if asked, `done`
+    ([DONE]); a failure mid-stream ends it with `fail`'s frames, by default an error event
+    (the SDKs raise it as APIError)."""
+    if head:
+        yield head
+    try:
+        async for batch in stream.batches():
+            # The deltas that were ready together go out in one write (the same events).
+            data = b"".join(frame for d in batch for frame in render(d))
+            if data:
+                yield data
+    except GatewayError as exc:
+        yield fail(exc) if fail is not None else error_event(exc.status, exc.message, code=exc.code)
+        return
+    if tail is not None:
+        yield tail()
+    if done:
+        yield done
+
+
+def _framer(call: Call, kind: Callable[..., Any]) -> Callable[..., bytes]:
+    """An SSE frame maker for one stream: `kind` is ChatCompletionChunk or Completion."""
+    created = int(time.time())
+
+    def frame(choices: list[Any], usage: p.Usage | None = None) -> bytes:
+        return event(
+            kind(
+                id=call.request_id,
+                created=created,
+                model=call.alias,
+                choices=choices,
+                system_fingerprint=call.fingerprint,
+                usage=usage,
+            )
+        )
+
+    return frame
+
+
+def chat_events(stream: Streaming, include_usage: bool, want_logprobs: bool) -> AsyncIterator[bytes]:
+    call = stream.call
+    frame = _framer(call, p.ChatCompletionChunk)
+
+    def render(d: Delta) -> list[bytes]:
+        out = []
+        if d.text or d.tool_calls or (want_logprobs and d.logprobs):
+            delta = p.ChunkDelta(content=d.text or None, tool_calls=tool_call_chunks(d.tool_calls))
+            logprobs = p.ChoiceLogprobs(content=token_logprobs(d.logprobs)) if want_logprobs else None
+            out.append(frame([p.ChunkChoice(index=d.index, delta=delta, logprobs=logprobs)]))
+        if d.finish_reason is not None:
+            out.append(frame([p.ChunkChoice(index=d.index, delta=p.ChunkDelta(), finish_reason=d.finish_reason)]))
+        return out
+
+    # Each choice opens with the assistant role, as OpenAI streams it.
+    head = b"".join(
+        frame([p.ChunkChoice(index=i, delta=p.ChunkDelta(role="assistant", content=""))])
+        for i in range(call.generation.n)
+    )
+    tail = (lambda: frame([], usage(call))) if include_usage else None
+    return sse(stream, head, render, tail)
+
+
+def completion_events(stream: Streaming, include_usage: bool, echo: str, want_logprobs: bool) -> AsyncIterator[bytes]:
+    call = stream.call
+    frame = _framer(call, p.Completion)
+    offsets = CompletionOffsets(call.generation.n, len(echo))
+
+    def render(d: Delta) -> list[bytes]:
+        if not d.text and d.finish_reason is None and not d.logprobs:
+            return []
+        logprobs = offsets.logprobs(d) if want_logprobs else None
+        return [
+            frame([p.CompletionChoice(index=d.index, text=d.text, finish_reason=d.finish_reason, logprobs=logprobs)])
+        ]
+
+    head = (
+        b"".join(frame([p.CompletionChoice(index=i, text=echo, finish_reason=None)]) for i in range(call.generation.n))
+        if echo
+        else None
+    )
+    tail = (lambda: frame([], usage(call))) if include_usage else None
+    return sse(stream, head, render, tail)

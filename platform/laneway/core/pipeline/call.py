@@ -1,0 +1,90 @@
+"""One request as the pipeline carries it from prepare() to its outcome."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from laneway.core.policy import LanePolicy
+from laneway.types import EmbeddingRequest, FinishReason, GenerationRequest, TenantSnapshot
+
+if TYPE_CHECKING:
+    from laneway.engines.registry import LiveDeployment
+
+CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
+
+
+def engine_request_id(request_id: str, client_request_id: str | None) -> str:
+    """The id the engine (and its logs) sees: the client's, made unique by the gateway's own,
+    since engines key running requests by it."""
+    return request_id if client_request_id is None else f"{client_request_id}:{request_id}"
+
+
+class CallTrace(Protocol):
+    """The request's lifecycle events, for a tracing sink (laneway/tracing/ implements it).
+    The pipeline calls it only when a request carries one: tracing off costs a None check."""
+
+    def engine_started(self, call: Call) -> tuple[tuple[str, str], ...]:
+        """The engine call begins; returns the headers that carry the trace to the engine."""
+        ...
+
+    def engine_ended(self, call: Call) -> None: ...
+    def stream_started(self) -> None: ...
+    def stream_ended(self, call: Call) -> None: ...
+
+    def finish(self, call: Call) -> None:
+        """The request is over, whatever ended it (once, from Lease.release)."""
+        ...
+
+
+@dataclass(eq=False)
+class Call:
+    request_id: str
+    tenant: TenantSnapshot
+    alias: str
+    endpoint: str
+    stream: bool
+    deployment: LiveDeployment
+    generation: GenerationRequest
+    lane: LanePolicy
+    task: str | None = None
+    end_user: str | None = None  # the request's `user`: who, behind the tenant, asked
+    embedding: EmbeddingRequest | None = None  # an embeddings call (its generation has max_tokens 0)
+    started: float = field(default_factory=time.perf_counter)
+    dispatched_at: float | None = None
+    first_token_at: float | None = None
+    completion_tokens: int = 0
+    finish_reason: FinishReason | None = None
+    status: int = 200
+    error_code: str | None = None
+    reported_prompt_tokens: int | None = None  # the engine's exact count, when it reports one
+    client_request_id: str | None = None  # the client's own X-Request-Id (api/request_ids.py)
+    trace: CallTrace | None = None  # its spans, when tracing is on: else no tracer call
+
+    def fail(self, status: int, code: str | None) -> None:
+        """Record why the request did not end well; the first cause stands (a backpressure
+        cut or a shutdown is not relabelled by the cancellation it causes)."""
+        if self.error_code is None and self.status == 200:
+            self.status, self.error_code = status, code
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The engine's count when it reported one, else the gateway's measurement (which may
+        be an estimate: it only routed and reserved)."""
+        return self.reported_prompt_tokens or self.generation.prompt_tokens
+
+    @property
+    def public_id(self) -> str:
+        """The id the client and the usage row know this request by: the client's X-Request-Id
+        when it sent one (not unique: never a key), else request_id. Logs name
+        generation.request_id, which holds both."""
+        return self.client_request_id or self.request_id
+
+    @property
+    def queue_ms(self) -> float | None:
+        return None if self.dispatched_at is None else (self.dispatched_at - self.started) * 1000
+
+    @property
+    def fingerprint(self) -> str:
+        return f"laneway-{self.deployment.spec.engine_kind}"

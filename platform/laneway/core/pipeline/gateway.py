@@ -1,0 +1,375 @@
+"""The Gateway: the pipeline's one entry, and the owner of every lease it opens.
+
+  serve(tenant, intent, client)   the entry the API calls, in this order:
+    prepare   resolve -> measure -> policy (max_tokens, stops) -> route (lane)   no waiting
+    lease     open the request's Lease (no await)                                owned from here
+    acquire   rate limit (reserve) -> admission -> schedule (wait for a slot)    may refuse
+    run       generate, enforcing stops (embed for embeddings)
+  Lease.release()  the only release: engine slot, outstanding, rate-limit reservation
+             (settled with the tokens actually used), then the outcome to the sinks. Idempotent.
+
+A non-streaming request is answered whole (Completed, Embedded) and its lease released here.
+A stream comes back admitted (Streaming): its lease then belongs to the response that sends
+it, which releases it when the stream ends. The outcome is classified once, by whoever first
+knows it (`Call.fail`): the client leaving is 499; an engine fault, a dependency or a shutdown
+is 503 (500 for a bug), with its own code, never mistaken for 499.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, overload
+
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError, shutting_down
+from laneway.core import load_shedding
+from laneway.core.pipeline.call import CLIENT_CLOSED, Call
+from laneway.core.pipeline.generate import embed_call, generate_deltas
+from laneway.core.pipeline.intent import EmbeddingIntent, GenerationIntent, Intent
+from laneway.core.pipeline.lease import Lease
+from laneway.core.pipeline.outcome import Outcome, OutcomeSink
+from laneway.core.pipeline.prepare import Preparer
+from laneway.core.pipeline.stream import pumped
+from laneway.core.policy import PolicyStore
+from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, Reservation
+from laneway.core.scheduler import DeploymentScheduler, Ticket
+from laneway.core.shared_slots import SharedScheduler, SharedSlots
+from laneway.engines.base import EngineError
+from laneway.engines.registry import EngineRegistry, LiveDeployment
+from laneway.types import Delta, Embeddings, TenantSnapshot
+
+log = logging.getLogger("laneway.pipeline")
+T = TypeVar("T")
+Scheduler = DeploymentScheduler | SharedScheduler
+
+
+class Client(Protocol):
+    """The caller's side of a request while it waits: the API binds the call to its HTTP
+    request and races the wait against the client hanging up."""
+
+    def bound(self, call: Call) -> None: ...
+    async def watch(self, work: Awaitable[T], call: Call) -> T: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    call: Call
+    deltas: list[Delta]
+
+
+@dataclass(frozen=True, slots=True)
+class Embedded:
+    call: Call
+    result: Embeddings
+
+
+@dataclass(frozen=True, slots=True)
+class Streaming:
+    """An admitted stream. Whoever receives it owns the lease and must release it."""
+
+    lease: Lease
+    gateway: Gateway
+
+    @property
+    def call(self) -> Call:
+        return self.lease.call
+
+    def batches(self) -> AsyncGenerator[list[Delta], None]:
+        """The deltas in batches, unacknowledged tokens bounded by the lane (core/pipeline/stream.py)."""
+        return pumped(self.gateway, self.lease, limit=max(1, self.lease.call.lane.max_unacked_tokens))
+
+
+class Gateway:
+    def __init__(
+        self,
+        registry: EngineRegistry,
+        policies: PolicyStore,
+        limiter: RateLimiter | None = None,
+        *,
+        sinks: Sequence[OutcomeSink] = (),
+        default_max_tokens: int = 512,
+        quantum: int = 64,
+        starvation_share: float = 0.1,
+        headroom: int = 1,
+        shared_slots: SharedSlots | None = None,
+    ) -> None:
+        self.registry = registry
+        self.shared_slots = shared_slots
+        self.policies = policies
+        self.limiter: RateLimiter = limiter or MemoryRateLimiter()
+        self.sinks = tuple(sinks)
+        self.preparer = Preparer(registry, policies, default_max_tokens=default_max_tokens)
+        self._quantum = quantum
+        self._starvation_share = starvation_share
+        self._headroom = headroom
+        # Keyed by the live deployment itself: a swapped-in replacement gets its own scheduler,
+        # and a retired one's goes with it.
+        self._schedulers: weakref.WeakKeyDictionary[LiveDeployment, Scheduler] = weakref.WeakKeyDictionary()
+        self._background: set[asyncio.Task[Any]] = set()
+        self._leases: set[Lease] = set()  # opened and not yet released
+        self._leases_opened = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.draining = False  # shutdown has begun: no new admissions
+
+    # ---- the entry ----
+    @overload
+    async def serve(
+        self, tenant: TenantSnapshot, intent: GenerationIntent, client: Client
+    ) -> Completed | Streaming: ...
+    @overload
+    async def serve(self, tenant: TenantSnapshot, intent: EmbeddingIntent, client: Client) -> Embedded: ...
+    async def serve(self, tenant: TenantSnapshot, intent: Intent, client: Client) -> Completed | Embedded | Streaming:
+        call = await self.prepare(tenant, intent) if isinstance(intent, GenerationIntent) else None
+        if call is None:
+            assert isinstance(intent, EmbeddingIntent)
+            call = await self.prepare_embeddings(tenant, intent)
+        lease = self.lease(call)  # opened before the next await: this `finally` or the stream releases it
+        client.bound(call)
+        owned = True
+        try:
+            if call.embedding is not None:
+                result = await client.watch(self._admitted(lease, lambda: self.embed(lease)), call)
+                return Embedded(call, result)
+            if not call.stream:
+                deltas = await client.watch(self._admitted(lease, lambda: self._collect(lease)), call)
+                return Completed(call, deltas)
+            await client.watch(self.acquire(lease), call)
+            owned = False  # the stream's owner releases it when the stream ends
+            return Streaming(lease, self)
+        except BaseException as exc:
+            call.fail(*self.outcome_of(exc))
+            raise
+        finally:
+            if owned:
+                lease.release()
+
+    async def _collect(self, lease: Lease) -> list[Delta]:
+        return [d async for d in self.run(lease)]
+
+    async def _admitted(self, lease: Lease, work: Callable[[], Awaitable[T]]) -> T:
+        """Wait for a slot, then do `work`, in this task: an interruption (a shutdown) cancels it
+        and surfaces as the interrupting error."""
+        current = asyncio.current_task()
+        assert current is not None
+        interrupted: list[GatewayError] = []
+
+        def interrupt(error: GatewayError) -> None:
+            interrupted.append(error)
+            current.cancel()
+
+        lease.interrupter = interrupt
+        try:
+            await self.acquire(lease)
+            return await work()
+        except asyncio.CancelledError:
+            if interrupted and current.cancelling():
+                current.uncancel()
+                raise interrupted[0] from None
+            raise
+        finally:
+            lease.interrupter = None
+
+    # ---- the stages, each usable alone (tests, benchmarks) ----
+    async def prepare(self, tenant: TenantSnapshot, intent: GenerationIntent) -> Call:
+        return await self.preparer.generation(tenant, intent)
+
+    async def prepare_embeddings(self, tenant: TenantSnapshot, intent: EmbeddingIntent) -> Call:
+        return await self.preparer.embeddings(tenant, intent)
+
+    def lease(self, call: Call) -> Lease:
+        """Open the call's lease (no await: from here its owner's `finally` releases it)."""
+        lease = Lease(self, call)
+        self._leases.add(lease)
+        self._leases_opened += 1
+        self._idle.clear()
+        call.deployment.outstanding += 1  # queued counts too: least-outstanding routing sees the backlog
+        lease.holds_deployment = True
+        return lease
+
+    async def acquire(self, lease: Lease) -> None:
+        """Reserve rate limit, pass admission, wait for an engine slot, each taken into the lease.
+        A refusal, failure or cancellation is recorded as the call's outcome and re-raised; the
+        lease's owner releases whatever was taken."""
+        call = lease.call
+        try:
+            if self.draining:
+                raise shutting_down()
+            tokens = call.prompt_tokens + call.generation.n * call.generation.max_tokens
+            with load_shedding.waiting_elsewhere():
+                lease.reservation = await self._reserve(call, tokens)
+            if self.draining:
+                raise shutting_down()
+            scheduler = self.scheduler(call.deployment)
+            scheduler.admit(call.lane, call.tenant.id, call.tenant.weight)
+            lease.ticket = Ticket(request_id=call.request_id, tenant_id=call.tenant.id, weight=call.tenant.weight,
+                                  cost=tokens, lane=call.lane)  # fmt: skip
+            load_shedding.queued()  # from here it waits for the engine, not for this loop
+            await scheduler.acquire(lease.ticket)
+            call.dispatched_at = time.perf_counter()
+        except BaseException as exc:
+            call.fail(*self.outcome_of(exc))
+            raise
+
+    async def admit(self, call: Call) -> Lease:
+        """lease() + acquire() for callers without a client (tests, benchmarks): the lease comes
+        back admitted, or is released before the exception propagates."""
+        lease = self.lease(call)
+        try:
+            await self.acquire(lease)
+        except BaseException:
+            lease.release()
+            raise
+        return lease
+
+    def run(self, lease: Lease) -> AsyncGenerator[Delta, None]:
+        """The admitted lease's deltas (core/pipeline/generate.py)."""
+        assert lease.ticket is not None and lease.ticket.granted is not None, "admit() first"
+        run = generate_deltas(lease, self.registry, self.outcome_of)
+        lease._run = run
+        return run
+
+    async def embed(self, lease: Lease) -> Embeddings:
+        assert lease.ticket is not None and lease.ticket.granted is not None, "admit() first"
+        return await embed_call(lease, self.registry, self.outcome_of)
+
+    async def _reserve(self, call: Call, tokens: int) -> Reservation:
+        """The limiter's reserve, safe against cancellation: decided at once where the limiter
+        can (nothing to cut), else over the network, where a reservation that completes after
+        the client left is settled at once (nothing used) instead of leaking."""
+        at_once = self.limiter.reserve_at_once(call.tenant, tokens, call.request_id)
+        if at_once is not None:
+            return at_once
+        task = asyncio.ensure_future(self.limiter.reserve(call.tenant, tokens, call.request_id))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._settle_orphan)
+            raise
+
+    def _settle_orphan(self, task: asyncio.Future[Reservation]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            self.limiter.settle(task.result(), 0)
+
+    def outcome_of(self, exc: BaseException) -> tuple[int, str]:
+        """(status, code) for a request ended by `exc`, when nothing more specific was recorded."""
+        if isinstance(exc, GatewayError):
+            return exc.status, exc.code
+        if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+            # Nobody said why: during a shutdown it is the server's doing, otherwise the client's.
+            if self.draining:
+                return 503, ErrorCode.SHUTTING_DOWN
+            return CLIENT_CLOSED, ErrorCode.CLIENT_DISCONNECTED
+        if isinstance(exc, EngineError):
+            return 503, ErrorCode.ENGINE_ERROR
+        return 500, ErrorCode.INTERNAL_ERROR
+
+    # ---- what a lease gives back (LeaseOwner) ----
+    def release_slot(self, call: Call, ticket: Ticket) -> None:
+        self.scheduler(call.deployment).release(ticket)
+
+    def settle(self, reservation: Reservation, tokens: int) -> None:
+        self.limiter.settle(reservation, tokens)
+
+    def account(self, call: Call) -> None:
+        """The outcome of a finished request, to every sink (once, from Lease.release)."""
+        outcome = Outcome.of(call, time.perf_counter())
+        for sink in self.sinks:
+            sink.finished(outcome)
+
+    def forget(self, lease: Lease) -> None:
+        self._leases.discard(lease)
+        if not self._leases:
+            self._idle.set()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run cleanup work in the background, kept referenced until it ends."""
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ---- the deployments' queues ----
+    def capabilities(self, alias: str) -> frozenset[str]:
+        return self.registry.capabilities(alias)
+
+    def visible_models(self, tenant: TenantSnapshot) -> list[str]:
+        return [a for a in self.registry.aliases() if tenant.may_use(a)]
+
+    def scheduler(self, deployment: LiveDeployment) -> Scheduler:
+        """The deployment's scheduler: in this process for an engine only this replica uses (one
+        running in-process, or no Redis to share through), in Redis for a remote engine that
+        several replicas front (core/shared_slots/)."""
+        s = self._schedulers.get(deployment)
+        if s is None:
+            capacity = deployment.engine.info.max_concurrency
+            local: dict[str, Any] = {
+                "quantum": self._quantum,
+                "starvation_share": self._starvation_share,
+                "headroom": self._headroom,
+            }
+            if self.shared_slots is not None and deployment.shared:
+                s = self.shared_slots.scheduler(deployment.spec.name, capacity, **local)
+            else:
+                s = DeploymentScheduler(capacity, **local)
+            self._schedulers[deployment] = s
+        return s
+
+    def queue_stats(self) -> list[tuple[dict[str, str], int, int]]:
+        """Waiting and running requests per deployment and lane (every configured lane listed)."""
+        out = []
+        lanes = [lane.name for lane in self.policies.current.lanes]
+        for d in self.registry.deployments():
+            info = d.engine.info
+            base = {
+                "deployment": d.spec.name,
+                "model": d.spec.alias,
+                "quantization": info.quantization,
+                "gpu_type": info.gpu_type,
+                "engine": info.engine,
+            }
+            seen = {name: (w, r) for name, w, r in self.scheduler(d).lane_stats()}
+            for name in sorted(set(lanes) | set(seen)):
+                waiting, running = seen.get(name, (0, 0))
+                out.append(({**base, "lane": name}, waiting, running))
+        return out
+
+    @property
+    def in_flight(self) -> int:
+        """Requests holding a lease (queued or running) and not yet released."""
+        return len(self._leases)
+
+    @property
+    def leases_opened(self) -> int:
+        """Leases ever opened: each one leaves exactly one usage row when released."""
+        return self._leases_opened
+
+    async def drain(self, timeout_s: float, *, cut_grace_s: float = 2.0) -> None:
+        """Shutdown: stop admitting (503 shutting_down), refuse every queued request the same way,
+        let running ones finish for up to timeout_s, then interrupt them (an error event for a
+        stream) and wait for each to release its lease (its usage row is then queued)."""
+        self.draining = True
+        for scheduler in list(self._schedulers.values()):
+            scheduler.reject_waiting(shutting_down)
+        if self._leases:
+            log.info("draining %d requests for up to %.0f s", len(self._leases), timeout_s)
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await self._idle.wait()
+            except TimeoutError:
+                log.warning("cutting %d requests still running after %.0f s", len(self._leases), timeout_s)
+                for lease in list(self._leases):
+                    lease.interrupt(shutting_down())
+                try:
+                    async with asyncio.timeout(cut_grace_s):
+                        await self._idle.wait()
+                except TimeoutError:
+                    log.error("%d requests did not end after being cut; releasing them", len(self._leases))
+                    for lease in list(self._leases):
+                        lease.release()
+        while self._background:
+            await asyncio.wait(set(self._background))

@@ -1,0 +1,126 @@
+"""generate: the engine's deltas, with stops enforced and the engine slot given back as soon
+as the generation ends, however it ends. Embeddings take the same path without deltas."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import replace
+
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError
+from laneway.core.pipeline.call import Call
+from laneway.core.pipeline.lease import Lease
+from laneway.core.stops import StopMatcher
+from laneway.engines.base import EngineError, EngineRequestError, embedder
+from laneway.engines.registry import EngineRegistry
+from laneway.types import Delta, Embeddings, FinishReason
+
+log = logging.getLogger("laneway.pipeline")
+OutcomeOf = Callable[[BaseException], tuple[int, str]]
+
+
+async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: OutcomeOf) -> AsyncGenerator[Delta, None]:
+    """Yield deltas with non-empty text, then one with finish_reason per choice."""
+    call = lease.call
+    deployment = call.deployment
+    n = call.generation.n
+    try:
+        # Per choice: its stop matcher and how it ended. The run ends when every choice has.
+        matchers = [StopMatcher(call.generation.stop) for _ in range(n)]
+        reasons: list[FinishReason | None] = [None] * n
+        left = n
+        if call.trace is not None:  # the engine's own spans join the trace (an HTTP engine sends it)
+            call.generation.trace_headers = call.trace.engine_started(call)
+        engine_stream = deployment.engine.generate(call.generation)
+        try:
+            async for delta in engine_stream:
+                call.completion_tokens += delta.tokens  # what the engine computed is billed
+                if delta.prompt_tokens:
+                    call.reported_prompt_tokens = delta.prompt_tokens
+                i = delta.index
+                if not 0 <= i < n or reasons[i] is not None:
+                    continue  # a choice already cut at a stop: the rest of it is not sent
+                matcher = matchers[i]
+                text = matcher.feed(delta.text)
+                finish: FinishReason | None = None
+                if matcher.stopped:
+                    finish = "stop"
+                elif delta.finish_reason is not None:
+                    text += matcher.flush()
+                    finish = delta.finish_reason
+                if (text or delta.tool_calls) and call.first_token_at is None:
+                    call.first_token_at = time.perf_counter()
+                if finish is not None:
+                    reasons[i], left = finish, left - 1
+                    if left == 0:
+                        call.finish_reason = reasons[0]
+                        registry.record(deployment, ok=True)
+                    yield Delta(text=text, tokens=0, finish_reason=finish, index=i,
+                                tool_calls=delta.tool_calls, logprobs=delta.logprobs)  # fmt: skip
+                    if left == 0:
+                        return
+                elif text or delta.tool_calls or delta.logprobs:
+                    if text is delta.text and delta.prompt_tokens is None:
+                        yield delta  # nothing held back or cut: the engine's own (no copy per chunk)
+                    else:
+                        yield Delta(text=text, tokens=delta.tokens, index=i,
+                                    tool_calls=delta.tool_calls, logprobs=delta.logprobs)  # fmt: skip
+            # An engine that ends without a reason ran out of tokens.
+            for i in range(n):
+                if reasons[i] is None:
+                    reasons[i] = "length"
+                    call.finish_reason = reasons[0]
+                    yield Delta(text=matchers[i].flush(), tokens=0, finish_reason="length", index=i)
+            call.finish_reason = reasons[0]
+        finally:
+            await engine_stream.aclose()  # closing the engine stream is the cancellation
+    except EngineRequestError as exc:  # the request's values, not the engine's health
+        call.fail(400, ErrorCode.INVALID_REQUEST)
+        raise GatewayError(ErrorCode.INVALID_REQUEST,
+                           f"The engine serving '{call.alias}' refused the request: {exc}") from exc  # fmt: skip
+    except EngineError as exc:
+        raise engine_failed(call, exc, registry) from exc
+    except BaseException as exc:
+        call.fail(*outcome_of(exc))
+        raise
+    finally:
+        lease.end_generation()
+
+
+async def embed_call(lease: Lease, registry: EngineRegistry, outcome_of: OutcomeOf) -> Embeddings:
+    """The embeddings of an admitted embeddings call (cancelling this await cancels the
+    engine's work)."""
+    call = lease.call
+    assert call.embedding is not None, "an embeddings call comes from Preparer.embeddings()"
+    deployment = call.deployment
+    try:
+        engine = embedder(deployment.engine)
+        if engine is None:
+            raise EngineError(f"deployment {deployment.spec.name} cannot embed")
+        request = call.embedding
+        if call.trace is not None:
+            request = replace(request, trace_headers=call.trace.engine_started(call))
+        result = await engine.embed(request)
+        if result.vectors.shape[0] != len(call.embedding.inputs):
+            raise EngineError(f"{result.vectors.shape[0]} vectors for {len(call.embedding.inputs)} inputs")
+        if result.prompt_tokens:
+            call.reported_prompt_tokens = result.prompt_tokens
+        registry.record(deployment, ok=True)
+        return result
+    except EngineError as exc:
+        raise engine_failed(call, exc, registry) from exc
+    except BaseException as exc:
+        call.fail(*outcome_of(exc))
+        raise
+    finally:
+        lease.end_generation()
+
+
+def engine_failed(call: Call, exc: EngineError, registry: EngineRegistry) -> GatewayError:
+    """An engine fault: logged, counted against the deployment's health, 503 to the client."""
+    log.error("engine error on %s (%s): %s", call.generation.request_id, call.deployment.spec.name, exc)
+    registry.record(call.deployment, ok=False)
+    call.fail(503, ErrorCode.ENGINE_ERROR)
+    return GatewayError(ErrorCode.ENGINE_ERROR, f"The engine serving '{call.alias}' failed: {exc}", retry_after=1)

@@ -1,0 +1,57 @@
+"""What a client asked for, once the API layer has translated its wire format: the one
+argument of the pipeline's entry. The API decodes and checks the body's shape; everything
+that needs the model, the tenant or the policies is decided by the pipeline."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from laneway.types import ChatTurn
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GenerationIntent:
+    """Chat, completions and Responses: one prompt (or conversation) to generate from."""
+
+    endpoint: str  # "chat", "completions" or "responses": the usage row's endpoint
+    alias: str
+    stream: bool
+    # Who the request is for and how to route it (headers or metadata, beyond the model).
+    task: str | None = None
+    lane: str | None = None  # asked for explicitly (X-Laneway-Lane): only where the tenant may
+    priority: int = 0
+    user: str | None = None  # the request's `user`: the end user behind the tenant
+    client_request_id: str | None = None  # the client's X-Request-Id, when sane
+    prompt: str | None = None  # completions
+    messages: Sequence[ChatTurn] | None = None  # chat and Responses
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: Sequence[str] = ()
+    n: int = 1
+    tools: Sequence[dict[str, Any]] = ()
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    response_format: dict[str, Any] | None = None
+    logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EmbeddingIntent:
+    alias: str
+    inputs: Sequence[str]
+    # Who the request is for and how to route it (headers or metadata, beyond the model).
+    task: str | None = None
+    lane: str | None = None  # asked for explicitly (X-Laneway-Lane): only where the tenant may
+    priority: int = 0
+    user: str | None = None  # the request's `user`: the end user behind the tenant
+    client_request_id: str | None = None  # the client's X-Request-Id, when sane
+
+
+Intent = GenerationIntent | EmbeddingIntent

@@ -1,0 +1,83 @@
+"""The Lease: everything an admitted request holds, released in one place."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from laneway.contracts.errors import GatewayError
+from laneway.core.pipeline.call import Call
+from laneway.core.ratelimit import Reservation
+from laneway.core.scheduler import Ticket
+
+
+class LeaseOwner(Protocol):
+    """What a lease gives back its resources to (the Gateway)."""
+
+    def release_slot(self, call: Call, ticket: Ticket) -> None: ...
+    def settle(self, reservation: Reservation, tokens: int) -> None: ...
+    def account(self, call: Call) -> None: ...
+    def forget(self, lease: Lease) -> None: ...
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+
+
+@dataclass(eq=False)
+class Lease:
+    """Everything an admitted request holds: the deployment's outstanding count, the rate-limit
+    reservation (with its concurrency holder) and the engine slot. release() is the only
+    release of any of them; it never awaits, so no cancellation can stop it half-way."""
+
+    owner: LeaseOwner
+    call: Call
+    reservation: Reservation | None = None
+    ticket: Ticket | None = None
+    holds_deployment: bool = False
+    released: bool = False
+    # How to end the generation early (shutdown): set by whoever is running it.
+    interrupter: Callable[[GatewayError], None] | None = None
+    _run: Any = None  # the run() async generator (its ag_frame / ag_running tell its state)
+    _generation_ended: bool = False
+
+    def end_generation(self) -> None:
+        """Give back the engine slot and the outstanding count (idempotent)."""
+        if self._generation_ended:
+            return
+        self._generation_ended = True
+        if self.call.trace is not None:
+            self.call.trace.engine_ended(self.call)
+        if self.holds_deployment:
+            self.call.deployment.outstanding -= 1
+        if self.ticket is not None:
+            self.owner.release_slot(self.call, self.ticket)
+
+    def interrupt(self, error: GatewayError) -> None:
+        """End this request early with `error` (shutdown): the client gets it as an error event
+        (stream) or an error response; the engine stops."""
+        self.call.fail(error.status, error.code)
+        if self.interrupter is not None:
+            self.interrupter(error)
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        run = self._run
+        if run is None or run.ag_frame is None:  # never generated, or generation over
+            self.end_generation()
+        elif not run.ag_running:  # suspended, nobody will resume it: close it, then free the slot
+            self.owner.spawn(self._close_run(run))
+        # else: run() is executing right now, and its own `finally` ends the generation.
+        call = self.call
+        if self.reservation is not None:
+            self.owner.settle(self.reservation, call.prompt_tokens + call.completion_tokens)
+        self.owner.account(call)
+        if call.trace is not None:  # the request span ends with the request, whatever ended it
+            call.trace.finish(call)
+        self.owner.forget(self)
+
+    async def _close_run(self, run: Any) -> None:
+        try:
+            await run.aclose()
+        finally:
+            self.end_generation()

@@ -1,0 +1,89 @@
+"""The one record a finished request leaves, and the sinks it goes to.
+
+The pipeline builds it once, when the request's lease is released, and hands it to each sink:
+the usage recorder (a usage row), the metrics (histograms and counters by lane, model,
+quantization and GPU type). Sinks live above the core and implement OutcomeSink; the core
+imports none of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from laneway.core.pipeline.call import Call
+from laneway.types import FinishReason
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    request_id: str  # the client's X-Request-Id when it sent one, else the gateway's
+    tenant_id: int
+    tenant_name: str
+    api_key_id: int
+    model: str  # the alias the client asked for
+    deployment: str
+    engine: str
+    quantization: str
+    gpu_type: str
+    lane: str
+    endpoint: str
+    stream: bool
+    end_user: str | None
+    status: int
+    finish_reason: FinishReason | None
+    error_code: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    # perf_counter() instants: arrival, leaving the queue, first token, the end.
+    started: float
+    dispatched_at: float | None
+    first_token_at: float | None
+    ended: float
+
+    @property
+    def queue_ms(self) -> float | None:
+        return None if self.dispatched_at is None else (self.dispatched_at - self.started) * 1000
+
+    @property
+    def ttft_ms(self) -> float | None:
+        return None if self.first_token_at is None else (self.first_token_at - self.started) * 1000
+
+    @property
+    def total_ms(self) -> float:
+        return (self.ended - self.started) * 1000
+
+    @classmethod
+    def of(cls, call: Call, ended: float) -> Outcome:
+        info = call.deployment.engine.info
+        return cls(
+            request_id=call.public_id,
+            tenant_id=call.tenant.id,
+            tenant_name=call.tenant.name,
+            api_key_id=call.tenant.api_key_id,
+            model=call.alias,
+            deployment=call.deployment.spec.name,
+            engine=info.engine,
+            quantization=info.quantization,
+            gpu_type=info.gpu_type,
+            lane=call.lane.name,
+            endpoint=call.endpoint,
+            stream=call.stream,
+            end_user=call.end_user,
+            status=call.status,
+            finish_reason=call.finish_reason,
+            error_code=call.error_code,
+            prompt_tokens=call.prompt_tokens,
+            completion_tokens=call.completion_tokens,
+            started=call.started,
+            dispatched_at=call.dispatched_at,
+            first_token_at=call.first_token_at,
+            ended=ended,
+        )
+
+
+class OutcomeSink(Protocol):
+    def finished(self, outcome: Outcome) -> None:
+        """Take one finished request's record. Called on the event loop, from Lease.release:
+        it must not block and must not raise."""
+        ...
