@@ -254,11 +254,7 @@ class Runtime:
         # A young generation of 10,000 objects, not 700: a request's objects then mostly die
         # before any collection sees them, instead of being scanned, promoted and scanned again
         # (and counted toward full collections, frequent once freeze() left the old generation
-        # nearly empty). Measured (bench/overhead.py rows with gc callbacks, 700 / 2,000 /
-        # 5,000 / 10,000): 12 / 0 / 0 / 0 full collections of ~13 ms under load, 0.50 / 0.11 /
-        # 0.08 / 0.08 s of collecting in all, 5x goodput 0.80-0.84 / 0.90-0.91 / 0.90-0.97 /
-        # 0.96 of capacity; the price is longer pauses, young 1.8 / 3.1 / 4.1 / 5.4 ms and
-        # middle 1.2 / 3.1 / 5.5 / 12.6 ms at most (at 5x), with 100/s streams' p99 unchanged.
+        # nearly empty). The price is longer young pauses; docs/decisions/0007-gc-threshold.md.
         gc.set_threshold(GC_YOUNG_OBJECTS, 10, 10)
 
     async def _prepare_database(self, db: AsyncEngine) -> None:

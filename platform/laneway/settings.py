@@ -114,12 +114,12 @@ class Settings:
     shed_max_preparing: int = 64
     # ... or this many, once arrivals have kept finding that many ahead of them for
     # shed_standing_s: a backlog that stands is a flood, and 16 keeps the loop from running
-    # behind under it (goodput 1.12 of capacity at 5x vs 0.52 with 64 alone). 0: off.
+    # behind under it (docs/failure-contracts.md, "Overload"). 0: off.
     shed_standing_preparing: int = 16
     shed_standing_s: float = 0.1
     # ... and, when set (0 < x < 1), while the event loop's thread is busy more than this share
     # of the time, only the fraction of new /v1 requests that keeps it there is let in: faster
-    # refusals and successes at 5x, but less goodput (README, "Overload"); 0 (default): off.
+    # refusals and successes at 5x, but less goodput (docs/failure-contracts.md, "Overload"); 0 (default): off.
     shed_cpu_target: float = 0.0
     # When set, /metrics and /schema need "Authorization: Bearer <token>" (default: open).
     metrics_token: str | None = None

@@ -116,7 +116,7 @@ class _LeasedASGIStream(ASGIStreamingResponse):
         loop = asyncio.get_running_loop()
         # One watchdog timer per stream, not a timeout armed around every chunk's send (that
         # was ~8 % of a stream's CPU): it cuts the stream once a single send has stayed blocked
-        # for send_timeout_s (checked every quarter of it: cut within 1.25x the timeout).
+        # for send_timeout_s (checked every quarter of it, so a cut comes within 1.25 times the timeout).
         period = self.send_timeout_s / 4
         watchdog: asyncio.TimerHandle | None = None
 
