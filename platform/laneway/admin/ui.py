@@ -1,5 +1,5 @@
-"""The admin web UI: server-rendered Jinja pages (admin/templates), enhanced with htmx
-(vendored in admin/static, no CDN). It uses the same sessions, CSRF tokens and admin
+"""The admin web UI: server-rendered Jinja pages (admin-ui/templates), enhanced with htmx
+(vendored in admin-ui/static, no CDN). It uses the same sessions, CSRF tokens and admin
 operations (admin/service.py) as the JSON API; every form carries the session's CSRF token.
 """
 
@@ -54,7 +54,7 @@ from laneway.db.repositories import AdminRepository, AuditRepository, ModelRepos
 from laneway.engines.registry import ENGINE_KINDS
 from laneway.resources import ADMIN_TEMPLATES, package_dir
 
-# Package data: templates/ and static/ next to this module, found from any working directory.
+# admin-ui/ (templates/ and static/), read as package data: found from any working directory.
 ADMIN_UI_DIR = package_dir(ADMIN_TEMPLATES).parent
 LOGIN_CSRF_COOKIE = "laneway_login_csrf"
 PER_PAGE = 25
