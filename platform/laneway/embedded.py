@@ -18,6 +18,7 @@ from litestar import Litestar
 
 from laneway.runtime import runtime_of
 from laneway.server import server_config
+from laneway.server.uvicorn_fence import server_started, stop_server
 from laneway.settings import Settings
 
 
@@ -46,7 +47,7 @@ class EmbeddedServer:
     def start(self, timeout: float = 60, *, wait_ready: bool = True) -> EmbeddedServer:
         self._thread.start()
         deadline = time.monotonic() + timeout
-        while not self.server.started:
+        while not server_started(self.server):
             if not self._thread.is_alive():
                 raise RuntimeError("the test server exited during start-up (see the log above)")
             if time.monotonic() > deadline:
@@ -68,5 +69,5 @@ class EmbeddedServer:
         runtime = self.runtime
         if drain and runtime is not None and runtime.running and self.loop is not None and self._thread.is_alive():
             self.call(runtime.drain(), timeout=120)
-        self.server.should_exit = True
+        stop_server(self.server)
         self._thread.join(timeout=30)

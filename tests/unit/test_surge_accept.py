@@ -125,3 +125,51 @@ def test_a_short_queue_opens_nothing() -> None:
             server.close()
 
     run(scenario())
+
+
+def test_without_tcp_info_the_acceptors_turn_themselves_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A platform without socket.TCP_INFO (not Linux): tick() neither raises nor opens copies,
+    however many connections wait; the one watcher goes on accepting them."""
+    monkeypatch.delattr(socket, "TCP_INFO", raising=False)
+
+    async def scenario() -> None:
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(128)
+        acceptors = SurgeAcceptors(listener.fileno(), asyncio.Protocol, extra=7, backlog=128, threshold=1)
+        clients = [socket.create_connection(listener.getsockname()) for _ in range(4)]  # queued: none accepts
+        try:
+            assert not acceptors.enabled
+            for _ in range(3):
+                acceptors.tick()
+            await asyncio.sleep(0)
+            assert acceptors.queued() == 0 and acceptors.last_queued == 0
+            assert not acceptors.active and acceptors.surges == 0
+        finally:
+            acceptors.close()
+            for c in clients:
+                c.close()
+            listener.close()
+
+    run(scenario())
+
+
+def test_a_listener_that_refuses_tcp_info_turns_them_off() -> None:
+    """getsockopt(TCP_INFO) failing (here: a Unix socket) turns the probe off at the first tick."""
+
+    async def scenario() -> None:
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(f"\0laneway-surge-{id(listener)}")
+        listener.listen(16)
+        acceptors = SurgeAcceptors(listener.fileno(), asyncio.Protocol, extra=7, backlog=16)
+        try:
+            assert acceptors.enabled
+            acceptors.tick()
+            assert not acceptors.enabled and not acceptors.active
+            acceptors.tick()  # and stays off, quietly
+            assert acceptors.queued() == 0
+        finally:
+            acceptors.close()
+            listener.close()
+
+    run(scenario())

@@ -12,7 +12,7 @@ from laneway.contracts.scope import DISCONNECT_EXTENSION
 from laneway.core.pipeline import CLIENT_CLOSED, Call
 
 T = TypeVar("T")
-# ASGI scope extension (laneway's server, server.py): watch(callback) -> unwatch. The callback
+# ASGI scope extension (laneway's server, server/uvicorn_fence.py): watch(callback) -> unwatch. The callback
 # runs when the connection is lost (at once if it already is): no task per request for it.
 Watch = Callable[[Callable[[], None]], Callable[[], None]]
 

@@ -3,7 +3,7 @@
 Litestar's per-request layers (routing, the Request object, resolving the handler's
 parameters, building and sending the Response, the before_send hooks) cost about as much
 CPU as the request's own work in the gateway (bench/overhead.py, bench/README.md). These two routes
-are the hot path, so the server (server.py) puts `FastRoutes` in front of the app: it runs
+are the hot path, so the server (server/run.py) puts `FastRoutes` in front of the app: it runs
 the same handler functions (api/handlers.py) with a minimal request, and sends their answer
 itself; everything else, and these routes under any other method, goes to Litestar.
 

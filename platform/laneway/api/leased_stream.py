@@ -29,7 +29,7 @@ from laneway.core.pipeline import CLIENT_CLOSED, Lease
 
 log = logging.getLogger("laneway.api")
 
-# The transport's abort(), put in the ASGI scope by laneway's HTTP protocol (server.py): a
+# The transport's abort(), put in the ASGI scope by laneway's HTTP protocol (server/uvicorn_fence.py): a
 # client that stopped reading is cut off instead of being left holding buffered bytes.
 
 

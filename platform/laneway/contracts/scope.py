@@ -8,7 +8,8 @@ REQUEST_ID_HEADER = b"x-request-id"
 CALL_KEY = "laneway.call"  # the admitted Call, set when its lease is opened
 REQUEST_ID_KEY = "laneway.request_id"  # the id of a request that has no call
 TRACE_KEY = "laneway.trace"  # the request's RequestTrace, only while tracing is on
-RECEIVED_AT = "laneway.received_at"  # perf_counter() when the server parsed the request line
+RECEIVED_AT = "laneway.received_at"  # perf_counter() when the server parsed the request's headers
+PREPARING = "laneway.preparing"  # an API request's load_shedding.Preparing token
 
 # ASGI extensions the server offers the app (scope["extensions"][name]).
 DISCONNECT_EXTENSION = "laneway.watch_disconnect"  # a callback when the client's socket closes
