@@ -24,7 +24,7 @@ class Reservation:
     # The quota periods it was counted in ("day:2026-03-31", "month:2026-03"): the refund goes
     # back to them even when it lands after the boundary.
     periods: tuple[str, ...] = ()
-    # Redis: each period counter's epoch when it was counted (core/quota_recovery.py): a
+    # Redis: each period counter's epoch when it was counted (counter_recovery.py): a
     # counter lost and begun again since then never held this reservation.
     epochs: tuple[str, ...] = ()
     # Redis, admitted at once (RedisRateLimiter.reserve_at_once): the reserve's reply, still to

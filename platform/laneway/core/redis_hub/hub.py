@@ -77,6 +77,13 @@ class RedisHub:
         )
         return redis.Redis(connection_pool=pool)
 
+    def subscriber(self) -> Any:
+        """A redis-py client of its own for a pub/sub subscription (a subscribed connection runs
+        no other command); the caller closes it. No read timeout: it waits for messages."""
+        import redis.asyncio as redis
+
+        return redis.Redis.from_url(self.url, socket_connect_timeout=1.0, health_check_interval=10)
+
     def loop(self) -> asyncio.AbstractEventLoop:
         """The running loop, kept: on Python 3.11 each asyncio.get_running_loop() is a getpid()
         system call (a fork check), and this runs several times a request."""

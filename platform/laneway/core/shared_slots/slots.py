@@ -128,10 +128,8 @@ class SharedSlots:
 
     # ---- background: grants pushed to this replica, and the heartbeat ----
     async def _listen(self) -> None:
-        import redis.asyncio as redis
-
         while True:
-            client: Any = redis.Redis.from_url(self.hub.url, socket_connect_timeout=1.0, health_check_interval=10)
+            client = self.hub.subscriber()
             try:
                 async with client.pubsub(ignore_subscribe_messages=True) as pubsub:
                     await pubsub.subscribe(f"{self.prefix}grant:{self.replica_id}")
