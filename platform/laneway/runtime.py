@@ -427,14 +427,13 @@ def runtime_readings(
             out.append(("laneway_engine_prefix_tokens_reused_total", "Prompt tokens copied from warmed system "
                         "prompts' KV cells instead of computed.", "counter", {"deployment": d.spec.name},
                         d.engine.prefix_tokens_reused))  # fmt: skip
-    local = getattr(limiter, "fallback", limiter)
-    if isinstance(local, MemoryRateLimiter):
-        out.append(("laneway_ratelimit_local_holders", "Concurrency holders kept in this process's memory.", "gauge",
-                    {}, local.holders))  # fmt: skip
-    if isinstance(limiter, RedisRateLimiter):
+    limits = limiter.readings()
+    out.append(("laneway_ratelimit_local_holders", "Concurrency holders kept in this process's memory.", "gauge",
+                {}, limits.local_holders))  # fmt: skip
+    if limits.shared is not None:
         out.append(("laneway_ratelimit_settles_pending", "Rate-limit settles not yet sent to Redis.", "gauge", {},
-                    limiter.pending_settles))  # fmt: skip
-        for by, n in (("replica", limiter.admitted_at_once), ("redis", limiter.decided_by_redis)):
+                    limits.shared.settles_pending))  # fmt: skip
+        for by, n in (("replica", limits.shared.admitted_at_once), ("redis", limits.shared.decided_by_redis)):
             out.append(("laneway_ratelimit_decisions_total", "Rate-limit decisions taken with Redis limits: by "
                         "this replica on Redis's last answer (far from every limit), or by Redis itself.",
                         "counter", {"by": by}, n))  # fmt: skip

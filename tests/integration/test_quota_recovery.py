@@ -111,7 +111,7 @@ def test_two_replicas_seeding_one_counter_at_once_add_the_rows_once(
     used += complete(a)  # a begins the counter and seeds it
     limiter, tenant = a.gateway.limiter, tenant_id(a)
     p = period("day", limiter.wall_clock())
-    epoch = a.server.call(limiter._redis.hget(limiter._epoch(tenant, p.name), "epoch")).decode()
+    epoch = a.server.call(limiter.hub.client.hget(limiter.keys.epoch(tenant, p.name), "epoch")).decode()
 
     async def seed_many(gw: Gateway) -> None:  # as if b had been told to seed it too, and retried
         recovery = gw.gateway.limiter.recovery

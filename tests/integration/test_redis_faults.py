@@ -49,7 +49,7 @@ def holders(gw: Gateway) -> int:
     limiter = gw.gateway.limiter
 
     async def count() -> int:
-        return int(await limiter._redis.zcard(limiter._keys(1)[2]))
+        return int(await limiter.hub.client.zcard(limiter.keys.tenant(1)[2]))
 
     return int(gw.server.call(count()))
 

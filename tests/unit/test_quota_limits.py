@@ -205,7 +205,7 @@ async def test_a_reservation_whose_counter_redis_lost_is_counted_once_and_never_
     try:
         t = tenant(tokens_per_day=100)
         early, late = await limiter.reserve(t, 60, "early"), await limiter.reserve(t, 30, "late")
-        await limiter._redis.delete(*await limiter._redis.keys(prefix + "*"))  # as a restart, no persistence
+        await limiter.hub.client.delete(*await limiter.hub.client.keys(prefix + "*"))  # as a restart, no persistence
         wall.set("2026-03-31T12:00:01")
         fresh = await limiter.reserve(t, 10, "fresh")
         assert fresh.epochs != early.epochs

@@ -148,7 +148,7 @@ async def test_two_redis_limiters_enforce_one_limit() -> None:
     assert outcomes == [True, True, True, True, False, False]
 
 
-# Admitting at once (RedisRateLimiter.reserve_at_once, core/ratelimit.py Headroom): far from its
+# Admitting at once (RedisRateLimiter.reserve_at_once, core/ratelimit/headroom.py): far from its
 # limits a request does not wait for Redis; Redis still counts it, and near a limit decides.
 
 

@@ -1,6 +1,6 @@
 """Quota counters in Redis brought back from the usage table when Redis lost them.
 
-In Redis mode a tenant's day and month counters (core/ratelimit.py) live only in Redis; a
+In Redis mode a tenant's day and month counters (redis_limiter.py) live only in Redis; a
 Redis restarted without persistence would start them at zero and let every tenant spend its
 quota again. The usage rows in the database are the durable truth, so a counter is rebuilt
 from them:
@@ -44,13 +44,14 @@ import asyncio
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
 
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from laneway.core.quota import Period
+from laneway.core.ratelimit.scripts import SEED_COUNTER
+from laneway.core.redis_hub import RedisHub
 from laneway.db.repositories import UsageRepository
 
 log = logging.getLogger(__name__)
@@ -61,19 +62,9 @@ LATE_ROWS_S = 10.0
 MAX_CONCURRENT = 4  # seeds querying the database at once (a loss begins every active tenant's)
 MAX_PENDING = 10_000  # counters waiting for their seed; past it one is left as it is, and logged
 MAX_BACKOFF_S = 30.0
-
-# KEYS: a period's counter, its epoch hash. ARGV: the epoch the sum was taken for, the usage
-# rows' tokens in the period before it. -1: the counter is gone or began again (another epoch,
-# whose own seed counts); else the tokens added.
-_SEED = """
-local e = redis.call('HMGET', KEYS[2], 'epoch', 'seeded')
-if e[1] ~= ARGV[1] or redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-local seeded, sum = tonumber(e[2]) or 0, tonumber(ARGV[2])
-local add = sum - math.max(0, seeded)
-if add > 0 then redis.call('INCRBY', KEYS[1], add) end
-if add > 0 or seeded < 0 then redis.call('HSET', KEYS[2], 'seeded', ARGV[2]) end
-return math.max(0, add)
-"""
+# A seed is background work: like a settle, it waits this long for a batch of reserves to ride
+# with instead of sending one of its own (and taking lingering settles out early with it).
+SEED_LINGER_S = 0.005
 
 
 def epoch_time(epoch: str) -> datetime:
@@ -86,7 +77,7 @@ class CounterRecovery:
 
     def __init__(
         self,
-        redis: Any,
+        hub: RedisHub,
         sessions: async_sessionmaker[AsyncSession],
         counter_key: Callable[[int, str], str],
         epoch_key: Callable[[int, str], str],
@@ -95,8 +86,7 @@ class CounterRecovery:
         late_rows_s: float = LATE_ROWS_S,
         max_concurrent: int = MAX_CONCURRENT,
     ) -> None:
-        self._redis = redis
-        self._seed = redis.register_script(_SEED)
+        self._hub = hub
         self._sessions = sessions
         self._counter_key = counter_key
         self._epoch_key = epoch_key
@@ -149,7 +139,7 @@ class CounterRecovery:
                 async with self._slots:
                     tokens = await self.usage_before(tenant_id, p, epoch)
                     keys = [self._counter_key(tenant_id, p.name), self._epoch_key(tenant_id, p.name)]
-                    added = int(await self._seed(keys=keys, args=[epoch, tokens]))
+                    added = int(await self._hub.call(SEED_COUNTER, keys, [epoch, tokens], linger=SEED_LINGER_S))
             except (RedisError, OSError, SQLAlchemyError) as exc:
                 if self._wall_clock() >= p.resets_at.timestamp():
                     return False  # its period is over: nobody reserves against it any more

@@ -1,0 +1,391 @@
+"""Limits shared by every gateway replica, kept in Redis: one atomic Lua script per decision
+(reserve.lua), on Redis's clock, so any number of replicas enforce one limit. Far from a
+tenant's limits a replica admits at once on Redis's last answer (headroom.py). Quota counters
+Redis turns out to have lost are counted again from the usage table (counter_recovery.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from redis.exceptions import RedisError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from laneway.core.dependencies import DependencyHealth
+from laneway.core.errors import dependency_unavailable
+from laneway.core.quota import PERIOD_KINDS, Period, period, quota_exceeded, quota_limit
+from laneway.core.ratelimit.counter_recovery import CounterRecovery
+from laneway.core.ratelimit.errors import (
+    check_size,
+    key_rate_limited,
+    key_too_many_concurrent,
+    rate_limited,
+    too_many_concurrent,
+)
+from laneway.core.ratelimit.headroom import ADMIT_AT_ONCE_FOR_S, ADMIT_AT_ONCE_UNANSWERED, Headroom
+from laneway.core.ratelimit.memory import MemoryRateLimiter
+from laneway.core.ratelimit.protocol import LimiterReadings, Reservation, SharedLimitReadings
+from laneway.core.ratelimit.redis_keys import LimitKeys
+from laneway.core.ratelimit.scripts import READ_COUNTERS, RESERVE, SETTLE, reply_epochs
+from laneway.core.redis_hub import RedisHub
+from laneway.types import TenantSnapshot
+
+log = logging.getLogger("laneway.core.ratelimit")
+
+# A concurrency slot whose holder vanished (a replica crashed) is reclaimed after this long.
+STALE_HOLDER_S = 600
+SETTLE_LINGER_S = 0.005  # how long a settle waits for a batch of reserves to ride with
+# A period's counter outlives its period by this much (a settle that lands just after the
+# boundary still finds it; admins can read yesterday's for a while).
+COUNTER_GRACE_S = 3600
+
+
+class RedisRateLimiter:
+    """Limits shared by every replica, in Redis, with a contract for when Redis misbehaves.
+
+    - Every call goes through the hub (core/redis_hub): one pipelined connection with a
+      timeout (a frozen Redis must not hang requests), replaced after a Redis restart with
+      the calls it had not answered sent once more.
+    - A fault opens a breaker for `retry_after_s`: meanwhile requests do not wait on Redis at
+      all. Then one request probes it. `failure_mode` says what happens while it is open:
+      "open" serves with this replica's own limits (process memory, the same tenant limits:
+      with N replicas a tenant may get up to N times its limit while Redis is down), "closed"
+      refuses with 503 rate_limiter_unavailable + Retry-After. Never a 500.
+    - Settles go off the response path, riding with the next batch of reserves
+      (the hub's linger); those that fail are kept (bounded) and retried until Redis
+      answers, so a tenant's concurrency holders and refunds are never lost to an outage.
+    """
+
+    def __init__(
+        self,
+        redis: str | RedisHub,
+        prefix: str = "laneway:",
+        *,
+        max_connections: int = 64,
+        timeout_s: float = 0.25,
+        failure_mode: str = "open",
+        retry_after_s: float = 1.0,
+        share: float = 0.1,
+        health: DependencyHealth | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`redis`: a URL (the limiter builds a hub of its own and closes it) or the process's
+        shared hub (its owner closes it; `max_connections` and `timeout_s` are then the hub's)."""
+        if failure_mode not in ("open", "closed"):
+            raise ValueError(f"redis failure mode must be 'open' or 'closed', not {failure_mode!r}")
+        self._owns_hub = isinstance(redis, str)  # a hub of its own: closed with it
+        self.hub = (
+            RedisHub(redis, timeout_s=timeout_s, max_connections=max_connections) if isinstance(redis, str) else redis
+        )
+        self._prefix = prefix
+        self.keys = LimitKeys(prefix)
+        self.failure_mode = failure_mode
+        self._retry_after = retry_after_s
+        self._health = health or DependencyHealth()
+        self._clock = clock
+        self.wall_clock = wall_clock  # epoch seconds: which quota period is current
+        self.fallback = MemoryRateLimiter(clock, lambda: self.wall_clock())
+        self._open_until = 0.0  # breaker: Redis is not asked before this time
+        self._probing = False
+        self._settles: deque[tuple[list[str], list[int | str]]] = deque(maxlen=100_000)  # failed: retried
+        self._outstanding = 0  # settles handed to the batcher, not answered yet
+        self._share = share  # of a limit's room a replica may admit at once (Headroom); 0: never
+        self._headroom: dict[tuple[int, int], Headroom] = {}  # (tenant, API key) -> its room
+        self.admitted_at_once = 0  # requests admitted without waiting for Redis (metrics, tests)
+        self._unanswered = 0  # of those, the ones whose reserve Redis has not answered yet
+        self.decided_by_redis = 0  # requests Redis answered for (admitted or refused)
+        self._settler: asyncio.Task[None] | None = None
+        self._closing = False
+        self.recovery: CounterRecovery | None = None  # set by load_used(): counters from the usage rows
+
+    async def load_used(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        """The counters live in Redis, shared: nothing to load at start-up. What this replica
+        keeps is the way back to the usage table for a counter Redis turns out to have lost
+        (counter_recovery.py), and its fallback's counts for an outage."""
+        self.recovery = CounterRecovery(
+            self.hub, sessions, self.keys.counter, self.keys.epoch, lambda: self.wall_clock()
+        )
+
+    async def quota_used(self, tenant_id: int) -> dict[str, int]:
+        """From Redis (an admin read, one round trip); raises RedisError when it is down. Read
+        through the limiter's own connection, after what it sent before: the requests this
+        replica admitted at once are counted."""
+        wall = self.wall_clock()
+        names = [self.keys.counter(tenant_id, period(kind, wall).name) for kind in PERIOD_KINDS]
+        values = await self.hub.call(READ_COUNTERS, names, [])
+        return {kind: int(v or 0) for kind, v in zip(PERIOD_KINDS, values, strict=True)}
+
+    @property
+    def degraded(self) -> bool:
+        return self._clock() < self._open_until
+
+    def _trip(self, exc: BaseException) -> None:
+        self._open_until = self._clock() + self._retry_after
+        self._headroom.clear()  # what Redis said before the fault is not acted on after it
+        what = "serving with this replica's own limits" if self.failure_mode == "open" else "refusing with 503"
+        self._health.failed("redis", exc, what)
+
+    def _call(
+        self, tenant: TenantSnapshot, tokens: int, request_id: str, admitted: bool
+    ) -> tuple[list[Period], list[str], list[int | str]]:
+        """RESERVE's periods, KEYS and ARGV for this request."""
+        wall = self.wall_clock()
+        periods = [period(kind, wall) for kind in PERIOD_KINDS]
+        args: list[int | str] = [
+            tenant.rpm or 0,
+            tenant.tpm or 0,
+            tokens,
+            tenant.max_concurrency or 0,
+            request_id,
+            STALE_HOLDER_S,
+            tenant.key_rpm or 0,
+            tenant.key_tpm or 0,
+            tenant.key_max_concurrency or 0,
+            *(quota_limit(tenant, p.kind) or 0 for p in periods),
+            *(int(p.seconds_left(wall)) + COUNTER_GRACE_S for p in periods),
+            repr(wall),  # a counter begun now counts the usage rows before this (counter_recovery.py)
+            "1" if admitted else "0",
+        ]
+        return periods, self.keys.for_call(tenant, tuple(p.name for p in periods)), args
+
+    def reserve_at_once(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation | None:
+        """Admit without waiting for Redis where this replica may (Headroom): the reserve goes
+        out with the next batch, taken whatever Redis then says, and its settle follows its
+        reply. While Redis is down the fallback decides at once too. Else None: reserve()."""
+        decided = self._decided_without_redis(tenant, tokens, request_id)
+        if decided is not None:
+            return decided
+        room = self._headroom.get((tenant.id, tenant.api_key_id))
+        if (room is None or room.tenant is not tenant or not room.admits(tokens, self._share)
+                or self._unanswered >= ADMIT_AT_ONCE_UNANSWERED
+                or self._clock() - room.answered_at > ADMIT_AT_ONCE_FOR_S):  # fmt: skip
+            return None
+        periods, keys, args = self._call(tenant, tokens, request_id, admitted=True)
+        names = tuple(p.name for p in periods)
+        if names != room.periods:  # a new day: Redis says first
+            return None
+        room.pending += 1
+        room.pending_tokens += tokens
+        self._outstanding += 1
+        self._unanswered += 1
+        # Sent at the end of this loop turn, with whatever else this turn sends (the lingering
+        # settles): not lingering on a timer of its own, whose wake-up costs more than the
+        # write it would share.
+        answer = self.hub.call(RESERVE, keys, args)
+        reservation = Reservation(tenant, request_id, tokens, local=False, periods=names, answer=answer)
+        answer.add_done_callback(partial(self._admitted_answer, room, reservation, periods))
+        self.admitted_at_once += 1
+        return reservation
+
+    def _admitted_answer(
+        self, room: Headroom, reservation: Reservation, periods: list[Period], answer: asyncio.Future[Any]
+    ) -> None:
+        """Redis's reply to a reserve admitted at once: the room it leaves, the epochs."""
+        self._outstanding -= 1
+        self._unanswered -= 1
+        room.pending -= 1
+        room.pending_tokens -= reservation.tokens
+        exc = asyncio.CancelledError() if answer.cancelled() else answer.exception()
+        if exc is not None:  # its settle forgets the holder, as for a reserve whose answer was lost
+            self._headroom.pop((reservation.tenant.id, reservation.tenant.api_key_id), None)
+            if isinstance(exc, RedisError | OSError | asyncio.CancelledError):
+                self._trip(exc)
+            else:
+                log.error("a rate-limit reserve failed: %r", exc)
+            return
+        reply = answer.result()
+        room.answered(reply[4:], self._clock())
+        reservation.epochs = self._counted(reservation.tenant, periods, int(reply[1]), reply_epochs(reply))
+
+    def _counted(
+        self, tenant: TenantSnapshot, periods: list[Period], unseeded: int, counted_in: tuple[str, ...]
+    ) -> tuple[str, ...]:
+        """The epochs a reservation was counted in; counters begun without their usage rows are
+        seeded from them in the background (counter_recovery.py)."""
+        if unseeded and self.recovery is not None:  # off the request path: a background task
+            for i, p in enumerate(periods):
+                if unseeded & (1 << i):
+                    self.recovery.schedule(tenant.id, p, counted_in[i])
+        return counted_in
+
+    async def reserve(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
+        decided = self._decided_without_redis(tenant, tokens, request_id)
+        if decided is not None:
+            return decided
+        probe = self._open_until > 0  # the breaker was open: this request is its probe
+        self._probing = probe
+        periods, keys, args = self._call(tenant, tokens, request_id, admitted=False)
+        at = (tenant.id, tenant.api_key_id)
+        try:
+            reply = await self.hub.call(RESERVE, keys, args)
+        except (RedisError, OSError) as exc:  # redis' TimeoutError is a RedisError; OSError: refused
+            self._trip(exc)
+            # The script may have run before the answer was lost: forget its holder later.
+            self._queue_settle(keys, [request_id, 0, 0, 0, 0, 0])
+            return self._without_redis(tenant, tokens, request_id)
+        finally:
+            if probe:
+                self._probing = False
+        if probe:
+            self._open_until = 0.0
+            self._health.recovered("redis")
+        self.decided_by_redis += 1
+        verdict, wait_ms = reply[0], reply[1]
+        if verdict != 0:
+            self._headroom.pop(at, None)  # at a limit: Redis decides each request until it has room again
+            wall = self.wall_clock()
+        if verdict == 2:
+            raise too_many_concurrent(tenant)
+        if verdict == 1:
+            raise rate_limited(tenant, int(wait_ms) / 1000.0)
+        if verdict == 4:
+            raise key_too_many_concurrent(tenant)
+        if verdict == 3:
+            raise key_rate_limited(tenant, int(wait_ms) / 1000.0)
+        if verdict in (5, 6):  # the second number is the tokens the period has used
+            p = periods[verdict - 5]
+            raise quota_exceeded(tenant, p, quota_limit(tenant, p.kind) or 0, int(wait_ms), wall)
+        names = tuple(p.name for p in periods)
+        room = self._headroom.get(at)
+        if room is None or room.tenant is not tenant or room.periods != names:
+            if len(self._headroom) >= 4096:
+                self._headroom.clear()
+            room = self._headroom[at] = Headroom(tenant, names)
+        room.answered(reply[4:], self._clock())
+        counted_in = self._counted(tenant, periods, int(wait_ms), reply_epochs(reply))
+        return Reservation(tenant, request_id, tokens, local=False, periods=names, epochs=counted_in)
+
+    def _decided_without_redis(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation | None:
+        """What reserve() and reserve_at_once() decide before Redis: a request larger than its
+        limits is refused; while the breaker is open (or its probe is out) the fallback decides.
+        None: Redis's to decide."""
+        check_size(tenant, tokens)
+        if self._clock() < self._open_until or self._probing:
+            return self._without_redis(tenant, tokens, request_id)
+        return None
+
+    def _without_redis(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
+        if self.failure_mode == "closed":
+            raise dependency_unavailable("rate limiter", retry_after=self._retry_after)
+        return self.fallback.reserve_now(tenant, tokens, request_id)
+
+    def settle(self, reservation: Reservation, used_tokens: int) -> None:
+        if reservation.local:
+            self.fallback.settle(reservation, used_tokens)
+            return
+        tenant = reservation.tenant
+        keys = self.keys.for_call(tenant, reservation.periods)
+        epochs, answer = reservation.epochs, reservation.answer
+        if answer is not None:  # admitted at once: the settle goes after the reserve's reply
+            if not answer.done():  # (counted in pending_settles as its reserve, until answered)
+                answer.add_done_callback(partial(self._settle_answered, reservation, used_tokens))
+                return
+            if answer.cancelled() or answer.exception() is not None:  # it may have run: forget its holder
+                self._queue_settle(keys, [reservation.request_id, 0, 0, 0, 0, 0])
+                return
+            epochs = reply_epochs(answer.result())
+        unused = max(0, reservation.tokens - used_tokens)
+        self._queue_settle(keys, [reservation.request_id, tenant.tpm or 0, unused, tenant.key_tpm or 0,
+                                  used_tokens, repr(self.wall_clock()), *epochs])  # fmt: skip
+
+    def _settle_answered(self, reservation: Reservation, used_tokens: int, _: asyncio.Future[Any]) -> None:
+        self.settle(reservation, used_tokens)
+
+    def _queue_settle(self, keys: list[str], args: list[int | str]) -> None:
+        """Send it with the next batch of reserves, or alone after SETTLE_LINGER_S: under load
+        a settle rides in a write that goes out anyway, and a concurrency slot or a refund
+        comes back a few milliseconds later. One that fails is kept and retried."""
+        self._outstanding += 1
+        linger = 0.0 if self._closing else SETTLE_LINGER_S
+        reply = self.hub.call(SETTLE, keys, args, linger=linger)
+        reply.add_done_callback(partial(self._settle_sent, keys, args))
+
+    def _settle_sent(self, keys: list[str], args: list[int | str], reply: asyncio.Future[Any]) -> None:
+        self._outstanding -= 1
+        exc = asyncio.CancelledError() if reply.cancelled() else reply.exception()
+        if exc is None:
+            return
+        if not isinstance(exc, RedisError | OSError | asyncio.CancelledError):
+            log.error("a rate-limit settle failed and is dropped: %r", exc)
+            return
+        self._trip(exc)
+        self._settles.append((keys, args))
+        if self._settler is None or self._settler.done():
+            self._settler = asyncio.get_running_loop().create_task(self._run_settles(), name="redis-settles")
+
+    @property
+    def _redis(self) -> Any:
+        """redis-py's client on the hub's URL: tests read Redis's state through it."""
+        return self.hub.client
+
+    def _keys(self, tenant_id: int) -> list[str]:  # tests: the tenant's keys
+        return self.keys.tenant(tenant_id)
+
+    def readings(self) -> LimiterReadings:
+        shared = SharedLimitReadings(self.pending_settles, self.admitted_at_once, self.decided_by_redis)
+        return LimiterReadings(local_holders=self.fallback.holders, shared=shared)
+
+    @property
+    def pending_settles(self) -> int:
+        """Settles not yet answered by Redis (and reserves admitted at once): in flight, or kept
+        after a fault."""
+        return self._outstanding + len(self._settles)
+
+    async def _run_settles(self) -> None:
+        """Retry the settles that failed, in batches of up to 256, backing off while Redis
+        does not answer (a tenant's holders and refunds are never lost to an outage)."""
+        backoff = self._retry_after
+        while self._settles:
+            if not self._closing:
+                await asyncio.sleep(backoff)
+            batch = [self._settles.popleft() for _ in range(min(256, len(self._settles)))]
+            replies = [self.hub.call(SETTLE, keys, args) for keys, args in batch]
+            failed, fault = [], None
+            for call, reply in zip(batch, replies, strict=True):
+                try:
+                    await reply
+                except (RedisError, OSError) as exc:
+                    failed.append(call)
+                    fault = exc
+            if fault is None:
+                backoff = self._retry_after
+                continue
+            self._trip(fault)
+            self._settles.extendleft(reversed(failed))  # first in line again
+            if self._closing:
+                return  # close() gave up waiting; what is left expires in Redis
+            backoff = min(backoff * 2, 30.0)
+
+    async def settled(self, timeout_s: float = 2.0) -> bool:
+        """Wait until every queued settle has been sent (tests, shutdown); False on timeout."""
+        deadline = self._clock() + timeout_s
+        while self.pending_settles:
+            if self._clock() > deadline:
+                return False
+            await asyncio.sleep(0.002)
+        return True
+
+    async def close(self, timeout_s: float = 2.0) -> None:
+        """Send what is still queued (for up to timeout_s), then close the connections."""
+        self._closing = True
+        self.hub.flush_soon()
+        try:
+            async with asyncio.timeout(timeout_s):
+                while self._outstanding or (self._settler is not None and not self._settler.done()):
+                    if self._settler is not None and not self._settler.done():
+                        await asyncio.shield(self._settler)
+                    else:
+                        await asyncio.sleep(0.002)
+        except TimeoutError:
+            if self._settler is not None:
+                self._settler.cancel()
+        if self.recovery is not None:
+            await self.recovery.close()
+        if self._owns_hub:
+            await self.hub.close()
