@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from laneway.core.errors import GatewayError
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError
 from laneway.types import TenantSnapshot
 
 PERIOD_KINDS = ("day", "month")
@@ -82,11 +83,9 @@ def quota_exceeded(tenant: TenantSnapshot, p: Period, limit: int, used: int, now
     and X-Laneway-Quota-Reset both say so)."""
     reset = rfc3339(p.resets_at)
     error = GatewayError(
-        429,
+        ErrorCode.QUOTA_EXCEEDED,
         f"Tenant '{tenant.name}' has used {used} of its {_WORDS[p.kind]} quota of {limit} tokens "
         f"(prompt + max_tokens are reserved per request). The quota resets at {reset} (UTC).",
-        code="quota_exceeded",
-        type="rate_limit_error",
         retry_after=p.seconds_left(now),
     )
     error.headers["X-Laneway-Quota-Reset"] = reset
@@ -96,9 +95,7 @@ def quota_exceeded(tenant: TenantSnapshot, p: Period, limit: int, used: int, now
 def quota_too_small(tenant: TenantSnapshot, kind: str, limit: int, tokens: int) -> GatewayError:
     """A request that could not fit in a whole fresh period: waiting for the reset would not help."""
     return GatewayError(
-        429,
+        ErrorCode.REQUEST_TOO_LARGE,
         f"Request too large: it needs {tokens} tokens (prompt + max_tokens) and tenant '{tenant.name}' "
         f"has a {_WORDS[kind]} quota of {limit} tokens. Lower max_tokens or shorten the prompt.",
-        code="request_too_large",
-        type="rate_limit_error",
     )

@@ -3,55 +3,50 @@ that refuses a request no wait would let through."""
 
 from __future__ import annotations
 
-from laneway.core.errors import GatewayError
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError
 from laneway.core.quota import PERIOD_KINDS, quota_limit, quota_too_small
 from laneway.types import TenantSnapshot
 
 
 def too_large(tenant: TenantSnapshot, tokens: int) -> GatewayError:
     return GatewayError(
-        429,
+        ErrorCode.REQUEST_TOO_LARGE,
         f"Request too large: it needs {tokens} tokens (prompt + max_tokens) and tenant '{tenant.name}' "
         f"may use {tenant.tpm} tokens per minute. Lower max_tokens or shorten the prompt.",
-        code="request_too_large",
-        type="rate_limit_error",
     )
 
 
 def rate_limited(tenant: TenantSnapshot, wait_s: float) -> GatewayError:
     return GatewayError(
-        429,
+        ErrorCode.RATE_LIMIT_EXCEEDED,
         f"Rate limit reached for tenant '{tenant.name}' (RPM {tenant.rpm or 'unlimited'}, "
         f"TPM {tenant.tpm or 'unlimited'}). Retry in {wait_s:.1f} s.",
-        code="rate_limit_exceeded",
         retry_after=wait_s,
     )
 
 
 def too_many_concurrent(tenant: TenantSnapshot) -> GatewayError:
     return GatewayError(
-        429,
+        ErrorCode.CONCURRENCY_LIMIT_EXCEEDED,
         f"Tenant '{tenant.name}' already has {tenant.max_concurrency} requests in flight.",
-        code="concurrency_limit_exceeded",
         retry_after=1,
     )
 
 
 def key_rate_limited(tenant: TenantSnapshot, wait_s: float) -> GatewayError:
     return GatewayError(
-        429,
+        ErrorCode.RATE_LIMIT_EXCEEDED,
         f"Rate limit reached for this API key of tenant '{tenant.name}' (key RPM {tenant.key_rpm or 'unlimited'}, "
         f"key TPM {tenant.key_tpm or 'unlimited'}). Retry in {wait_s:.1f} s.",
-        code="rate_limit_exceeded",
         retry_after=wait_s,
     )
 
 
 def key_too_many_concurrent(tenant: TenantSnapshot) -> GatewayError:
     return GatewayError(
-        429,
+        ErrorCode.CONCURRENCY_LIMIT_EXCEEDED,
         f"This API key of tenant '{tenant.name}' already has {tenant.key_max_concurrency} requests in flight.",
-        code="concurrency_limit_exceeded",
         retry_after=1,
     )
 
@@ -62,11 +57,9 @@ def check_size(tenant: TenantSnapshot, tokens: int) -> None:
         raise too_large(tenant, tokens)
     if tenant.key_tpm and tokens > tenant.key_tpm:
         raise GatewayError(
-            429,
+            ErrorCode.REQUEST_TOO_LARGE,
             f"Request too large: it needs {tokens} tokens (prompt + max_tokens) and this API key may use "
             f"{tenant.key_tpm} tokens per minute. Lower max_tokens or shorten the prompt.",
-            code="request_too_large",
-            type="rate_limit_error",
         )
     for kind in PERIOD_KINDS:
         limit = quota_limit(tenant, kind)

@@ -16,8 +16,9 @@ from typing import Any
 from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import dependency_unavailable
 from laneway.core.dependencies import DependencyHealth
-from laneway.core.errors import dependency_unavailable
 from laneway.core.quota import PERIOD_KINDS, Period, period, quota_exceeded, quota_limit
 from laneway.core.ratelimit.counter_recovery import CounterRecovery
 from laneway.core.ratelimit.errors import (
@@ -272,7 +273,9 @@ class RedisRateLimiter:
 
     def _without_redis(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
         if self.failure_mode == "closed":
-            raise dependency_unavailable("rate limiter", retry_after=self._retry_after)
+            raise dependency_unavailable(
+                ErrorCode.RATE_LIMITER_UNAVAILABLE, "rate limiter", retry_after=self._retry_after
+            )
         return self.fallback.reserve_now(tenant, tokens, request_id)
 
     def settle(self, reservation: Reservation, used_tokens: int) -> None:

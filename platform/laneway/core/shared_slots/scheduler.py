@@ -9,8 +9,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError
 from laneway.core import admission
-from laneway.core.errors import GatewayError
 from laneway.core.policy import LanePolicy
 from laneway.core.scheduler import DeploymentScheduler, Ticket, queue_timeout
 from laneway.core.shared_slots.backend import SlotsBackend, SlotsUnavailable, fallback_share
@@ -198,10 +199,8 @@ class SharedScheduler:
         if ticket is not None and ticket.future is not None and not ticket.future.done():
             ticket.future.set_exception(
                 GatewayError(
-                    503,
+                    ErrorCode.QUEUE_TIMEOUT,
                     "The request's place in the queue was lost; retry.",
-                    code="queue_timeout",
-                    type="service_unavailable",
                     retry_after=1,
                 )
             )
