@@ -20,10 +20,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from engines_real import RealVLLM
 from laneway.engines.vllm import VLLMEngine, parse_prometheus
 from laneway.types import ChatTurn, GenerationRequest
-from serving import Gateway, start_gateway, wait_for
+from support import Gateway, start_gateway, wait_for
+from support.engines_real import RealVLLM
 
 HELLO = [{"role": "user", "content": "Tell me about the river and the mountain."}]
 
