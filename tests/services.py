@@ -2,6 +2,6 @@
 sys.path and import `services`); the tests themselves import `support`. Goes once bench/
 imports `support`."""
 
-from support.services import PrivatePostgres, PrivateRedis
+from support import PrivatePostgres, PrivateRedis
 
 __all__ = ["PrivatePostgres", "PrivateRedis"]

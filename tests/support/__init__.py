@@ -6,12 +6,13 @@ in tests/standins; their fixtures in tests/integration/conftest.py.
 Test modules import from here (`from support import seed, start_gateway, wait_for`);
 pyproject puts tests/ on the path, so the package is `support`."""
 
+from laneway.embedded import EmbeddedServer as ServerThread
+
 from support.ports import free_port
 from support.seeding import KeySpec, seed, sim_model
 from support.servers import (
     EXE,
     Gateway,
-    ServerThread,
     closed_by_server,
     in_process_settings,
     replica_pair,

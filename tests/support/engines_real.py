@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from support.servers import free_port
+from support.ports import free_port
 from support.services import unavailable
 from support.waiting import wait_for
 
@@ -190,11 +190,14 @@ class RealTriton:
         """Matches of a regular expression in the server's log, in order."""
         return list(re.finditer(pattern, self.log_text()))
 
-    def log_tail(self, lines: int = 30) -> str:
+    def log_text(self) -> str:
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            return self.log_path.read_text(errors="replace")
         except OSError:
-            return "(no log)"
+            return ""
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:]) or "(no log)"
 
     def records(self) -> list[dict[str, Any]]:
         """What the model recorded: one dict per event (received, completed, cancelled)."""
