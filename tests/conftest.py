@@ -5,7 +5,6 @@ Under CI=true a missing PostgreSQL or Redis is a failure, not a skip.
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import tempfile
 import uuid
@@ -16,9 +15,9 @@ import pytest
 from laneway.db import migrate
 from laneway.db.session import make_engine
 from laneway.engines.demo_model import write_demo_model
-from services import PG_URL, PrivatePostgres, PrivateRedis, require_service
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
+from support.services import PG_URL, PrivatePostgres, PrivateRedis, require_service, throwaway_database
 
 
 @pytest.fixture(scope="session")
@@ -76,29 +75,10 @@ def private_redis() -> Iterator[PrivateRedis]:
 @pytest.fixture
 def pg_database() -> Iterator[str]:
     """A throwaway database on the shared PostgreSQL (for several processes to share)."""
-    yield from _throwaway_database()
+    yield from throwaway_database()
 
 
 @pytest.fixture(scope="module")
 def pg_database_module() -> Iterator[str]:
     """pg_database for a module's servers (replicas started once for several tests)."""
-    yield from _throwaway_database()
-
-
-def _throwaway_database() -> Iterator[str]:
-    require_service("PostgreSQL", "127.0.0.1", 5432)
-    name = f"lw_test_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_admin_sql(f'CREATE DATABASE "{name}"'))
-    try:
-        yield PG_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        asyncio.run(_admin_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-
-async def _admin_sql(sql: str) -> None:
-    engine = make_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    try:
-        async with engine.connect() as conn:
-            await conn.execute(text(sql))
-    finally:
-        await engine.dispose()
+    yield from throwaway_database()

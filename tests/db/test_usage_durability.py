@@ -11,9 +11,9 @@ from laneway.db import migrate
 from laneway.db.repositories import TenantRepository, UsageRepository
 from laneway.db.session import make_engine, make_sessionmaker
 from laneway.usage import UsageRecorder
-from services import PrivatePostgres
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
+from support import PrivatePostgres, until
 
 
 def usage(i: int, **extra: Any) -> dict[str, Any]:
@@ -24,14 +24,6 @@ def usage(i: int, **extra: Any) -> dict[str, Any]:
 async def stored(engine: AsyncEngine) -> list[str]:
     async with make_sessionmaker(engine)() as s:
         return sorted(r.request_id for r in await UsageRepository(s).for_tenant(1))
-
-
-async def until(predicate: Any, within: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not predicate():
-        assert loop.time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 async def test_one_row_postgres_refuses_does_not_block_the_others(db_engine: AsyncEngine) -> None:

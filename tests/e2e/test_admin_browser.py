@@ -6,7 +6,6 @@ temporary directory (pytest prints where: screenshots-*)."""
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import os
 import re
@@ -17,12 +16,7 @@ from typing import Any
 
 import openai
 import pytest
-from laneway.app import create_app
-from laneway.db import migrate
-from laneway.db.repositories import ModelRepository
-from laneway.db.session import make_engine, make_sessionmaker
-from services import IN_CI
-from serving import ServerThread, in_process_settings
+from support import ServerThread, start_gateway, unavailable
 
 PASSWORD = "correct horse battery"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -32,29 +26,17 @@ CONSOLE: list[str] = []  # what the browser logged, across the module's tests
 def _browser_or_skip() -> None:
     if os.path.exists(CHROMIUM):
         return
-    if IN_CI:
-        pytest.fail("Chromium is not installed (CI=true: .ci/run installs Debian's chromium)")
-    pytest.skip("Chromium is not installed (apt-get install chromium) - browser tests skipped")
-
-
-async def _seed(url: str) -> None:
-    engine = make_engine(url)
-    await migrate.upgrade(engine)
-    async with make_sessionmaker(engine)() as s, s.begin():
-        await ModelRepository(s).upsert("sim", deployments=[{"name": "sim-a", "engine_kind": "sim"}])
-    await engine.dispose()
+    unavailable("Chromium is not installed (apt-get install chromium) - browser tests skipped",
+                "Chromium is not installed (CI=true: .ci/run installs Debian's chromium)")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     _browser_or_skip()
-    data = tmp_path_factory.mktemp("e2e")
-    url = f"sqlite+aiosqlite:///{data / 'laneway.db'}"
-    asyncio.run(_seed(url))
-    settings = in_process_settings(data_dir=data, database_url=url, admin_password=PASSWORD)
-    srv = ServerThread(create_app(settings)).start()
-    yield srv
-    srv.stop()
+    sim = {"sim": [{"name": "sim-a", "engine_kind": "sim"}]}
+    gw = start_gateway(tmp_path_factory.mktemp("e2e"), seed_with={"models": sim}, admin_password=PASSWORD)
+    yield gw.server
+    gw.stop()
 
 
 @pytest.fixture(scope="module")

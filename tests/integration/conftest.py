@@ -3,65 +3,33 @@ and tenants/keys for each auth case, served on a loopback port."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
-from engines_real import RealVLLM
-from laneway.app import create_app
-from laneway.bootstrap import issue_key
-from laneway.db import migrate
-from laneway.db.repositories import ModelRepository, TenantRepository
-from laneway.db.session import make_engine, make_sessionmaker
 from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN
-from serving import Gateway, ServerThread, in_process_settings
 from standins.triton_server import TritonStandIn
 from standins.vllm_server import VLLMStandIn
+from support import Gateway, KeySpec, ServerThread, start_gateway
+from support.engines_real import RealVLLM
 
 
-async def _seed(url: str, model_path: Path) -> dict[str, str]:
-    engine = make_engine(url)
-    await migrate.upgrade(engine)
-    sessions = make_sessionmaker(engine)
-    async with sessions() as s, s.begin():
-        models = ModelRepository(s)
-        await models.upsert(
-            "tiny",
-            deployments=[
-                {
-                    "name": "tiny-llamacpp",
-                    "engine_kind": "llamacpp",
-                    "quantization": "f32",
-                    "gpu_type": "cpu",
-                    "max_model_len": 1024,  # room for tools in the prompt: the tiny model spells a token a character
-                    "config": {"model_path": str(model_path), "parallel": 2, "demo": True},
-                }
-            ],
-        )
-        # Same model with end-of-generation banned: always exactly max_tokens tokens.
-        await models.upsert(
-            "tiny-exact",
-            deployments=[
-                {
-                    "name": "tiny-exact-llamacpp",
-                    "engine_kind": "llamacpp",
-                    "quantization": "f32",
-                    "gpu_type": "cpu",
-                    "max_model_len": 512,
-                    "config": {
-                        "model_path": str(model_path),
-                        "parallel": 2,
-                        "demo": True,
-                        "ban_tokens": [EOS_TOKEN, IM_END_TOKEN],
-                    },
-                }
-            ],
-        )
-        await models.upsert(
-            "sim",
-            deployments=[
+def _llama(name: str, model_path: Path, max_model_len: int, **config: Any) -> list[dict[str, Any]]:
+    config = {"model_path": str(model_path), "parallel": 2, "demo": True, **config}
+    return [{"name": name, "engine_kind": "llamacpp", "quantization": "f32", "gpu_type": "cpu",
+             "max_model_len": max_model_len, "config": config}]  # fmt: skip
+
+
+def _seed_with(model_path: Path) -> dict[str, Any]:
+    return {
+        "models": {
+            # room for tools in the prompt: the tiny model spells a token a character
+            "tiny": _llama("tiny-llamacpp", model_path, 1024),
+            # Same model with end-of-generation banned: always exactly max_tokens tokens.
+            "tiny-exact": _llama("tiny-exact-llamacpp", model_path, 512, ban_tokens=[EOS_TOKEN, IM_END_TOKEN]),
+            "sim": [
                 {
                     "name": "sim-1",
                     "engine_kind": "sim",
@@ -71,36 +39,25 @@ async def _seed(url: str, model_path: Path) -> dict[str, str]:
                     "config": {"max_concurrency": 4, "decode_ms_base": 0.5},
                 }
             ],
-        )
-        tenants = TenantRepository(s)
-        await tenants.create("acme")
-        await tenants.create("simonly", allowed_models=["sim"])
-        await tenants.create("frozen", disabled=True)
-    keys = {}
-    for name, tenant, expires in [
-        ("acme", "acme", None),
-        ("simonly", "simonly", None),
-        ("frozen", "frozen", None),
-        ("revoked", "acme", None),
-        ("expired", "acme", datetime.now(UTC) - timedelta(minutes=1)),
-    ]:
-        key_id, keys[name] = await issue_key(sessions, tenant, name=name, expires_at=expires)
-        if name == "revoked":
-            async with sessions() as s, s.begin():
-                await TenantRepository(s).revoke_key(key_id)
-    await engine.dispose()
-    return keys
+        },
+        "tenants": {"acme": {}, "simonly": {"allowed_models": ["sim"]}, "frozen": {"disabled": True}},
+        "keys": {
+            "acme": KeySpec("acme"),
+            "simonly": KeySpec("simonly"),
+            "frozen": KeySpec("frozen"),
+            "revoked": KeySpec("acme", revoked=True),
+            "expired": KeySpec("acme", expires_at=datetime.now(UTC) - timedelta(minutes=1)),
+        },
+    }
 
 
 @pytest.fixture(scope="session")
 def gateway(tmp_path_factory: pytest.TempPathFactory, demo_model_path: Path) -> Iterator[Gateway]:
     data = tmp_path_factory.mktemp("gateway")
-    url = f"sqlite+aiosqlite:///{data / 'laneway.db'}"
-    keys = asyncio.run(_seed(url, demo_model_path))
-    settings = in_process_settings(data_dir=data, database_url=url, usage_flush_interval_s=0.05, auth_cache_ttl_s=0.2)
-    server = ServerThread(create_app(settings)).start()
-    yield Gateway(server=server, keys=keys, database_url=url)
-    server.stop()
+    gateway = start_gateway(data, seed_with=_seed_with(demo_model_path), usage_flush_interval_s=0.05,
+                            auth_cache_ttl_s=0.2)  # fmt: skip
+    yield gateway
+    gateway.stop()
 
 
 @pytest.fixture(scope="module")

@@ -3,41 +3,25 @@ the running gateway (no restart), each one audited."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from laneway.app import create_app
-from laneway.db import migrate
-from laneway.db.repositories import ModelRepository
-from laneway.db.session import make_engine, make_sessionmaker
-from serving import ServerThread, in_process_settings
+from support import ServerThread, start_gateway
 
 PASSWORD = "correct horse battery"
 
 
-async def _seed(url: str) -> None:
-    engine = make_engine(url)
-    await migrate.upgrade(engine)
-    async with make_sessionmaker(engine)() as s, s.begin():
-        await ModelRepository(s).upsert(
-            "sim", deployments=[{"name": "sim-a", "engine_kind": "sim", "config": {"decode_ms_base": 0.2}}]
-        )
-    await engine.dispose()
+SIM = {"sim": [{"name": "sim-a", "engine_kind": "sim", "config": {"decode_ms_base": 0.2}}]}
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    data = tmp_path_factory.mktemp("admin")
-    url = f"sqlite+aiosqlite:///{data / 'laneway.db'}"
-    asyncio.run(_seed(url))
-    settings = in_process_settings(data_dir=data, database_url=url, admin_password=PASSWORD)
-    srv = ServerThread(create_app(settings)).start()
-    yield srv
-    srv.stop()
+    gw = start_gateway(tmp_path_factory.mktemp("admin"), seed_with={"models": SIM}, admin_password=PASSWORD)
+    yield gw.server
+    gw.stop()
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 from laneway.admin.ui import ADMIN_UI_DIR
-from serving import Gateway, sim_model, start_gateway
+from support import Gateway, sim_model, start_gateway
 
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
        "base-uri 'none'; form-action 'self'")  # fmt: skip

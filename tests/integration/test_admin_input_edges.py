@@ -15,9 +15,8 @@ import httpx
 import pytest
 from laneway.db.repositories import ModelRepository
 from laneway.db.session import make_engine
-from services import PG_URL, require_service
-from serving import Gateway, free_port, sim_model, start_gateway
 from sqlalchemy import text
+from support import PG_URL, Gateway, free_port, require_service, sim_model, start_gateway
 
 PASSWORD = "correct horse battery"
 LANES: list[dict[str, Any]] = [

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serving import Gateway, sim_model, start_gateway, wait_for
+from support import Gateway, sim_model, start_gateway, wait_for
 
 PASSWORD = "correct horse battery"
 ATTACKERS = 16

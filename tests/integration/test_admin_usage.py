@@ -18,8 +18,8 @@ import openai
 import pytest
 from laneway.db.repositories import UsageRepository
 from laneway.db.session import make_engine, make_sessionmaker
-from serving import Gateway, sim_model, start_gateway
 from sqlalchemy import event
+from support import Gateway, sim_model, start_gateway
 
 PASSWORD = "usage page password"
 WEIRD_USER = 'ann, "the analyst"'  # a comma and quotes: the CSV must quote them

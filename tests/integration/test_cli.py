@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from serving import EXE, free_port, serve, sim_model, start_gateway, wait_for
+from support import EXE, free_port, serve, sim_model, start_gateway, wait_for
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import httpx
-from serving import seed, serve, sim_model, stop_all, wait_for
+from support import seed, serve, sim_model, stop_all, wait_for
 
 CLIENTS = 40
 

@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
-from services import PrivatePostgres
-from serving import sim_model, start_gateway, wait_for
+from support import PrivatePostgres, sim_model, start_gateway, wait_for
 
 
 class Collected(logging.Handler):

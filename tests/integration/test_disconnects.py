@@ -20,8 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from services import require_service
-from serving import Gateway, sim_model, start_gateway, wait_for
+from support import Gateway, require_service, sim_model, start_gateway, wait_for
 
 REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 LANES = [

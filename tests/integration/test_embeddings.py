@@ -24,23 +24,14 @@ from laneway.engines.demo_model import DemoModelShape
 from laneway.engines.llamacpp import LlamaCppEngine
 from laneway.engines.vllm import VLLMEngine
 from laneway.types import EmbeddingRequest, GenerationRequest
-from serving import Gateway, ServerThread, sim_model, start_gateway, wait_for
 from standins.vllm_server import VLLMStandIn
+from support import Gateway, sim_model, start_gateway, wait_for
 
 TEXTS = ["hello world", "the model", "hello world", "what is the time"]
 LANES: list[dict[str, Any]] = [
     {"name": "embed", "priority": 1, "match_tasks": ["embeddings"]},
     {"name": "standard", "priority": 1},
 ]
-
-
-@pytest.fixture(scope="module")
-def vllm() -> Iterator[VLLMStandIn]:
-    standin = VLLMStandIn()
-    server = ServerThread(standin.app).start(wait_ready=False)
-    standin.base_url = server.base_url  # type: ignore[attr-defined]
-    yield standin
-    server.stop()
 
 
 @pytest.fixture(scope="module")

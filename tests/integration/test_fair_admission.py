@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from serving import Gateway, sim_model, start_gateway
+from support import Gateway, sim_model, start_gateway
 
 LANE = {"name": "interactive", "priority": 0, "match_max_prompt_tokens": 511, "match_stream": True,
         "max_concurrency": 4, "max_queue_depth": 64, "queue_timeout_s": 2.0, "max_unacked_tokens": 100_000}  # fmt: skip

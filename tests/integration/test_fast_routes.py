@@ -16,7 +16,7 @@ from laneway.app import create_app
 from laneway.server import StartDelay, server_config
 from laneway.settings import Settings
 from prometheus_client.parser import text_string_to_metric_families
-from serving import Gateway, sim_model, start_gateway
+from support import Gateway, sim_model, start_gateway
 
 CHAT = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 COMPLETION = {"model": "sim", "prompt": "hello", "max_tokens": 3}

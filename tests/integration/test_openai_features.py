@@ -14,7 +14,7 @@ import openai
 import pytest
 from laneway.engines.demo_model import BANNED_BYTE_TOKENS, EOS_TOKEN, IM_END_TOKEN
 from pydantic import BaseModel
-from serving import Gateway, wait_for
+from support import Gateway, wait_for
 
 MSGS = [{"role": "user", "content": "hello world"}]
 UNIT_TOOL = {

@@ -9,8 +9,8 @@ import openai
 import pytest
 from laneway.db.models import UsageRecord
 from laneway.db.session import make_engine, make_sessionmaker
-from serving import Gateway
 from sqlalchemy import select
+from support import Gateway
 
 MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}]
 

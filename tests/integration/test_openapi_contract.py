@@ -24,7 +24,7 @@ from schemathesis.checks import (
 )
 from schemathesis.config import SchemathesisConfig
 from schemathesis.generation import GenerationMode
-from serving import Gateway, start_gateway
+from support import Gateway, start_gateway
 
 # Per operation, for valid and for invalid requests: about 10 s on 2 cores. A deeper run:
 # LANEWAY_TEST_FUZZ_EXAMPLES=400 (about 40 s).

@@ -37,8 +37,7 @@ import openai
 import pytest
 from alembic.script import ScriptDirectory
 from laneway.db.migrate import alembic_config
-from services import IN_CI
-from serving import serve
+from support import serve, unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 # The top-level folder and where the wheel puts it.
@@ -46,9 +45,7 @@ PACKAGE_DATA = {"admin-ui": "laneway/admin_ui", "migrations": "laneway/migration
 
 
 def _skip_or_fail(reason: str) -> None:
-    if IN_CI:
-        pytest.fail(f"{reason} (CI=true: the packaging test must run)")
-    pytest.skip(reason)
+    unavailable(reason, f"{reason} (CI=true: the packaging test must run)")
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,7 @@ import httpx
 import openai
 import pytest
 from laneway.core.quota import period
-from services import PrivateRedis
-from serving import Gateway, replica_pair, sim_model, start_gateway, wait_for
+from support import Gateway, PrivateRedis, replica_pair, sim_model, start_gateway, wait_for
 
 QUOTA = 100
 

@@ -17,11 +17,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from engines_real import RealTriton, ensure_triton
 from laneway.engines.base import EngineError
 from laneway.engines.trtllm import TritonTRTLLMEngine
 from laneway.types import GenerationRequest
-from serving import Gateway, free_port, sim_model, start_gateway, wait_for
+from support import Gateway, free_port, sim_model, start_gateway, wait_for
+from support.engines_real import RealTriton, ensure_triton
 
 TOKEN_DELAY_S = 0.01  # per word: a 2000-token request would run 20 s, so a finished one proves nothing was cut
 

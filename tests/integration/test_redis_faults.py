@@ -13,8 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from services import PrivateRedis
-from serving import Gateway, sim_model, start_gateway, wait_for
+from support import Gateway, PrivateRedis, sim_model, start_gateway, wait_for
 
 BODY = {"model": "sim", "prompt": "hi", "max_tokens": 3}
 

@@ -5,24 +5,20 @@ ejection, and swapping a model alias between engines while requests run."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
-from laneway.app import create_app
-from laneway.bootstrap import issue_key
-from laneway.db import migrate
-from laneway.db.repositories import DeploymentSpec, ModelRepository, TenantRepository
+from laneway.db.repositories import DeploymentSpec, ModelRepository
 from laneway.db.session import make_engine, make_sessionmaker
 from laneway.engines.registry import EngineRegistry
 from laneway.engines.trtllm import TritonTRTLLMEngine
 from laneway.engines.vllm import VLLMEngine, parse_prometheus
 from laneway.types import ChatTurn, GenerationRequest
-from serving import ServerThread, in_process_settings
 from standins.triton_server import TritonStandIn
 from standins.vllm_server import VLLMStandIn, vllm_config
+from support import start_gateway, until
 
 
 async def drain(stream: Any) -> tuple[str, int, str | None]:
@@ -30,13 +26,6 @@ async def drain(stream: Any) -> tuple[str, int, str | None]:
     async for d in stream:
         text, tokens, finish = text + d.text, tokens + d.tokens, d.finish_reason
     return text, tokens, finish
-
-
-async def wait_for(predicate: Any, within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.005)
 
 
 # ---- vLLM ----
@@ -120,7 +109,7 @@ async def test_vllm_closing_the_stream_aborts_the_request_on_the_engine(vllm: VL
         assert engine.active_slots == 1
         await stream.aclose()
         assert engine.active_slots == 0
-        await wait_for(lambda: "abort-me" in vllm.cancelled)
+        await until(lambda: "abort-me" in vllm.cancelled)
     finally:
         await engine.close()
 
@@ -140,10 +129,10 @@ async def test_vllm_metrics_mark_an_overloaded_replica_and_the_registry_avoids_i
         busy = registry.deployments()[0]
         busy.outstanding = -1  # would win on outstanding alone
         vllm.waiting = 50
-        await wait_for(lambda: busy.overloaded)
+        await until(lambda: busy.overloaded)
         assert registry.resolve("m").spec.name == "idle"
         vllm.waiting = 0
-        await wait_for(lambda: not busy.overloaded)
+        await until(lambda: not busy.overloaded)
         assert registry.resolve("m").spec.name == "busy"
         busy.outstanding = 0
     finally:
@@ -212,7 +201,7 @@ async def test_triton_cancelling_the_stream_reaches_the_server(triton: TritonSta
         await anext(stream)
         await stream.aclose()
         assert engine.active_slots == 0
-        await wait_for(lambda: "t-cancel" in triton.cancelled)
+        await until(lambda: "t-cancel" in triton.cancelled)
     finally:
         await engine.close()
 
@@ -227,42 +216,20 @@ async def test_triton_readiness_needs_the_model(triton: TritonStandIn) -> None:
 # ---- through the gateway ----
 
 
-async def _seed(url: str, vllm: VLLMStandIn, triton: TritonStandIn) -> str:
-    engine = make_engine(url)
-    await migrate.upgrade(engine)
-    sessions = make_sessionmaker(engine)
-    async with sessions() as s, s.begin():
-        await ModelRepository(s).upsert(
-            "v",
-            deployments=[{"name": "v-vllm", "engine_kind": "vllm", "config": vllm_config(vllm), "max_model_len": 4096}],
-        )
-        await ModelRepository(s).upsert(
-            "t",
-            deployments=[
-                {"name": "t-trt", "engine_kind": "trtllm", "config": {"url": triton.url}, "max_model_len": 4096}
-            ],
-        )
-        await ModelRepository(s).upsert(
-            "swap",
-            deployments=[
-                {"name": "swap-vllm", "engine_kind": "vllm", "config": vllm_config(vllm), "max_model_len": 4096}
-            ],
-        )
-        await TenantRepository(s).create("acme")
-    _, key = await issue_key(sessions, "acme")
-    await engine.dispose()
-    return key
+def _models(vllm: VLLMStandIn, triton: TritonStandIn) -> dict[str, list[dict[str, Any]]]:
+    return {
+        "v": [{"name": "v-vllm", "engine_kind": "vllm", "config": vllm_config(vllm), "max_model_len": 4096}],
+        "t": [{"name": "t-trt", "engine_kind": "trtllm", "config": {"url": triton.url}, "max_model_len": 4096}],
+        "swap": [{"name": "swap-vllm", "engine_kind": "vllm", "config": vllm_config(vllm), "max_model_len": 4096}],
+    }
 
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, vllm: VLLMStandIn, triton: TritonStandIn) -> Iterator[Any]:
-    data = tmp_path_factory.mktemp("remote")
-    url = f"sqlite+aiosqlite:///{data / 'laneway.db'}"
-    key = asyncio.run(_seed(url, vllm, triton))
-    settings = in_process_settings(data_dir=data, database_url=url, policy_poll_interval_s=0.1)
-    server = ServerThread(create_app(settings)).start()
-    yield server, key, url
-    server.stop()
+    seed_with = {"models": _models(vllm, triton), "tenants": {"acme": {}}}
+    gw = start_gateway(tmp_path_factory.mktemp("remote"), seed_with=seed_with, policy_poll_interval_s=0.1)
+    yield gw.server, gw.keys["acme"], gw.database_url
+    gw.stop()
 
 
 async def test_openai_sdk_through_vllm_and_triton(gateway: Any) -> None:
@@ -296,7 +263,7 @@ async def test_swapping_an_alias_to_another_engine_loses_no_running_request(
 
     try:
         running = [asyncio.create_task(one(i)) for i in range(8)]
-        await wait_for(lambda: vllm.running >= 8)
+        await until(lambda: vllm.running >= 8)
         engine = make_engine(url)
         async with make_sessionmaker(engine)() as s, s.begin():  # an admin points "swap" at TensorRT-LLM
             await ModelRepository(s).upsert(
@@ -307,7 +274,7 @@ async def test_swapping_an_alias_to_another_engine_loses_no_running_request(
             )
         await engine.dispose()
         registry = server.runtime.gateway.registry
-        await wait_for(lambda: registry.resolve("swap").spec.name == "swap-trt")
+        await until(lambda: registry.resolve("swap").spec.name == "swap-trt")
         before = len(triton.requests)
         r = await client.completions.create(model="swap", prompt="after", max_tokens=2)
         assert r.system_fingerprint == "laneway-trtllm" and len(triton.requests) == before + 1

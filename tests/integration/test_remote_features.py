@@ -15,9 +15,9 @@ import openai
 import pytest
 from laneway.db.repositories import ModelRepository
 from laneway.db.session import make_engine, make_sessionmaker
-from serving import Gateway, start_gateway, wait_for
 from standins.triton_server import TritonStandIn
 from standins.vllm_server import VLLMStandIn, vllm_config
+from support import Gateway, start_gateway, wait_for
 
 MSGS = [{"role": "user", "content": "weather in Paris?"}]
 CITY_TOOL = {

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 from laneway.app import create_app
-from serving import ServerThread, in_process_settings, wait_for
+from support import ServerThread, in_process_settings, wait_for
 
 PASSWORD = "correct horse battery"
 

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serving import Gateway, sim_model, start_gateway, wait_for
+from support import Gateway, sim_model, start_gateway, wait_for
 
 FRESH = re.compile(r"req_[0-9a-f]{32}")
 MSGS: list[Any] = [{"role": "user", "content": "hello"}]

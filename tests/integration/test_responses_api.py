@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from serving import Gateway, sim_model, start_gateway, wait_for
+from support import Gateway, sim_model, start_gateway, wait_for
 
 STOP = " the "  # sim-stop's stop sequence: the simulator's filler words soon contain it
 MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}]

@@ -9,28 +9,16 @@ import uuid
 from pathlib import Path
 
 import httpx
-from laneway.bootstrap import issue_key
-from laneway.db import migrate
-from laneway.db.repositories import ModelRepository, TenantRepository
-from laneway.db.session import make_engine, make_sessionmaker
-from services import require_service
-from serving import serve, stop_all, wait_for
+from support import require_service, seed, serve, stop_all, wait_for
 
 
 async def _seed(url: str) -> dict[str, str]:
     """Two tenants: "shared" (4 requests a minute) and "roomy" (far from its limits)."""
-    engine = make_engine(url)
-    await migrate.upgrade(engine)
-    sessions = make_sessionmaker(engine)
-    async with sessions() as s, s.begin():
-        await ModelRepository(s).upsert(
-            "sim", deployments=[{"name": "sim-1", "engine_kind": "sim", "config": {"decode_ms_base": 0.5}}]
-        )
-        await TenantRepository(s).create("shared", rpm=4)
-        await TenantRepository(s).create("roomy", rpm=100_000, tpm=10_000_000, max_concurrency=1000)
-    keys = {name: (await issue_key(sessions, name))[1] for name in ("shared", "roomy")}
-    await engine.dispose()
-    return keys
+    return await seed(
+        url,
+        models={"sim": [{"name": "sim-1", "engine_kind": "sim", "config": {"decode_ms_base": 0.5}}]},
+        tenants={"shared": {"rpm": 4}, "roomy": {"rpm": 100_000, "tpm": 10_000_000, "max_concurrency": 1000}},
+    )
 
 
 def _env(tmp_path: Path, url: str) -> dict[str, str]:

@@ -19,8 +19,7 @@ import httpx
 import pytest
 from laneway.db.repositories import UsageRepository
 from laneway.db.session import make_engine, make_sessionmaker
-from services import require_service
-from serving import seed, serve, sim_model, wait_for
+from support import require_service, seed, serve, sim_model, wait_for
 
 REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 

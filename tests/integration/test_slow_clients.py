@@ -21,7 +21,7 @@ import httpx
 import pytest
 from laneway.runtime import GC_YOUNG_OBJECTS
 from laneway.server import CorkedTransport, GuardedHttpProtocol
-from serving import Gateway, closed_by_server, sim_model, start_gateway, wait_for
+from support import Gateway, closed_by_server, sim_model, start_gateway, wait_for
 
 
 @pytest.fixture(scope="module")

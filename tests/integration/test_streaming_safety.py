@@ -3,7 +3,6 @@ freed when a client hangs up (llama.cpp and sim), and the metrics that count bot
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import statistics
@@ -14,57 +13,33 @@ from typing import Any
 
 import httpx
 import pytest
-from laneway.app import create_app
-from laneway.bootstrap import issue_key
-from laneway.db import migrate
-from laneway.db.repositories import ModelRepository, PolicyRepository, TenantRepository
-from laneway.db.session import make_engine, make_sessionmaker
 from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN
-from serving import ServerThread, in_process_settings
+from support import ServerThread, start_gateway, wait_for
 
 
-async def _seed(url: str, model: Path) -> str:
-    engine = make_engine(url)
-    await migrate.upgrade(engine)
-    sessions = make_sessionmaker(engine)
-    async with sessions() as s, s.begin():
-        models = ModelRepository(s)
-        await models.upsert(
-            "fast",
-            deployments=[
-                {
-                    "name": "fast-sim",
-                    "engine_kind": "sim",
-                    "max_model_len": 1_000_000,
-                    "config": {"max_concurrency": 4, "decode_ms_base": 0.2, "decode_ms_per_seq": 0.0},
-                }
-            ],
-        )
-        await models.upsert(
-            "llama",
-            deployments=[
+def _seed_with(model: Path) -> dict[str, Any]:
+    fast = {"max_concurrency": 4, "decode_ms_base": 0.2, "decode_ms_per_seq": 0.0}
+    llama = {"model_path": str(model), "parallel": 2, "demo": True, "ban_tokens": [EOS_TOKEN, IM_END_TOKEN]}
+    return {
+        "models": {
+            "fast": [{"name": "fast-sim", "engine_kind": "sim", "max_model_len": 1_000_000, "config": fast}],
+            "llama": [
                 {
                     "name": "llama-1",
                     "engine_kind": "llamacpp",
                     "max_model_len": 2048,
                     "quantization": "f32",
                     "gpu_type": "cpu",
-                    "config": {
-                        "model_path": str(model),
-                        "parallel": 2,
-                        "demo": True,
-                        "ban_tokens": [EOS_TOKEN, IM_END_TOKEN],
-                    },
+                    "config": llama,
                 }
             ],
-        )
-        policies = PolicyRepository(s)
-        await policies.upsert_lane("slow", position=0, match_tasks=["slow"], max_unacked_tokens=32)
-        await policies.upsert_lane("standard", position=1, max_unacked_tokens=100_000)
-        await TenantRepository(s).create("acme")
-    _, key = await issue_key(sessions, "acme")
-    await engine.dispose()
-    return key
+        },
+        "lanes": [
+            {"name": "slow", "match_tasks": ["slow"], "max_unacked_tokens": 32},
+            {"name": "standard", "max_unacked_tokens": 100_000},
+        ],
+        "tenants": {"acme": {}},
+    }
 
 
 class Env:
@@ -95,23 +70,11 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory, demo_model_path: Path) -> Iterator[Env]:
-    data = tmp_path_factory.mktemp("streaming")
-    url = f"sqlite+aiosqlite:///{data / 'laneway.db'}"
-    key = asyncio.run(_seed(url, demo_model_path))
     # No task policy caps these requests: let them ask for long generations.
-    settings = in_process_settings(data_dir=data, database_url=url, default_max_tokens=1_000_000)
-    server = ServerThread(create_app(settings)).start()
-    yield Env(server, key)
-    server.stop()
-
-
-def wait_for(predicate: Any, within: float = 10.0, step: float = 0.0005) -> float:
-    """Poll until predicate() holds; return how long it took."""
-    start = time.perf_counter()
-    while not predicate():
-        assert time.perf_counter() - start < within, "condition not reached in time"
-        time.sleep(step)
-    return time.perf_counter() - start
+    gw = start_gateway(tmp_path_factory.mktemp("streaming"), seed_with=_seed_with(demo_model_path),
+                       default_max_tokens=1_000_000)  # fmt: skip
+    yield Env(gw.server, gw.keys["acme"])
+    gw.stop()
 
 
 def test_a_slow_reader_gets_its_generation_cancelled_and_an_error_event(env: Env) -> None:
@@ -121,7 +84,7 @@ def test_a_slow_reader_gets_its_generation_cancelled_and_an_error_event(env: Env
     )
     received = b""
     try:
-        wait_for(lambda: sim.active_slots == 1)
+        wait_for(lambda: sim.active_slots == 1, step=0.0005)
         deadline = time.monotonic() + 30
         while sim.active_slots and time.monotonic() < deadline:  # read one token's worth a second
             received += sock.recv(64)
@@ -156,11 +119,11 @@ def test_disconnect_frees_the_engine_slot_within_50ms(env: Env, alias: str, stre
     times = []
     for _ in range(5):
         sock = env.raw_request({"model": alias, "prompt": "go", "max_tokens": max_tokens, "stream": stream})
-        wait_for(lambda: engine.active_slots == 1)
+        wait_for(lambda: engine.active_slots == 1, step=0.0005)
         if stream:
             assert sock.recv(1024).startswith(b"HTTP/1.1 200")
         sock.close()
-        times.append(wait_for(lambda: engine.active_slots == 0, within=5))
+        times.append(wait_for(lambda: engine.active_slots == 0, within=5, step=0.0005))
     assert statistics.median(times) < 0.05, times
     assert 'reason="disconnect"' in env.metrics()
 

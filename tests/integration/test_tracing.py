@@ -26,8 +26,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 from opentelemetry.proto.trace.v1.trace_pb2 import Status as PbStatus
-from serving import Gateway, ServerThread, free_port, sim_model, start_gateway, wait_for
 from standins.vllm_server import VLLMStandIn, vllm_config
+from support import Gateway, free_port, sim_model, start_gateway, wait_for
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
@@ -155,15 +155,6 @@ def receiver() -> Iterator[OTLPReceiver]:
     r = OTLPReceiver().start()
     yield r
     r.stop()
-
-
-@pytest.fixture(scope="module")
-def vllm() -> Iterator[VLLMStandIn]:
-    standin = VLLMStandIn()
-    server = ServerThread(standin.app).start(wait_ready=False)
-    standin.base_url = server.base_url
-    yield standin
-    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -6,18 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
-from laneway.app import create_app
-from laneway.bootstrap import issue_key
-from laneway.db import migrate
-from laneway.db.repositories import ModelRepository, PolicyRepository, TenantRepository
-from laneway.db.session import make_engine, make_sessionmaker
-from serving import ServerThread, in_process_settings
+from support import ServerThread, start_gateway, until
 
 LANES: list[dict[str, Any]] = [
     {"name": "batch", "priority": 2, "match_tasks": ["batch"], "max_concurrency": 2},
@@ -53,31 +47,13 @@ TENANTS: dict[str, dict[str, Any]] = {
 }
 
 
-async def _seed(url: str) -> dict[str, str]:
-    engine = make_engine(url)
-    await migrate.upgrade(engine)
-    sessions = make_sessionmaker(engine)
-    async with sessions() as s, s.begin():
-        await ModelRepository(s).upsert(
-            "sim",
-            deployments=[
-                {
-                    "name": "sim-1",
-                    "engine_kind": "sim",
-                    "max_model_len": 8192,
-                    "config": {"max_concurrency": 8, "decode_ms_base": 2.0, "prefill_ms_per_token": 0.001},
-                }
-            ],
-        )
-        policies = PolicyRepository(s)
-        for position, lane in enumerate(LANES):
-            await policies.upsert_lane(position=position, **lane)
-        await policies.upsert_task("extract", max_tokens=96, stop=[])
-        for name, limits in TENANTS.items():
-            await TenantRepository(s).create(name, **limits)
-    keys = {name: (await issue_key(sessions, name))[1] for name in TENANTS}
-    await engine.dispose()
-    return keys
+SIM = {"max_concurrency": 8, "decode_ms_base": 2.0, "prefill_ms_per_token": 0.001}
+SEED: dict[str, Any] = {
+    "models": {"sim": [{"name": "sim-1", "engine_kind": "sim", "max_model_len": 8192, "config": SIM}]},
+    "lanes": LANES,
+    "tasks": [{"task": "extract", "max_tokens": 96, "stop": []}],
+    "tenants": TENANTS,
+}
 
 
 class Traffic:
@@ -106,21 +82,10 @@ class Traffic:
 
 @pytest.fixture(scope="module")
 def traffic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traffic]:
-    data = tmp_path_factory.mktemp("traffic")
-    url = f"sqlite+aiosqlite:///{data / 'laneway.db'}"
-    keys = asyncio.run(_seed(url))
     # Requests without a task policy may ask for long generations: a hog must outlast the test.
-    settings = in_process_settings(data_dir=data, database_url=url, default_max_tokens=100_000)
-    server = ServerThread(create_app(settings)).start()
-    yield Traffic(server, keys)
-    server.stop()
-
-
-async def wait_until(predicate: Any, within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.005)
+    gw = start_gateway(tmp_path_factory.mktemp("traffic"), seed_with=SEED, default_max_tokens=100_000)
+    yield Traffic(gw.server, gw.keys)
+    gw.stop()
 
 
 MSG = [{"role": "user", "content": "hello there"}]
@@ -182,7 +147,7 @@ async def test_full_lane_and_queue_timeout_are_503_with_retry_after(traffic: Tra
     hog = await c.chat.completions.create(model="sim", messages=MSG, max_tokens=5000, stream=True)
     await anext(aiter(hog))  # it holds the lane's only slot
     queued = asyncio.create_task(c.chat.completions.create(model="sim", messages=MSG, max_tokens=2))
-    await wait_until(lambda: traffic.depth("narrow") == 1)
+    await until(lambda: traffic.depth("narrow") == 1)
     with pytest.raises(openai.InternalServerError) as full:
         await c.chat.completions.create(model="sim", messages=MSG, max_tokens=2)
     assert full.value.status_code == 503 and full.value.body["code"] == "queue_full"  # type: ignore[index]
@@ -192,7 +157,7 @@ async def test_full_lane_and_queue_timeout_are_503_with_retry_after(traffic: Tra
     assert timeout.value.body["code"] == "queue_timeout"  # type: ignore[index]
     assert timeout.value.response.headers["retry-after"] == "7"
     await hog.close()
-    await wait_until(lambda: traffic.sim.active_slots == 0)
+    await until(lambda: traffic.sim.active_slots == 0)
 
 
 async def test_a_flooding_tenant_does_not_starve_another(traffic: Traffic) -> None:
@@ -205,7 +170,7 @@ async def test_a_flooding_tenant_does_not_starve_another(traffic: Traffic) -> No
         done.append(who)
 
     floods = [asyncio.create_task(one(flood, "flood")) for _ in range(40)]
-    await wait_until(lambda: traffic.depth("fair") >= 30)
+    await until(lambda: traffic.depth("fair") >= 30)
     victims = [asyncio.create_task(one(victim, "victim")) for _ in range(3)]
     await asyncio.gather(*floods, *victims)
     finished_victim = [i for i, who in enumerate(done) if who == "victim"]
@@ -217,7 +182,7 @@ async def test_a_queued_request_whose_client_leaves_never_reaches_the_engine(tra
     c = traffic.client(**{"X-Laneway-Task": "hold"})
     hog = await c.chat.completions.create(model="sim", messages=MSG, max_tokens=5000, stream=True)
     await anext(aiter(hog))  # the role chunk: sent before the engine starts on it
-    await wait_until(lambda: traffic.sim.active_slots == 1)
+    await until(lambda: traffic.sim.active_slots == 1)
     admitted = traffic.sim.admitted
     port = traffic.server.port
     body = b'{"model":"sim","messages":[{"role":"user","content":"never"}],"max_tokens":3}'
@@ -227,11 +192,11 @@ async def test_a_queued_request_whose_client_leaves_never_reaches_the_engine(tra
     )
     sock = socket.create_connection(("127.0.0.1", port))
     sock.sendall(request.encode() + body)
-    await wait_until(lambda: traffic.depth("hold") == 1)
+    await until(lambda: traffic.depth("hold") == 1)
     sock.close()  # the client leaves while queued
-    await wait_until(lambda: traffic.depth("hold") == 0)
+    await until(lambda: traffic.depth("hold") == 0)
     await hog.close()
-    await wait_until(lambda: traffic.sim.active_slots == 0)
+    await until(lambda: traffic.sim.active_slots == 0)
     # The lane is free again: a new request runs, and it is the only one that reached the engine.
     r = await c.chat.completions.create(model="sim", messages=MSG, max_tokens=2)
     assert traffic.sim.admitted == admitted + 1

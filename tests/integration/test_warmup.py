@@ -3,57 +3,25 @@ shapes, then 200; /health/live is 200 throughout."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
-from laneway.app import create_app
-from laneway.db import migrate
-from laneway.db.repositories import ModelRepository
-from laneway.db.session import make_engine, make_sessionmaker
-from serving import ServerThread, in_process_settings
+from support import start_gateway
 
 
-async def _seed(url: str, model: Path) -> None:
-    engine = make_engine(url)
-    await migrate.upgrade(engine)
-    async with make_sessionmaker(engine)() as s, s.begin():
-        await ModelRepository(s).upsert(
-            "slow",
-            deployments=[
-                {
-                    "name": "slow-sim",
-                    "engine_kind": "sim",
-                    "max_model_len": 4096,
-                    "config": {"warmup_ms": 800, "warmup_system_prompts": ["You are terse.", "You answer in JSON."]},
-                }
-            ],
-        )
-        await ModelRepository(s).upsert(
-            "llama",
-            deployments=[
-                {
-                    "name": "llama-1",
-                    "engine_kind": "llamacpp",
-                    "max_model_len": 2048,
-                    "config": {
-                        "model_path": str(model),
-                        "parallel": 1,
-                        "demo": True,
-                        "warmup_system_prompts": ["You are terse."],
-                    },
-                }
-            ],
-        )
-    await engine.dispose()
+def _models(model: Path) -> dict[str, list[dict[str, Any]]]:
+    slow = {"warmup_ms": 800, "warmup_system_prompts": ["You are terse.", "You answer in JSON."]}
+    llama = {"model_path": str(model), "parallel": 1, "demo": True, "warmup_system_prompts": ["You are terse."]}
+    return {
+        "slow": [{"name": "slow-sim", "engine_kind": "sim", "max_model_len": 4096, "config": slow}],
+        "llama": [{"name": "llama-1", "engine_kind": "llamacpp", "max_model_len": 2048, "config": llama}],
+    }
 
 
 def test_ready_only_after_every_deployment_is_warm(tmp_path: Path, demo_model_path: Path) -> None:
-    url = f"sqlite+aiosqlite:///{tmp_path / 'laneway.db'}"
-    asyncio.run(_seed(url, demo_model_path))
-    server = ServerThread(create_app(in_process_settings(data_dir=tmp_path, database_url=url)))
-    server.start(wait_ready=False)
+    server = start_gateway(tmp_path, seed_with={"models": _models(demo_model_path)}, wait_ready=False).server
     try:
         seen = []
         deadline = time.monotonic() + 30

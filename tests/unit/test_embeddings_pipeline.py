@@ -18,7 +18,7 @@ from laneway.db.repositories import DeploymentSpec
 from laneway.engines.registry import EngineRegistry
 from laneway.types import TenantSnapshot
 from laneway.usage import UsageRecorder
-from serving import usage_rows
+from support import usage_rows
 
 TENANT = TenantSnapshot(id=1, name="acme", api_key_id=11, tpm=1000)
 LANES = (LanePolicy("embed", match_tasks=frozenset({"embeddings"})), LanePolicy("standard"))

@@ -18,7 +18,7 @@ from laneway.db.repositories import DeploymentSpec
 from laneway.engines.registry import EngineRegistry
 from laneway.types import TenantSnapshot
 from laneway.usage import UsageRecorder
-from serving import usage_rows
+from support import usage_rows
 
 LANE = LanePolicy(name="only", max_concurrency=2, max_queue_depth=100, queue_timeout_s=30)
 TENANT = TenantSnapshot(id=1, name="acme", api_key_id=11, max_concurrency=100)

@@ -10,7 +10,7 @@ from laneway.db.repositories import DeploymentSpec
 from laneway.engines.registry import EngineRegistry, UnknownModel
 from laneway.types import ChatTurn, TenantSnapshot
 from laneway.usage import UsageRecorder
-from serving import usage_rows
+from support import usage_rows
 
 TENANT = TenantSnapshot(id=1, name="acme", api_key_id=11)
 

@@ -13,7 +13,7 @@ from laneway.contracts.errors import GatewayError
 from laneway.core.quota import period
 from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter, Reservation
 from laneway.types import TenantSnapshot
-from services import require_service
+from support import require_service
 
 REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 

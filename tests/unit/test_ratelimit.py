@@ -18,7 +18,7 @@ from laneway.core.ratelimit import (
     TokenBucket,
 )
 from laneway.types import TenantSnapshot
-from services import PrivateRedis, require_service
+from support import PrivateRedis, require_service
 
 REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 

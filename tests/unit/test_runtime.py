@@ -10,7 +10,7 @@ import pytest
 from laneway.core.config_watch import ConfigChanges
 from laneway.runtime import Lifecycle, Runtime
 from laneway.settings import Settings
-from serving import seed, sim_model
+from support import seed, sim_model
 
 # Without Redis or tracing (each adds its step where it starts: tracing first, shared slots
 # after the auth sweeps).

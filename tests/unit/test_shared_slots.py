@@ -16,7 +16,7 @@ from laneway.contracts.errors import GatewayError
 from laneway.core.policy import LanePolicy
 from laneway.core.scheduler import Ticket
 from laneway.core.shared_slots import SharedScheduler, SharedSlots, fallback_share
-from services import PrivateRedis, require_service
+from support import PrivateRedis, require_service
 
 REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 FAST = LanePolicy(name="interactive", priority=0, max_concurrency=8, max_queue_depth=100, queue_timeout_s=10)

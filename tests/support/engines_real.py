@@ -24,16 +24,18 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
-from services import IN_CI
-from serving import free_port, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
+from support.ports import free_port
+from support.services import unavailable
+from support.waiting import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
 ENGINES = REPO / ".engines"
 TRITON_HOME = ENGINES / "triton"
-MODEL_SOURCE = Path(__file__).resolve().parent / "triton_model" / "model.py"
+MODEL_SOURCE = REPO / "tests" / "triton_model" / "model.py"
 INSTALL = REPO / "scripts" / "install-engines"
 # Where scripts/install-engines puts vLLM (the same variables, the same default).
 ENGINES_CACHE = Path(
@@ -60,10 +62,8 @@ _TENSORS = [  # TensorRT-LLM's ensemble: (name, data_type, dims, optional)
 ]
 
 
-def _unavailable(reason: str) -> None:
-    if IN_CI:
-        pytest.fail(f"{reason} (CI=true: the real engines are required)")
-    pytest.skip(reason)
+def _unavailable(reason: str) -> NoReturn:
+    unavailable(reason, f"{reason} (CI=true: the real engines are required)")
 
 
 _installed: dict[str, str] = {}  # engine -> "ok", or the script's reason for failing (once per session)
@@ -190,11 +190,14 @@ class RealTriton:
         """Matches of a regular expression in the server's log, in order."""
         return list(re.finditer(pattern, self.log_text()))
 
-    def log_tail(self, lines: int = 30) -> str:
+    def log_text(self) -> str:
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            return self.log_path.read_text(errors="replace")
         except OSError:
-            return "(no log)"
+            return ""
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:]) or "(no log)"
 
     def records(self) -> list[dict[str, Any]]:
         """What the model recorded: one dict per event (received, completed, cancelled)."""

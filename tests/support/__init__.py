@@ -1,0 +1,57 @@
+"""What the tests share: seeding (seeding), waiting with a deadline (waiting), free ports
+(ports), the server factory and the Gateway handle (servers), external services and private
+instances of them (services), and the real engines (engines_real). The stand-in engines live
+in tests/standins; their fixtures in tests/integration/conftest.py.
+
+Test modules import from here (`from support import seed, start_gateway, wait_for`);
+pyproject puts tests/ on the path, so the package is `support`."""
+
+from laneway.embedded import EmbeddedServer as ServerThread
+
+from support.ports import free_port
+from support.seeding import KeySpec, seed, sim_model
+from support.servers import (
+    EXE,
+    Gateway,
+    closed_by_server,
+    in_process_settings,
+    replica_pair,
+    serve,
+    start_gateway,
+    stop_all,
+)
+from support.services import (
+    IN_CI,
+    PG_URL,
+    PrivatePostgres,
+    PrivateRedis,
+    require_service,
+    unavailable,
+)
+from support.usage import usage_rows
+from support.waiting import until, wait_for
+
+__all__ = [
+    "EXE",
+    "IN_CI",
+    "PG_URL",
+    "Gateway",
+    "KeySpec",
+    "PrivatePostgres",
+    "PrivateRedis",
+    "ServerThread",
+    "closed_by_server",
+    "free_port",
+    "in_process_settings",
+    "replica_pair",
+    "require_service",
+    "seed",
+    "serve",
+    "sim_model",
+    "start_gateway",
+    "stop_all",
+    "unavailable",
+    "until",
+    "usage_rows",
+    "wait_for",
+]
