@@ -50,8 +50,7 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the suite's seeding helper and private services
 
-from services import PrivatePostgres, PrivateRedis  # noqa: E402
-from serving import closed_by_server, seed, serve, sim_model  # noqa: E402
+from support import PrivatePostgres, PrivateRedis, closed_by_server, seed, serve, sim_model  # noqa: E402  # noqa: E402
 
 ADMIN_PASSWORD = "bench-admin-password"
 LANES = [

@@ -55,8 +55,12 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the suite's seeding helper, server factory, private Redis
 
-from services import PrivateRedis  # noqa: E402
-from serving import free_port, seed, serve  # noqa: E402
+from support import (  # noqa: E402
+    PrivateRedis,
+    free_port,
+    seed,
+    serve,
+)
 
 PY = sys.executable
 GATEWAY_CORE, OTHER_CORE = "0", "1"

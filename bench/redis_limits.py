@@ -34,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from services import PrivateRedis  # noqa: E402
+from support import PrivateRedis  # noqa: E402
 
 # Limits on everything the script checks: both buckets, concurrency, both quotas, the key's too.
 LIMITED = dict(id=1, name="bench", api_key_id=11, rpm=10**9, tpm=10**12, max_concurrency=10**6,

@@ -45,9 +45,14 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the suite's seeding helper, server factory, stand-in
 
-from services import PrivateRedis  # noqa: E402
-from serving import ServerThread, seed, serve, sim_model  # noqa: E402
 from standins.vllm_server import VLLMStandIn  # noqa: E402
+from support import (  # noqa: E402
+    PrivateRedis,
+    ServerThread,
+    seed,
+    serve,
+    sim_model,
+)
 
 INTERACTIVE = {"name": "interactive", "priority": 0, "match_max_prompt_tokens": 511, "match_stream": True,
                "max_concurrency": 8, "max_queue_depth": 64, "queue_timeout_s": 2.0,

@@ -40,7 +40,7 @@ from laneway.app import create_app  # noqa: E402
 from laneway.core.pipeline import GenerationIntent  # noqa: E402
 from laneway.settings import Settings  # noqa: E402
 from litestar.testing import AsyncTestClient  # noqa: E402
-from serving import seed, sim_model  # noqa: E402
+from support import seed, sim_model  # noqa: E402
 
 
 class _Ack(BaseHTTPRequestHandler):

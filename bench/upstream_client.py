@@ -34,7 +34,7 @@ from laneway.engines.http1 import Http1Pool
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from serving import free_port  # noqa: E402
+from support import free_port  # noqa: E402
 
 HEADERS = (("X-Request-Id", "bench-1"), ("Content-Type", "application/json"))
 PLAIN = json.dumps({"model": "m", "prompt": "hello there", "max_tokens": 16}).encode()

@@ -17,7 +17,7 @@ import pytest
 from laneway.core.redis_hub import LuaScript, RedisHub, parse_redis_url
 from redis.exceptions import AuthenticationError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from services import PrivateRedis, require_service
+from support import PrivateRedis, require_service
 
 REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 ECHO = LuaScript("echo", "return ARGV[1]")
