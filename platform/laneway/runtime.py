@@ -40,6 +40,7 @@ from laneway.core.loop_lag import LoopLagMonitor
 from laneway.core.pipeline import Gateway
 from laneway.core.policy import PolicyStore
 from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
+from laneway.core.redis_hub import RedisHub
 from laneway.core.shared_slots import SharedSlots
 from laneway.db import migrate
 from laneway.db.repositories import DeploymentSpec, ModelRepository
@@ -180,7 +181,16 @@ class Runtime:
         steps.started_step("policies", policies.stop)
         await policies.reload()
         await policies.start_polling(settings.policy_poll_interval_s, health)
-        self.limiter = limiter = self._rate_limiter()
+        # One Redis hub for the limiter, the quota counters and the shared slots: one pipelined
+        # connection, closed after all of them (docs/decisions/0002-redis-pipe.md).
+        hub = None
+        if settings.redis_url:
+            hub = RedisHub(settings.redis_url, timeout_s=settings.redis_timeout_s,
+                           max_connections=settings.redis_max_connections)  # fmt: skip
+        self.redis_hub = hub
+        if hub is not None:
+            steps.started_step("redis", hub.close)
+        self.limiter = limiter = self._rate_limiter(hub)
         steps.started_step("rate limiter", limiter.close)
         await limiter.load_used(sessions)  # quotas count from the usage rows (Redis: a lost counter's)
         self.recorder = recorder = UsageRecorder(
@@ -202,7 +212,7 @@ class Runtime:
             health=health,
         )
         steps.started_step("auth sweeps", authenticator.close)
-        shared_slots = self._shared_slots()
+        shared_slots = self._shared_slots(hub)
         if shared_slots is not None:
             steps.started_step("shared slots", shared_slots.close)
             await shared_slots.start()
@@ -269,30 +279,26 @@ class Runtime:
         elif settings.bootstrap_demo:
             await bootstrap_first_admin(settings, sessions)
 
-    def _rate_limiter(self) -> RateLimiter:
+    def _rate_limiter(self, hub: RedisHub | None) -> RateLimiter:
         settings = self.settings
-        if not settings.redis_url:
+        if hub is None:
             return MemoryRateLimiter()
         return RedisRateLimiter(
-            settings.redis_url,
+            hub,
             settings.redis_prefix,
-            max_connections=settings.redis_max_connections,
-            timeout_s=settings.redis_timeout_s,
             failure_mode=settings.redis_failure_mode,
             share=settings.redis_admit_share,
             health=self.health,
         )
 
-    def _shared_slots(self) -> SharedSlots | None:
-        settings = self.settings
-        if not settings.redis_url:
+    def _shared_slots(self, hub: RedisHub | None) -> SharedSlots | None:
+        if hub is None:
             return None
+        settings = self.settings
         return SharedSlots(
-            settings.redis_url,
+            hub,
             settings.redis_prefix,
             lease_ttl_s=settings.slot_lease_ttl_s,
-            timeout_s=settings.redis_timeout_s,
-            max_connections=settings.redis_max_connections,
             health=self.health,
         )
 
