@@ -16,6 +16,7 @@ from litestar.template.config import TemplateConfig
 from laneway.admin.api import AdminAPI
 from laneway.admin.guards import SESSION_COOKIE, AdminGuards, csrf_form, csrf_header
 from laneway.admin.headers import admin_security_headers
+from laneway.admin.openapi import security_schemes as admin_security_schemes
 from laneway.admin.ui import AdminPages, AdminUI
 from laneway.admin.usage_ui import UsagePages
 from laneway.api.embeddings import EmbeddingsController
@@ -58,7 +59,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
         # X-Request-Id on every response; security headers on every /admin response; /metrics
         # and /schema behind metrics_token.
         before_send=[stamp_request_id, admin_security_headers],
-        openapi_config=openapi_config(session_cookie=SESSION_COOKIE, guards=[metrics_token]),
+        openapi_config=openapi_config(
+            guards=[metrics_token], security_schemes=admin_security_schemes(session_cookie=SESSION_COOKIE)
+        ),
         # Litestar configures the root logger: at the gateway's level, not always INFO.
         logging_config=LoggingConfig(root={"level": settings.log_level.upper(), "handlers": ["queue_listener"]}),
         exception_handlers=ErrorHandlers(runtime.metrics).mapping(),

@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from laneway.admin import service
 from laneway.admin.guards import PUBLIC, SESSION_COOKIE, AdminRequest
 from laneway.admin.limits import KeyLimitsIn, tenant_usage
+from laneway.admin.openapi import ADMIN_CHANGE, ADMIN_SESSION
 from laneway.admin.security import new_session_token, token_digest
 from laneway.admin.service import (
     AUDIT_FIELDS,
@@ -42,7 +43,6 @@ from laneway.admin.service import (
 )
 from laneway.admin.throttle import LoginGuard
 from laneway.admin.validation import Username, check_text, decode, decode_object, int_query
-from laneway.api.openapi import ADMIN_CHANGE, ADMIN_SESSION
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.core.pipeline import Gateway
