@@ -256,50 +256,50 @@ async def _tenant_id(svc: AdminService, name: str) -> int:
 
 
 async def _tenant_create(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
-    from laneway.admin import service
+    from laneway.admin import tenants
 
     raw = {"name": args.name, **_tenant_fields(args)}  # "none" is a new tenant's default: left out
-    tenant = await service.create_tenant(svc, actor, _valid(raw, service.TenantIn, strict=False))
+    tenant = await tenants.create_tenant(svc, actor, _valid(raw, tenants.TenantIn, strict=False))
     print(f"created tenant {tenant['name']} (id {tenant['id']})")
 
 
 async def _tenant_set(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
-    from laneway.admin import service
+    from laneway.admin import tenants
 
     fields = _tenant_changes(args)
-    data = _valid(fields, service.TenantIn, strict=False)
-    tenant = await service.edit_tenant(svc, actor, await _tenant_id(svc, args.name), data, set(fields))
+    data = _valid(fields, tenants.TenantIn, strict=False)
+    tenant = await tenants.edit_tenant(svc, actor, await _tenant_id(svc, args.name), data, set(fields))
     print(f"updated tenant {tenant['name']}: {_said(tenant, list(fields), _TENANT_UNSET)}")
 
 
 async def _key_issue(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
-    from laneway.admin import service
+    from laneway.admin import keys
 
     raw = {"name": args.name, "expires_days": args.expires_days, **_key_fields(args)}
-    data = _valid(raw, service.KeyIn, strict=False)
-    key = await service.issue_api_key(svc, actor, await _tenant_id(svc, args.tenant), data)
+    data = _valid(raw, keys.KeyIn, strict=False)
+    key = await keys.issue_api_key(svc, actor, await _tenant_id(svc, args.tenant), data)
     print(f"key id {key['id']} for tenant {args.tenant}; the secret is shown only once:", file=sys.stderr)
     print(key["secret"])
 
 
 async def _key_set(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
-    from laneway.admin import limits, service
+    from laneway.admin import keys, limits
 
     fields = _key_fields(args)
     data = _valid(fields, limits.KeyLimitsIn, strict=False)
-    key = await service.edit_api_key(svc, actor, args.key_id, data, set(fields))
+    key = await keys.edit_api_key(svc, actor, args.key_id, data, set(fields))
     print(f"updated key {key['id']} ({key['prefix']}...): {_said(key, list(fields), _KEY_UNSET)}")
 
 
 async def _key_revoke(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
-    from laneway.admin import service
+    from laneway.admin import keys
 
-    key = await service.revoke_api_key(svc, actor, args.key_id)
+    key = await keys.revoke_api_key(svc, actor, args.key_id)
     print(f"revoked key {key['id']} ({key['prefix']}...)")
 
 
 async def _model_set(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
-    from laneway.admin import service
+    from laneway.admin import deployments
     from laneway.contracts.errors import invalid_request
 
     try:
@@ -314,7 +314,7 @@ async def _model_set(svc: AdminService, actor: str, args: argparse.Namespace) ->
         "gpu_type": args.gpu_type,
         "max_model_len": args.max_model_len,
     }
-    await service.put_model(svc, actor, args.alias, _valid({"deployments": [deployment]}, service.ModelIn))
+    await deployments.put_model(svc, actor, args.alias, _valid({"deployments": [deployment]}, deployments.ModelIn))
     print(f"model {args.alias} -> {args.engine}")
 
 
@@ -322,10 +322,10 @@ async def _admin_create(svc: AdminService, actor: str, args: argparse.Namespace)
     import getpass
     import os
 
-    from laneway.admin import service
+    from laneway.admin import accounts
 
     password = os.environ.get("LANEWAY_NEW_ADMIN_PASSWORD") or getpass.getpass(f"password for {args.username}: ")
-    await service.create_admin(svc, actor, args.username, password)
+    await accounts.create_admin(svc, actor, args.username, password)
     print(f"created admin {args.username}")
 
 

@@ -16,8 +16,9 @@ from litestar.params import FromPath
 from litestar.response import Redirect, Template
 from sqlalchemy import select
 
-from laneway.admin import service
+from laneway.admin import deployments, keys, policies, tenants
 from laneway.admin.api import MAX_PAGE, MAX_PER_PAGE, Logins, open_session, tenant_page
+from laneway.admin.deployments import ModelIn
 from laneway.admin.guards import (
     OPTIONAL,
     PUBLIC,
@@ -28,24 +29,14 @@ from laneway.admin.guards import (
     NotLoggedIn,
     check_csrf,
 )
+from laneway.admin.keys import KEY_FIELDS, KeyIn
 from laneway.admin.limits import KEY_LIMIT_FIELDS, KeyLimitsIn, tenant_usage
 from laneway.admin.live import LiveFigures
+from laneway.admin.policies import LANE_FIELDS, TASK_FIELDS, LaneIn, TaskIn
 from laneway.admin.presentation import LIMIT_FIELDS, audit_changes, field_message, iso_utc, typed_tenant
 from laneway.admin.security import token_digest
-from laneway.admin.service import (
-    AUDIT_FIELDS,
-    KEY_FIELDS,
-    LANE_FIELDS,
-    TASK_FIELDS,
-    TENANT_FIELDS,
-    AdminService,
-    KeyIn,
-    LaneIn,
-    ModelIn,
-    TaskIn,
-    TenantIn,
-    row,
-)
+from laneway.admin.service import AUDIT_FIELDS, AdminService, get_or_404, row
+from laneway.admin.tenants import TENANT_FIELDS, TenantIn
 from laneway.admin.validation import check_text, convert, int_query
 from laneway.contracts.errors import GatewayError
 from laneway.core.pipeline import Gateway
@@ -194,12 +185,12 @@ class AdminUI(Controller):
         typed: dict[str, str] | None = None,
     ) -> Template:
         page = min(page, MAX_PAGE)
-        tenants, total = await tenant_page(svc.sessions, q, page, per_page)
+        found, total = await tenant_page(svc.sessions, q, page, per_page)
         last = max(1, -(-total // per_page))
         if page > last:
             page = last
-            tenants, total = await tenant_page(svc.sessions, q, page, per_page)
-        context = {"admin": current.username, "csrf": current.csrf, "tenants": tenants, "total": total, "q": q,
+            found, total = await tenant_page(svc.sessions, q, page, per_page)
+        context = {"admin": current.username, "csrf": current.csrf, "tenants": found, "total": total, "q": q,
                    "page": page, "per_page": per_page, "error": error, "list_error": list_error}  # fmt: skip
         # A rejected create form comes back as typed, its message next to the field.
         context |= {"typed": typed or {}, "error_field": error_field, "limit_fields": LIMIT_FIELDS}
@@ -210,7 +201,7 @@ class AdminUI(Controller):
         form = await _form(request)
         try:
             data, _ = _tenant_input(form)
-            created = await service.create_tenant(admin_service, request.user.username, data)
+            created = await tenants.create_tenant(admin_service, request.user.username, data)
         except GatewayError as exc:
             return await self._tenants_page(admin_service, request.user, error=field_message(exc.param, exc.message),
                                             status=exc.status, error_field=exc.param, typed=form)  # fmt: skip
@@ -226,10 +217,10 @@ class AdminUI(Controller):
         **extra: Any,
     ) -> Template:
         async with svc.sessions() as session:
-            tenant = await service.get_or_404(session, Tenant, tenant_id)
-            keys = await session.execute(select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.id))
+            tenant = await get_or_404(session, Tenant, tenant_id)
+            rows = await session.execute(select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.id))
             context = {"admin": current.username, "csrf": current.csrf, "tenant": row(tenant, TENANT_FIELDS),
-                       "keys": [row(k, KEY_FIELDS) for k in keys.scalars()],
+                       "keys": [row(k, KEY_FIELDS) for k in rows.scalars()],
                        "usage": await tenant_usage(gateway.limiter, session, tenant),
                        **extra}  # fmt: skip
         context["limit_fields"] = LIMIT_FIELDS
@@ -259,7 +250,7 @@ class AdminUI(Controller):
         current, form = request.user, await _form(request)
         try:
             data, fields = _tenant_input(form)
-            await service.edit_tenant(admin_service, current.username, tenant_id, data, fields)
+            await tenants.edit_tenant(admin_service, current.username, tenant_id, data, fields)
         except GatewayError as exc:
             if exc.status == 404:
                 raise
@@ -282,7 +273,7 @@ class AdminUI(Controller):
                "expires_days": form.get("expires_days", "").strip() or None, **_key_limits_input(form)}  # fmt: skip
         try:
             data = convert(raw, KeyIn, strict=False)
-            issued = await service.issue_api_key(admin_service, current.username, tenant_id, data)
+            issued = await keys.issue_api_key(admin_service, current.username, tenant_id, data)
         except GatewayError as exc:
             if exc.status == 404:
                 raise
@@ -301,10 +292,10 @@ class AdminUI(Controller):
         """The key row's form: its own rpm, tpm, max concurrency and models (empty: the tenant's)."""
         current, form = request.user, await _form(request)
         async with admin_service.sessions() as session:
-            tenant_id = (await service.get_or_404(session, ApiKey, key_id)).tenant_id
+            tenant_id = (await get_or_404(session, ApiKey, key_id)).tenant_id
         raw = _key_limits_input(form)
         try:
-            await service.edit_api_key(admin_service, current.username, key_id,
+            await keys.edit_api_key(admin_service, current.username, key_id,
                                        convert(raw, KeyLimitsIn, strict=False), set(raw))  # fmt: skip
         except GatewayError as exc:  # shown on the key's row
             return await self._tenant_page(admin_service, gateway, current, tenant_id,
@@ -316,7 +307,7 @@ class AdminUI(Controller):
     async def revoke_key(
         self, request: AdminRequest, admin_service: NamedDependency[AdminService], key_id: FromPath[int]
     ) -> Page:
-        revoked = await service.revoke_api_key(admin_service, request.user.username, key_id)
+        revoked = await keys.revoke_api_key(admin_service, request.user.username, key_id)
         return Redirect(f"/admin/tenants/{revoked['tenant_id']}", status_code=303)
 
 
@@ -363,13 +354,13 @@ class AdminPages(Controller):
     async def edit_lane(
         self, request: AdminRequest, admin_service: NamedDependency[AdminService], name: FromPath[str]
     ) -> Page:
-        return await self._edit_policy(request, admin_service, name, LaneIn, service.put_lane, name)
+        return await self._edit_policy(request, admin_service, name, LaneIn, policies.put_lane, name)
 
     @post("/tasks/{task:str}")
     async def edit_task(
         self, request: AdminRequest, admin_service: NamedDependency[AdminService], task: FromPath[str]
     ) -> Page:
-        return await self._edit_policy(request, admin_service, task, TaskIn, service.put_task, f"task:{task}")
+        return await self._edit_policy(request, admin_service, task, TaskIn, policies.put_task, f"task:{task}")
 
     async def _edit_policy(
         self, request: AdminRequest, svc: AdminService, name: str, kind: type[Any], apply: Any, key: str
@@ -426,7 +417,7 @@ class AdminPages(Controller):
         alias = form.get("alias", "").strip()
         try:
             data = convert({"deployments": [deployment]}, ModelIn, strict=False)
-            result = await service.put_model(admin_service, current.username, alias, data)
+            result = await deployments.put_model(admin_service, current.username, alias, data)
         except GatewayError as exc:  # shown on the page; nothing was changed
             return await self._models_page(admin_service, gateway, current, error=exc.message, status=exc.status)
         served = ", ".join(result["deployments"]) or "nothing (see failures)"
