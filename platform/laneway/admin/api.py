@@ -24,6 +24,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from laneway.admin import deployments, keys, policies, tenants
+from laneway.admin.dependencies import Limiter
 from laneway.admin.guards import PUBLIC, SESSION_COOKIE, AdminRequest
 from laneway.admin.keys import KEY_FIELDS, KeyIn
 from laneway.admin.limits import KeyLimitsIn, tenant_usage
@@ -36,7 +37,6 @@ from laneway.admin.throttle import LoginGuard
 from laneway.admin.validation import Username, check_text, decode, decode_object, int_query
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
-from laneway.core.pipeline import Gateway
 from laneway.db.models import ApiKey, Tenant
 from laneway.db.repositories import AdminRepository, AuditRepository, PolicyRepository
 
@@ -151,12 +151,12 @@ class AdminAPI(Controller):
 
     @get("/tenants/{tenant_id:int}/usage", security=ADMIN_SESSION)
     async def usage(
-        self, admin_service: NamedDependency[AdminService], gateway: NamedDependency[Gateway], tenant_id: FromPath[int]
+        self, admin_service: NamedDependency[AdminService], limiter: Limiter, tenant_id: FromPath[int]
     ) -> dict[str, Any]:
         """Tokens used today and this month (UTC) next to the tenant's quotas, and when each resets."""
         async with admin_service.sessions() as session:
             tenant = await get_or_404(session, Tenant, tenant_id)
-            return await tenant_usage(gateway.limiter, session, tenant)
+            return await tenant_usage(limiter, session, tenant)
 
     @delete("/keys/{key_id:int}", status_code=200, security=ADMIN_CHANGE)
     async def revoke(
