@@ -14,9 +14,15 @@ from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 
 from laneway.admin.api import AdminAPI
+from laneway.admin.audit_pages import AuditPages
+from laneway.admin.dashboard_pages import DashboardPages
 from laneway.admin.guards import SESSION_COOKIE, AdminGuards, csrf_form, csrf_header
 from laneway.admin.headers import admin_security_headers
-from laneway.admin.ui import AdminPages, AdminUI
+from laneway.admin.model_pages import ModelPages
+from laneway.admin.openapi import security_schemes as admin_security_schemes
+from laneway.admin.policy_pages import PolicyPages
+from laneway.admin.tenant_pages import TenantPages
+from laneway.admin.ui import AdminUI
 from laneway.admin.usage_ui import UsagePages
 from laneway.api.embeddings import EmbeddingsController
 from laneway.api.errors import ErrorHandlers
@@ -29,6 +35,9 @@ from laneway.resources import ADMIN_STATIC, ADMIN_TEMPLATES, package_dir
 from laneway.runtime import Runtime, RuntimePlugin
 from laneway.settings import Settings
 from laneway.tracing import build as build_tracing
+
+# The admin web UI's pages, by area (admin/ui.py: the login).
+ADMIN_PAGES = [AdminUI, TenantPages, PolicyPages, ModelPages, DashboardPages, AuditPages, UsagePages]
 
 
 def create_app(settings: Settings | None = None) -> Litestar:
@@ -46,7 +55,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             # The admin session, then the CSRF token of a change: in a header for the JSON API,
             # in the form for the pages (which redirect to the login page without a session).
             Router("/", route_handlers=[AdminAPI], guards=[admin.session, csrf_header]),
-            Router("/", route_handlers=[AdminUI, AdminPages, UsagePages], guards=[admin.session, csrf_form]),
+            Router("/", route_handlers=ADMIN_PAGES, guards=[admin.session, csrf_form]),
             create_static_files_router(path="/admin/static", directories=[package_dir(ADMIN_STATIC)]),
             live,
             ready,
@@ -58,7 +67,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
         # X-Request-Id on every response; security headers on every /admin response; /metrics
         # and /schema behind metrics_token.
         before_send=[stamp_request_id, admin_security_headers],
-        openapi_config=openapi_config(session_cookie=SESSION_COOKIE, guards=[metrics_token]),
+        openapi_config=openapi_config(
+            guards=[metrics_token], security_schemes=admin_security_schemes(session_cookie=SESSION_COOKIE)
+        ),
         # Litestar configures the root logger: at the gateway's level, not always INFO.
         logging_config=LoggingConfig(root={"level": settings.log_level.upper(), "handlers": ["queue_listener"]}),
         exception_handlers=ErrorHandlers(runtime.metrics).mapping(),

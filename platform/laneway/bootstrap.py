@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from laneway.core.auth import new_api_key
+from laneway.admin.keys import issue_key
 from laneway.db.repositories import AdminRepository, ModelRepository, PolicyRepository, TenantRepository
 from laneway.engines import extras
 from laneway.engines.demo_model import write_demo_model
@@ -70,19 +70,6 @@ async def import_policies(
             await repo.upsert_task(task.pop("task"), **task)
             count += 1
     return count
-
-
-async def issue_key(
-    sessions: async_sessionmaker[AsyncSession], tenant_name: str, *, name: str = "default", expires_at: Any = None
-) -> tuple[int, str]:
-    secret, prefix, digest = new_api_key()
-    async with sessions() as session, session.begin():
-        repo = TenantRepository(session)
-        tenant = await repo.get_by_name(tenant_name)
-        if tenant is None:
-            raise LookupError(f"no tenant named {tenant_name!r}")
-        key = await repo.add_key(tenant, prefix=prefix, secret_sha256=digest, name=name, expires_at=expires_at)
-        return key.id, secret
 
 
 DEMO_MODELS = ("tiny", "smollm2")

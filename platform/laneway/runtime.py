@@ -27,6 +27,7 @@ from litestar.plugins import InitPluginProtocol
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from laneway.admin.api import Logins
+from laneway.admin.dependencies import QueueStats
 from laneway.admin.live import LiveFigures
 from laneway.admin.service import AdminService
 from laneway.admin.throttle import LoginGuard
@@ -321,6 +322,15 @@ class Runtime:
     def provide_logins(self) -> Logins:
         return self.logins
 
+    def provide_limiter(self) -> RateLimiter:
+        return self.limiter
+
+    def provide_registry(self) -> EngineRegistry:
+        return self.registry
+
+    def provide_queue_stats(self) -> QueueStats:
+        return self.gateway.queue_stats
+
     def dependencies(self) -> dict[str, Provide]:
         """The app-level providers; a handler gets the ones it names as parameters."""
         return {
@@ -330,6 +340,9 @@ class Runtime:
             "admin_service": Provide(self.provide_admin_service, sync_to_thread=False),
             "live": Provide(self.provide_live_figures, sync_to_thread=False),
             "logins": Provide(self.provide_logins, sync_to_thread=False),
+            "limiter": Provide(self.provide_limiter, sync_to_thread=False),
+            "registry": Provide(self.provide_registry, sync_to_thread=False),
+            "queue_stats": Provide(self.provide_queue_stats, sync_to_thread=False),
         }
 
 

@@ -23,29 +23,20 @@ from msgspec import Meta, Struct
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from laneway.admin import service
+from laneway.admin import deployments, keys, policies, tenants
+from laneway.admin.dependencies import Limiter
 from laneway.admin.guards import PUBLIC, SESSION_COOKIE, AdminRequest
+from laneway.admin.keys import KEY_FIELDS, KeyIn
 from laneway.admin.limits import KeyLimitsIn, tenant_usage
+from laneway.admin.openapi import ADMIN_CHANGE, ADMIN_SESSION
+from laneway.admin.policies import LANE_FIELDS, LaneIn, TaskIn
 from laneway.admin.security import new_session_token, token_digest
-from laneway.admin.service import (
-    AUDIT_FIELDS,
-    KEY_FIELDS,
-    LANE_FIELDS,
-    TENANT_FIELDS,
-    AdminService,
-    KeyIn,
-    LaneIn,
-    ModelIn,
-    TaskIn,
-    TenantIn,
-    row,
-)
+from laneway.admin.service import AUDIT_FIELDS, AdminService, get_or_404, row
+from laneway.admin.tenants import TENANT_FIELDS, TenantIn
 from laneway.admin.throttle import LoginGuard
 from laneway.admin.validation import Username, check_text, decode, decode_object, int_query
-from laneway.api.openapi import ADMIN_CHANGE, ADMIN_SESSION
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
-from laneway.core.pipeline import Gateway
 from laneway.db.models import ApiKey, Tenant
 from laneway.db.repositories import AdminRepository, AuditRepository, PolicyRepository
 
@@ -122,7 +113,7 @@ class AdminAPI(Controller):
         self, request: AdminRequest, admin_service: NamedDependency[AdminService]
     ) -> dict[str, Any]:
         data = _decode(await request.body(), TenantIn)
-        return await service.create_tenant(admin_service, request.user.username, data)
+        return await tenants.create_tenant(admin_service, request.user.username, data)
 
     @patch("/tenants/{tenant_id:int}", security=ADMIN_CHANGE)
     async def edit_tenant(
@@ -131,7 +122,7 @@ class AdminAPI(Controller):
         body = await request.body()
         sent = _sent(body)  # explicit nulls clear a limit
         actor = request.user.username
-        return await service.edit_tenant(admin_service, actor, tenant_id, _decode(body, TenantIn), sent)
+        return await tenants.edit_tenant(admin_service, actor, tenant_id, _decode(body, TenantIn), sent)
 
     @get("/tenants/{tenant_id:int}/keys", security=ADMIN_SESSION)
     async def keys(
@@ -146,7 +137,7 @@ class AdminAPI(Controller):
         self, request: AdminRequest, admin_service: NamedDependency[AdminService], tenant_id: FromPath[int]
     ) -> dict[str, Any]:
         data = _decode(await request.body(), KeyIn)
-        return await service.issue_api_key(admin_service, request.user.username, tenant_id, data)
+        return await keys.issue_api_key(admin_service, request.user.username, tenant_id, data)
 
     @patch("/keys/{key_id:int}", security=ADMIN_CHANGE)
     async def edit_key(
@@ -156,22 +147,22 @@ class AdminAPI(Controller):
         body = await request.body()
         sent = _sent(body)
         actor = request.user.username
-        return await service.edit_api_key(admin_service, actor, key_id, _decode(body, KeyLimitsIn), sent)
+        return await keys.edit_api_key(admin_service, actor, key_id, _decode(body, KeyLimitsIn), sent)
 
     @get("/tenants/{tenant_id:int}/usage", security=ADMIN_SESSION)
     async def usage(
-        self, admin_service: NamedDependency[AdminService], gateway: NamedDependency[Gateway], tenant_id: FromPath[int]
+        self, admin_service: NamedDependency[AdminService], limiter: Limiter, tenant_id: FromPath[int]
     ) -> dict[str, Any]:
         """Tokens used today and this month (UTC) next to the tenant's quotas, and when each resets."""
         async with admin_service.sessions() as session:
-            tenant = await service.get_or_404(session, Tenant, tenant_id)
-            return await tenant_usage(gateway.limiter, session, tenant)
+            tenant = await get_or_404(session, Tenant, tenant_id)
+            return await tenant_usage(limiter, session, tenant)
 
     @delete("/keys/{key_id:int}", status_code=200, security=ADMIN_CHANGE)
     async def revoke(
         self, request: AdminRequest, admin_service: NamedDependency[AdminService], key_id: FromPath[int]
     ) -> dict[str, Any]:
-        return await service.revoke_api_key(admin_service, request.user.username, key_id)
+        return await keys.revoke_api_key(admin_service, request.user.username, key_id)
 
     # ---- policies ----
     @get("/lanes", security=ADMIN_SESSION)
@@ -185,7 +176,7 @@ class AdminAPI(Controller):
     ) -> dict[str, Any]:
         body = await request.body()
         sent = _sent(body)
-        return await service.put_lane(admin_service, request.user.username, name, _decode(body, LaneIn), sent)
+        return await policies.put_lane(admin_service, request.user.username, name, _decode(body, LaneIn), sent)
 
     @put("/tasks/{task:str}", security=ADMIN_CHANGE)
     async def put_task(
@@ -193,15 +184,15 @@ class AdminAPI(Controller):
     ) -> dict[str, Any]:
         body = await request.body()
         sent = _sent(body)
-        return await service.put_task(admin_service, request.user.username, task, _decode(body, TaskIn), sent)
+        return await policies.put_task(admin_service, request.user.username, task, _decode(body, TaskIn), sent)
 
     # ---- models ----
     @put("/models/{alias:str}", security=ADMIN_CHANGE)
     async def put_model(
         self, request: AdminRequest, admin_service: NamedDependency[AdminService], alias: FromPath[str]
     ) -> dict[str, Any]:
-        data = _decode(await request.body(), ModelIn)
-        return await service.put_model(admin_service, request.user.username, alias, data)
+        data = _decode(await request.body(), deployments.ModelIn)
+        return await deployments.put_model(admin_service, request.user.username, alias, data)
 
     @get("/audit", security=ADMIN_SESSION)
     async def audit(self, request: AdminRequest, admin_service: NamedDependency[AdminService]) -> list[dict[str, Any]]:

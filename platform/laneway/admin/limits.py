@@ -1,4 +1,4 @@
-"""Per-key limits and tenant quotas for the admin operations (admin/service.py writes them):
+"""Per-key limits and tenant quotas for the admin operations (admin/keys.py and admin/tenants.py write them):
 the fields an admin may send, the rule that a key only narrows its tenant, and what a
 tenant has used of its quotas, read from the rate limiter's counters (the usage table when
 those cannot be read). Admin reads only: nothing here runs on the request path."""

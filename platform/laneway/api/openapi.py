@@ -18,7 +18,7 @@ viewer can open the JSON. /schema is behind the metrics token when one is set (h
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -45,10 +45,9 @@ from litestar.openapi.spec import (
 from laneway import __version__
 from laneway.api import protocol as p
 
-# Security requirements, by the names of the schemes in openapi_config().
+# Security requirements, by the names of the schemes in openapi_config() (the admin API's are
+# the composition's to add: admin/openapi.py).
 API_KEY: list[SecurityRequirement] = [{"apiKey": []}]
-ADMIN_SESSION: list[SecurityRequirement] = [{"adminSession": []}]
-ADMIN_CHANGE: list[SecurityRequirement] = [{"adminSession": [], "csrfToken": []}]
 METRICS_TOKEN: list[SecurityRequirement] = [{"metricsToken": []}, {}]  # {}: open when no token is set
 
 # The Structs on the wire; their schemas become components named after them (the modules of
@@ -285,9 +284,12 @@ def add_wire_schemas(app: Litestar) -> None:
     schemas.update(wire_schemas())
 
 
-def openapi_config(*, session_cookie: str, guards: Sequence[Callable[..., Any]]) -> OpenAPIConfig:
-    """The document's title, version and security schemes (`session_cookie`: the admin
-    session's cookie); only the JSON under /schema, behind `guards` (the metrics token's)."""
+def openapi_config(
+    *, guards: Sequence[Callable[..., Any]], security_schemes: Mapping[str, SecurityScheme] | None = None
+) -> OpenAPIConfig:
+    """The document's title, version and security schemes (`security_schemes`: those of other
+    routes than /v1's, the admin API's); only the JSON under /schema, behind `guards` (the
+    metrics token's)."""
     return OpenAPIConfig(
         title="laneway",
         version=__version__,
@@ -295,18 +297,7 @@ def openapi_config(*, session_cookie: str, guards: Sequence[Callable[..., Any]])
         components=Components(
             security_schemes={
                 "apiKey": SecurityScheme(type="http", scheme="bearer", description="A laneway API key (sk-...)."),
-                "adminSession": SecurityScheme(
-                    type="apiKey",
-                    name=session_cookie,
-                    security_scheme_in="cookie",
-                    description="The session cookie POST /admin/api/login sets.",
-                ),
-                "csrfToken": SecurityScheme(
-                    type="apiKey",
-                    name="X-CSRF-Token",
-                    security_scheme_in="header",
-                    description="The csrf_token the login returned; every change must echo it.",
-                ),
+                **(security_schemes or {}),
                 "metricsToken": SecurityScheme(
                     type="http", scheme="bearer", description="LANEWAY_METRICS_TOKEN, when one is set."
                 ),

@@ -1,0 +1,120 @@
+"""Admin operation on model aliases: point an alias at its deployments, all or nothing (the
+new engines start and warm up before the rows change), audited."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta, Struct
+from sqlalchemy import select
+
+from laneway.admin.service import AdminService, row
+from laneway.admin.validation import (
+    DeploymentName,
+    Description,
+    EngineKind,
+    GpuType,
+    Positive,
+    Quantization,
+    check_text,
+)
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError
+from laneway.db.models import Deployment, Model
+from laneway.db.repositories import AuditRepository, DeploymentSpec, ModelRepository
+from laneway.engines.registry import ENGINE_KINDS, EngineStartError
+
+
+class DeploymentIn(Struct, forbid_unknown_fields=True):
+    name: DeploymentName
+    engine_kind: EngineKind
+    config: dict[str, Any] = {}
+    quantization: Quantization = "unknown"
+    gpu_type: GpuType = "none"
+    max_model_len: Positive = 2048
+
+
+class ModelIn(Struct, forbid_unknown_fields=True):
+    deployments: Annotated[list[DeploymentIn], Meta(max_length=64)]
+    description: Description = ""
+
+
+DEPLOYMENT_FIELDS = ("name", "engine_kind", "config", "quantization", "gpu_type", "max_model_len", "enabled")
+
+
+async def _commit_model(
+    svc: AdminService, actor: str, alias: str, data: ModelIn, deployments: list[dict[str, Any]]
+) -> bool:
+    """Write the alias's rows and their audit row; whether the model is enabled."""
+    async with svc.sessions() as session, session.begin():
+        repo = ModelRepository(session)
+        old = await repo.get(alias)
+        before = {"deployments": [row(d, DEPLOYMENT_FIELDS) for d in old.deployments]} if old else None
+        model = await repo.upsert(alias, description=data.description, deployments=deployments)
+        after = {"deployments": deployments}
+        await AuditRepository(session).add(actor, "update" if old else "create", "model", alias, before, after)
+        return bool(model.enabled)
+
+
+def _check_deployments(data: ModelIn) -> list[str]:
+    """The deployments' names, each engine kind known and no name given twice."""
+    names = [d.name for d in data.deployments]
+    for i, d in enumerate(data.deployments):
+        if d.engine_kind not in ENGINE_KINDS:
+            known = ", ".join(sorted(ENGINE_KINDS))
+            raise GatewayError(
+                ErrorCode.INVALID_REQUEST,
+                f"Unknown engine kind '{d.engine_kind}' (known: {known}).",
+                param=f"deployments[{i}].engine_kind",
+            )
+        if d.name in names[:i]:
+            raise GatewayError(
+                ErrorCode.INVALID_REQUEST,
+                f"Two deployments are named '{d.name}'; names must be unique.",
+                param=f"deployments[{i}].name",
+            )
+    return names
+
+
+async def put_model(svc: AdminService, actor: str, alias: str, data: ModelIn) -> dict[str, Any]:
+    """Point `alias` at `data.deployments`, all or nothing: the new engines start and warm up
+    first; if one cannot, the answer is 400 with its reason and nothing changed (rows, the
+    engines serving the alias). Otherwise the rows are committed and the started engines
+    take over (the old ones finish what they serve), without starting anything twice."""
+    check_text("alias", alias, max_length=200)
+    names = _check_deployments(data)
+    async with svc.sessions() as session:
+        taken = await session.execute(
+            select(Deployment.name, Model.alias).join(Model).where(Deployment.name.in_(names), Model.alias != alias)
+        )
+        for name, other in taken.all():
+            raise GatewayError(
+                ErrorCode.CONFLICT,
+                f"The deployment name '{name}' is used by the model '{other}'.",
+                param=f"deployments[{names.index(name)}].name",
+            )
+    deployments = [msgspec.structs.asdict(d) for d in data.deployments]
+    specs = [DeploymentSpec(0, alias=alias, **d) for d in deployments]
+    registry = svc.registry
+    if registry is None:  # the CLI: no engines here; the serving replicas start them on NOTIFY
+        await _commit_model(svc, actor, alias, data, deployments)
+        await svc.config_changes.notify()
+        return {"alias": alias, "deployments": names}
+    try:
+        started = await registry.start(specs)
+    except EngineStartError as exc:
+        param = f"deployments[{names.index(exc.name)}]"
+        raise GatewayError(
+            ErrorCode.ENGINE_START_FAILED,
+            f"The deployment '{exc.name}' cannot start, so nothing was changed: {exc.reason}",
+            param=param,
+        ) from None
+
+    async def commit() -> bool:
+        return await _commit_model(svc, actor, alias, data, deployments)
+
+    await registry.install(alias, started, commit)
+    await svc.config_changes.notify()
+    live = [d.spec.name for d in registry.deployments() if d.spec.alias == alias]
+    return {"alias": alias, "deployments": live}

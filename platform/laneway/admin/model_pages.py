@@ -1,0 +1,77 @@
+"""The admin page for model deployments: what is served and in which state (starting, warm,
+failed), and the form that points an alias at a deployment."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Controller, get, post
+from litestar.di import NamedDependency
+from litestar.response import Template
+
+from laneway.admin.dependencies import Registry
+from laneway.admin.deployments import ModelIn, put_model
+from laneway.admin.forms import form_of
+from laneway.admin.guards import AdminRequest, AdminSession, NotLoggedIn
+from laneway.admin.service import AdminService
+from laneway.admin.ui import Page, to_login
+from laneway.admin.validation import convert
+from laneway.contracts.errors import GatewayError
+from laneway.db.repositories import ModelRepository
+from laneway.engines.registry import ENGINE_KINDS, EngineRegistry
+
+
+class ModelPages(Controller):
+    """Behind the admin guards (admin/guards.py), as every page."""
+
+    path = "/admin"
+    include_in_schema = False
+    exception_handlers = {NotLoggedIn: to_login}
+
+    async def _models_page(
+        self,
+        svc: AdminService,
+        registry: EngineRegistry,
+        current: AdminSession,
+        status: int | None = None,
+        **extra: Any,
+    ) -> Template:
+        async with svc.sessions() as session:
+            specs = await ModelRepository(session).enabled_deployments()
+        deployments = [
+            {"alias": s.alias, "name": s.name, "engine": s.engine_kind, "quantization": s.quantization,
+             "gpu_type": s.gpu_type, "max_model_len": s.max_model_len,
+             "state": "failed" if s.name in registry.failed else "warm" if s.name in registry.warm else "starting"}
+            for s in specs
+        ]  # fmt: skip
+        context = {"admin": current.username, "csrf": current.csrf, "deployments": deployments,
+                   "engine_kinds": sorted(ENGINE_KINDS), **extra}  # fmt: skip
+        return Template("models.html", context=context, status_code=status or (400 if extra.get("error") else 200))
+
+    @get("/models")
+    async def models(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], registry: Registry
+    ) -> Page:
+        return await self._models_page(admin_service, registry, request.user)
+
+    @post("/models")
+    async def set_model(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], registry: Registry
+    ) -> Page:
+        current, form = request.user, await form_of(request)
+        try:
+            config = msgspec.json.decode(form.get("config") or "{}")
+        except msgspec.DecodeError:
+            return await self._models_page(admin_service, registry, current,
+                                           error="config must be a JSON object, e.g. {}.")  # fmt: skip
+        deployment = {"name": form.get("name", "").strip(), "engine_kind": form.get("engine_kind", ""),
+                      "config": config, "max_model_len": form.get("max_model_len", "").strip() or 2048}  # fmt: skip
+        alias = form.get("alias", "").strip()
+        try:
+            data = convert({"deployments": [deployment]}, ModelIn, strict=False)
+            result = await put_model(admin_service, current.username, alias, data)
+        except GatewayError as exc:  # shown on the page; nothing was changed
+            return await self._models_page(admin_service, registry, current, error=exc.message, status=exc.status)
+        served = ", ".join(result["deployments"]) or "nothing (see failures)"
+        return await self._models_page(admin_service, registry, current, notice=f"{alias} is served by {served}.")

