@@ -12,18 +12,15 @@ the providers and the lifespan to the app), never picked off the app's state.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from litestar import Litestar
-from litestar.config.app import AppConfig
 from litestar.di import Provide
-from litestar.plugins import InitPluginProtocol
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from laneway.admin.api import Logins
@@ -35,7 +32,7 @@ from laneway.api.services import ApiServices
 from laneway.bootstrap import admin_password_file, bootstrap_admin, bootstrap_demo, bootstrap_first_admin
 from laneway.core.auth import KeyAuthenticator
 from laneway.core.config_watch import ConfigChanges
-from laneway.core.dependencies import DependencyHealth, database_unreachable
+from laneway.core.dependencies import DependencyHealth
 from laneway.core.load_shedding import LoadShedder
 from laneway.core.loop_lag import LoopLagMonitor
 from laneway.core.pipeline import Gateway
@@ -44,11 +41,13 @@ from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimi
 from laneway.core.redis_hub import RedisHub
 from laneway.core.shared_slots import SharedSlots
 from laneway.db import migrate
-from laneway.db.repositories import DeploymentSpec, ModelRepository
+from laneway.db.repositories import ModelRepository
 from laneway.db.session import make_engine, make_sessionmaker
-from laneway.engines.llamacpp import LlamaCppEngine
 from laneway.engines.registry import EngineRegistry
-from laneway.metrics import GatewayMetrics, Reading
+from laneway.metrics import GatewayMetrics
+from laneway.runtime.engine_watch import enabled_deployments, watch_engines
+from laneway.runtime.lifecycle import Lifecycle, cancelled
+from laneway.runtime.readings import runtime_readings
 from laneway.settings import Settings
 from laneway.usage import UsageRecorder
 
@@ -57,39 +56,6 @@ if TYPE_CHECKING:
 
 GC_YOUNG_OBJECTS = 10_000  # the collector's first threshold, once started (see Runtime.start)
 log = logging.getLogger("laneway")
-
-Stop = Callable[[], Awaitable[object]]
-
-
-class Lifecycle:
-    """Named steps, stopped in the reverse of the order they started. One stop that fails is
-    logged and the others still run: a flaky Redis at shutdown must not leave the usage
-    rows unflushed or the database pool open."""
-
-    def __init__(self) -> None:
-        self._stops: list[tuple[str, Stop]] = []
-        self.started: list[str] = []  # in order, for logs and tests
-        self.stopped: list[str] = []
-
-    def started_step(self, name: str, stop: Stop | None = None) -> None:
-        self.started.append(name)
-        if stop is not None:
-            self._stops.append((name, stop))
-
-    async def stop(self) -> None:
-        while self._stops:
-            name, stop = self._stops.pop()
-            try:
-                await stop()
-            except Exception:
-                log.exception("stopping %s failed; stopping the rest", name)
-            self.stopped.append(name)
-
-
-async def _cancelled(task: asyncio.Task[Any]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
 
 
 class Runtime:
@@ -177,7 +143,7 @@ class Runtime:
         # Warm up in the background: the server answers /health/live at once and
         # /health/ready turns 200 when every deployment is warm.
         warmup = asyncio.create_task(registry.warm_up(), name="warm-up")
-        steps.started_step("warm-up", lambda: _cancelled(warmup))
+        steps.started_step("warm-up", lambda: cancelled(warmup))
         self.policies = policies = PolicyStore(sessions)
         steps.started_step("policies", policies.stop)
         await policies.reload()
@@ -248,9 +214,9 @@ class Runtime:
         await changes.start()
         steps.started_step("config changes", changes.stop)
         watcher = asyncio.create_task(
-            _watch_engines(registry, sessions, settings.policy_poll_interval_s, health), name="engine-watch"
+            watch_engines(registry, sessions, settings.policy_poll_interval_s, health), name="engine-watch"
         )
-        steps.started_step("engine watch", lambda: _cancelled(watcher))
+        steps.started_step("engine watch", lambda: cancelled(watcher))
         self.started_at = time.time()
         self.admin = AdminService(sessions, changes, authenticator=authenticator, policies=policies, registry=registry)
         self.logins = Logins(self.login_guard, sessions, settings.admin_cookie_secure, admin_password_file(settings))
@@ -344,116 +310,3 @@ class Runtime:
             "registry": Provide(self.provide_registry, sync_to_thread=False),
             "queue_stats": Provide(self.provide_queue_stats, sync_to_thread=False),
         }
-
-
-class RuntimePlugin(InitPluginProtocol):
-    """Wires a Runtime into the app: its start and stop as the lifespan, its services as
-    dependencies. `runtime_of(app)` finds it again (the server's drain, tests, benchmarks)."""
-
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-
-    def on_app_init(self, app_config: AppConfig) -> AppConfig:
-        app_config.lifespan = [self.runtime.lifespan, *app_config.lifespan]
-        app_config.dependencies = {**self.runtime.dependencies(), **app_config.dependencies}
-        return app_config
-
-
-def runtime_of(app: Any) -> Runtime | None:
-    """The Runtime of a laneway app; None for any other ASGI app (a test's stand-in engine)."""
-    plugins = getattr(app, "plugins", None)
-    if plugins is None:
-        return None
-    for plugin in plugins.init:
-        if isinstance(plugin, RuntimePlugin):
-            return plugin.runtime
-    return None
-
-
-async def enabled_deployments(sessions: async_sessionmaker[AsyncSession]) -> list[DeploymentSpec]:
-    async with sessions() as session:
-        return await ModelRepository(session).enabled_deployments()
-
-
-async def _watch_engines(
-    registry: EngineRegistry, sessions: async_sessionmaker[AsyncSession], every_s: float, health: DependencyHealth
-) -> None:
-    """Live engine changes and health: apply deployment edits from the database (a model
-    alias swapped to another engine, with no restart) and re-check ejected deployments."""
-    while True:
-        await asyncio.sleep(every_s)
-        try:
-            await registry.sync(lambda: enabled_deployments(sessions))
-        except Exception as exc:
-            if database_unreachable(exc):  # an outage: the running engines stay; a line a minute
-                health.failed("database", exc, "keeping the running engines")
-            else:
-                log.exception("engine sync failed; will retry")
-        try:
-            await registry.check_health()  # needs no database: runs through an outage too
-        except Exception:
-            log.exception("engine health check failed; will retry")
-
-
-def runtime_readings(
-    gateway: Gateway,
-    health: DependencyHealth,
-    recorder: UsageRecorder,
-    loop_lag: LoopLagMonitor,
-    shedder: LoadShedder,
-) -> list[Reading]:
-    """Leases and engine slots held (a leak shows here), dependency faults, the usage backlog
-    and the event loop's lag, read at scrape time."""
-    limiter = gateway.limiter
-    out: list[Reading] = [
-        ("laneway_leases_in_flight", "Requests holding a lease (queued or running).", "gauge", {},
-         gateway.in_flight),
-        ("laneway_leases_opened_total", "Leases opened; each leaves one usage row when released.", "counter", {},
-         gateway.leases_opened),
-        ("laneway_event_loop_lag_seconds", "How late the event loop ran its last 50 ms timer.", "gauge", {},
-         loop_lag.last_s),
-        ("laneway_event_loop_lag_max_seconds", "The worst event-loop lag over the last minute.", "gauge", {},
-         max(loop_lag.samples, default=0.0)),
-        ("laneway_api_requests_preparing", "API requests between their headers and an engine's queue.", "gauge",
-         {}, shedder.preparing),
-        ("laneway_event_loop_busy_ratio", "Share of the last ticks the event loop's thread spent on the CPU.",
-         "gauge", {}, shedder.busy),
-        ("laneway_api_admit_ratio", "Share of new API requests let in by the CPU load shedder (1: all).", "gauge",
-         {}, shedder.admit),
-    ]  # fmt: skip
-    for reason, n in shedder.shed_by.items():
-        out.append(("laneway_shed_total", "Requests refused with 503 overloaded before any work: the loop "
-                    "over its CPU target (cpu), too many being prepared (backlog) or the loop behind "
-                    "(loop_lag).", "counter", {"reason": reason},
-                    n))  # fmt: skip
-    for dep in sorted(set(health.errors) | set(health.degraded)):
-        labels = {"dependency": dep}
-        out.append(("laneway_dependency_errors_total", "Faults of a dependency (Redis, the database).",
-                    "counter", labels, health.errors[dep]))  # fmt: skip
-        out.append(("laneway_dependency_degraded", "1 while the gateway works around a dependency's fault.",
-                    "gauge", labels, float(health.degraded.get(dep, False))))  # fmt: skip
-    out.append(("laneway_usage_rows_pending", "Usage rows waiting to be written.", "gauge", {}, recorder.pending))
-    out.append(("laneway_usage_rows_written_total", "Usage rows written.", "counter", {}, recorder.written))
-    for reason, n in (("overflow", recorder.dropped), ("rejected", recorder.rejected)):
-        out.append(("laneway_usage_rows_lost_total", "Usage rows dropped (backlog overflow) or refused by the "
-                    "database.", "counter", {"reason": reason}, n))  # fmt: skip
-    for d in gateway.registry.deployments():
-        out.append(("laneway_engine_active_slots", "Sequences holding a slot inside the engine adapter.", "gauge",
-                    {"deployment": d.spec.name}, d.engine.active_slots))  # fmt: skip
-        if isinstance(d.engine, LlamaCppEngine) and d.engine.system_prompts:
-            out.append(("laneway_engine_prefix_hits_total", "Requests that started from a warmed system prompt's "
-                        "KV cells.", "counter", {"deployment": d.spec.name}, d.engine.prefix_hits))  # fmt: skip
-            out.append(("laneway_engine_prefix_tokens_reused_total", "Prompt tokens copied from warmed system "
-                        "prompts' KV cells instead of computed.", "counter", {"deployment": d.spec.name},
-                        d.engine.prefix_tokens_reused))  # fmt: skip
-    limits = limiter.readings()
-    out.append(("laneway_ratelimit_local_holders", "Concurrency holders kept in this process's memory.", "gauge",
-                {}, limits.local_holders))  # fmt: skip
-    if limits.shared is not None:
-        out.append(("laneway_ratelimit_settles_pending", "Rate-limit settles not yet sent to Redis.", "gauge", {},
-                    limits.shared.settles_pending))  # fmt: skip
-        for by, n in (("replica", limits.shared.admitted_at_once), ("redis", limits.shared.decided_by_redis)):
-            out.append(("laneway_ratelimit_decisions_total", "Rate-limit decisions taken with Redis limits: by "
-                        "this replica on Redis's last answer (far from every limit), or by Redis itself.",
-                        "counter", {"by": by}, n))  # fmt: skip
-    return out

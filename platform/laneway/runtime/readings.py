@@ -1,0 +1,75 @@
+"""What the runtime's services publish at scrape time, as Prometheus readings."""
+
+from __future__ import annotations
+
+from laneway.core.dependencies import DependencyHealth
+from laneway.core.load_shedding import LoadShedder
+from laneway.core.loop_lag import LoopLagMonitor
+from laneway.core.pipeline import Gateway
+from laneway.engines.llamacpp import LlamaCppEngine
+from laneway.metrics import Reading
+from laneway.usage import UsageRecorder
+
+
+def runtime_readings(
+    gateway: Gateway,
+    health: DependencyHealth,
+    recorder: UsageRecorder,
+    loop_lag: LoopLagMonitor,
+    shedder: LoadShedder,
+) -> list[Reading]:
+    """Leases and engine slots held (a leak shows here), dependency faults, the usage backlog
+    and the event loop's lag, read at scrape time."""
+    limiter = gateway.limiter
+    out: list[Reading] = [
+        ("laneway_leases_in_flight", "Requests holding a lease (queued or running).", "gauge", {},
+         gateway.in_flight),
+        ("laneway_leases_opened_total", "Leases opened; each leaves one usage row when released.", "counter", {},
+         gateway.leases_opened),
+        ("laneway_event_loop_lag_seconds", "How late the event loop ran its last 50 ms timer.", "gauge", {},
+         loop_lag.last_s),
+        ("laneway_event_loop_lag_max_seconds", "The worst event-loop lag over the last minute.", "gauge", {},
+         max(loop_lag.samples, default=0.0)),
+        ("laneway_api_requests_preparing", "API requests between their headers and an engine's queue.", "gauge",
+         {}, shedder.preparing),
+        ("laneway_event_loop_busy_ratio", "Share of the last ticks the event loop's thread spent on the CPU.",
+         "gauge", {}, shedder.busy),
+        ("laneway_api_admit_ratio", "Share of new API requests let in by the CPU load shedder (1: all).", "gauge",
+         {}, shedder.admit),
+    ]  # fmt: skip
+    for reason, n in shedder.shed_by.items():
+        out.append(("laneway_shed_total", "Requests refused with 503 overloaded before any work: the loop "
+                    "over its CPU target (cpu), too many being prepared (backlog) or the loop behind "
+                    "(loop_lag).", "counter", {"reason": reason},
+                    n))  # fmt: skip
+    for dep in sorted(set(health.errors) | set(health.degraded)):
+        labels = {"dependency": dep}
+        out.append(("laneway_dependency_errors_total", "Faults of a dependency (Redis, the database).",
+                    "counter", labels, health.errors[dep]))  # fmt: skip
+        out.append(("laneway_dependency_degraded", "1 while the gateway works around a dependency's fault.",
+                    "gauge", labels, float(health.degraded.get(dep, False))))  # fmt: skip
+    out.append(("laneway_usage_rows_pending", "Usage rows waiting to be written.", "gauge", {}, recorder.pending))
+    out.append(("laneway_usage_rows_written_total", "Usage rows written.", "counter", {}, recorder.written))
+    for reason, n in (("overflow", recorder.dropped), ("rejected", recorder.rejected)):
+        out.append(("laneway_usage_rows_lost_total", "Usage rows dropped (backlog overflow) or refused by the "
+                    "database.", "counter", {"reason": reason}, n))  # fmt: skip
+    for d in gateway.registry.deployments():
+        out.append(("laneway_engine_active_slots", "Sequences holding a slot inside the engine adapter.", "gauge",
+                    {"deployment": d.spec.name}, d.engine.active_slots))  # fmt: skip
+        if isinstance(d.engine, LlamaCppEngine) and d.engine.system_prompts:
+            out.append(("laneway_engine_prefix_hits_total", "Requests that started from a warmed system prompt's "
+                        "KV cells.", "counter", {"deployment": d.spec.name}, d.engine.prefix_hits))  # fmt: skip
+            out.append(("laneway_engine_prefix_tokens_reused_total", "Prompt tokens copied from warmed system "
+                        "prompts' KV cells instead of computed.", "counter", {"deployment": d.spec.name},
+                        d.engine.prefix_tokens_reused))  # fmt: skip
+    limits = limiter.readings()
+    out.append(("laneway_ratelimit_local_holders", "Concurrency holders kept in this process's memory.", "gauge",
+                {}, limits.local_holders))  # fmt: skip
+    if limits.shared is not None:
+        out.append(("laneway_ratelimit_settles_pending", "Rate-limit settles not yet sent to Redis.", "gauge", {},
+                    limits.shared.settles_pending))  # fmt: skip
+        for by, n in (("replica", limits.shared.admitted_at_once), ("redis", limits.shared.decided_by_redis)):
+            out.append(("laneway_ratelimit_decisions_total", "Rate-limit decisions taken with Redis limits: by "
+                        "this replica on Redis's last answer (far from every limit), or by Redis itself.",
+                        "counter", {"by": by}, n))  # fmt: skip
+    return out
