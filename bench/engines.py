@@ -46,9 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from laneway.engines import llamacpp_batch
 from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN, write_demo_model
 from laneway.engines.llamacpp import LlamaCppEngine
+from laneway.engines.llamacpp import batch_decoder as llamacpp_batch
 from laneway.engines.model_fetch import SMOLLM2, fetch_model
 from laneway.types import ChatTurn, GenerationRequest
 
