@@ -118,8 +118,11 @@ ConfigT = TypeVar("ConfigT", bound=DeploymentConfig)
 
 def parse_config(cls: type[ConfigT], config: Mapping[str, Any] | ConfigT) -> ConfigT:
     """`config` as `cls`; EngineConfigError naming the key when it cannot be."""
-    if isinstance(config, cls):
+    if not isinstance(config, Mapping):
         return config
+    for field in msgspec.structs.fields(cls):  # a missing key first: before any other key's fault
+        if field.required and field.encode_name not in config:
+            raise EngineConfigError(f"{cls.kind} needs config key '{field.encode_name}'", field.encode_name)
     try:
         return msgspec.convert(config, cls, strict=False)
     except msgspec.ValidationError as exc:
@@ -160,4 +163,6 @@ def _choices(cls: type[DeploymentConfig], key: str) -> list[str]:
     for part in typing.get_args(hint) or (hint,):
         if typing.get_origin(part) is Literal:
             out += [str(x) for x in typing.get_args(part)]
+        elif part is bool:
+            out += ["true", "false"]
     return out
