@@ -1,4 +1,4 @@
-"""llama.cpp with continuous batching (engines/llamacpp_batch.py): one model and one context of
+"""llama.cpp with continuous batching (engines/llamacpp/batch_decoder.py): one model and one context of
 `parallel` sequences; each step decodes every running sequence's next token together with a
 chunk of a waiting prompt; a cancelled sequence leaves between steps with its cells cleared; a
 warmed system prompt's cells are copied into a sequence whose prompt starts with it."""

@@ -59,9 +59,9 @@ PENALTY_LAST_N = 64  # tokens the presence/frequency penalties look back over (l
 MIN_PREFIX_REUSE = 16
 # The fewest prompt tokens a step carries under the time budget (when n_batch has room): where
 # a token costs more than the budget allows, prefill still moves, at a cost: llama.cpp's CPU
-# kernels are slower a token on small batches (SmolLM2, one core of a loaded 2-core VM: 16-token
-# steps prefilled 48 tokens/s, 32: 52, 64 and up: 76-82). 32 keeps the hold behind a step near
-# a short prompt's own prefill there; 64 would keep full speed but double the hold.
+# kernels are slower a token on small batches. 32 keeps the hold behind a step near a short
+# prompt's own prefill on a small CPU; a larger floor would prefill faster but hold longer
+# (bench/engines.py --min-step-tokens measures the trade).
 MIN_STEP_PROMPT_TOKENS = 32
 # A prompt of up to this many tokens, not yet cut, goes into one step whole even past the
 # budget: cutting a 37-token chat into 32 + 5 would cost it a whole extra step of waiting.

@@ -24,6 +24,12 @@ POOLING_TYPES = {"mean": 1, "cls": 2, "last": 3}
 POOLING_NONE, POOLING_RANK, POOLING_UNSPECIFIED = 0, 4, -1
 
 
+def input_tokens(llama: Any, inputs: Sequence[str]) -> list[int]:
+    """Each input's token count as Llama.embed() tokenizes: BOS, and special-token text taken
+    as plain text."""
+    return [len(llama.tokenize(t.encode("utf-8"), add_bos=True, special=False)) for t in inputs]
+
+
 class _EmbeddingCancelled(Exception):
     """The caller went away: the worker thread stopped between inputs."""
 
@@ -33,17 +39,12 @@ class Embedder:
 
     def __init__(self, contexts: Sequence[Any], *, n_embd: int, name: str) -> None:
         self.n_embd = n_embd
-        self._tokenize = contexts[0].tokenize
         self._free: SlotPool[Any] = SlotPool(list(contexts))
         self._pool = ThreadPoolExecutor(max_workers=len(contexts), thread_name_prefix=name)
         self.active = 0
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
-
-    def measure_inputs(self, inputs: Sequence[str]) -> list[int]:
-        # As Llama.embed() tokenizes: BOS, and special-token text taken as plain text.
-        return [len(self._tokenize(t.encode("utf-8"), add_bos=True, special=False)) for t in inputs]
 
     def _embed_loop(self, ctx: Any, inputs: tuple[str, ...], cancel: threading.Event) -> tuple[Any, int]:
         """Runs in a worker thread: (unit-length float32 rows, tokens embedded)."""

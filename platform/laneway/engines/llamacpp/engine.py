@@ -23,7 +23,7 @@ from laneway.engines.config import LlamaCppConfig, parse_config
 from laneway.engines.demo_model import BANNED_BYTE_TOKENS
 from laneway.engines.llamacpp.batch_decoder import BatchDecoder
 from laneway.engines.llamacpp.batched import BatchedGeneration
-from laneway.engines.llamacpp.embedding import POOLING_TYPES, POOLING_UNSPECIFIED, Embedder
+from laneway.engines.llamacpp.embedding import POOLING_TYPES, POOLING_UNSPECIFIED, Embedder, input_tokens
 from laneway.engines.llamacpp.loading import load_contexts
 from laneway.engines.llamacpp.lowlevel import BatchContext
 from laneway.engines.llamacpp.per_slot import SlotDecoding
@@ -201,7 +201,7 @@ class LlamaCppEngine:
         return list(self._contexts[0].tokenize(text.encode("utf-8"), add_bos=True, special=True))
 
     async def health(self) -> bool:
-        return bool(self._contexts) and (self._batched or self._slots or self._embedder) is not None
+        return bool(self._contexts) and any(m is not None for m in (self._batched, self._slots, self._embedder))
 
     async def warmup(self, prompts: Sequence[str]) -> None:
         if self.embedding:
@@ -233,10 +233,9 @@ class LlamaCppEngine:
         return self._decoder.prefix_tokens_reused if self._decoder is not None else 0
 
     async def measure_inputs(self, inputs: Sequence[str]) -> list[int]:
-        embedder = self._started_embedder()
         if sum(len(t) for t in inputs) > OFF_LOOP_PROMPT_CHARS:
-            return await asyncio.to_thread(embedder.measure_inputs, inputs)
-        return embedder.measure_inputs(inputs)
+            return await asyncio.to_thread(input_tokens, self._contexts[0], inputs)
+        return input_tokens(self._contexts[0], inputs)
 
     async def embed(self, request: EmbeddingRequest) -> Embeddings:
         return await self._started_embedder().embed(request)
