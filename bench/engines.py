@@ -1,4 +1,4 @@
-"""What continuous batching and prefix reuse buy the llama.cpp adapter (engines/llamacpp.py).
+"""What continuous batching and prefix reuse buy the llama.cpp adapter (engines/llamacpp/).
 
 The engines are driven in-process through the Engine protocol (measure, generate, warmup),
 no HTTP; times are taken at the caller. Models: the tiny random-weight demo model the tests
@@ -7,7 +7,7 @@ fetched once into LANEWAY_TEST_MODEL_CACHE). Each model is run in two designs, w
 `parallel` (default 8) and each design's default threads (per slot: cores / parallel each,
 batched: every core for the one context) unless --threads sets one for every context:
   per-slot  `batching: false`: one llama.cpp context per slot, each decoding one sequence;
-  batched   one context of `parallel` sequences decoded together (engines/llamacpp_batch.py).
+  batched   one context of `parallel` sequences decoded together (engines/llamacpp/batch_decoder.py).
 Rows (each measured against its baseline in the same run):
   streams N     N concurrent streams of --tokens tokens each (end of text banned, so every
                 stream runs to the cap): aggregate tokens/s and mean TTFT, and tokens per
@@ -46,9 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from laneway.engines import llamacpp_batch
 from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN, write_demo_model
 from laneway.engines.llamacpp import LlamaCppEngine
+from laneway.engines.llamacpp import batch_decoder as llamacpp_batch
 from laneway.engines.model_fetch import SMOLLM2, fetch_model
 from laneway.types import ChatTurn, GenerationRequest
 

@@ -10,7 +10,7 @@ that falls behind cannot hide it). The engine and the load generator share the o
 - laneway (memory): rate limits in process memory; (redis limits): in a private redis-server
   (on the other core too, as on another host: its work is not the gateway's);
   (redis limits + shared slots): the engine's slots shared through Redis too, as when several
-  replicas front it (core/shared_slots.py; two more round trips per request).
+  replicas front it (core/shared_slots/; two more round trips per request).
 - litellm proxy (when its `litellm` executable is found; not a dependency): LiteLLM's proxy
   in front of the same engine, one worker on the gateway's core, at rates it can sustain
   (--litellm-rates), beside direct and laneway (memory) at those rates.

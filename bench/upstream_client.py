@@ -1,4 +1,4 @@
-"""The upstream HTTP client alone: CPU per request of engines/http1.py vs aiohttp (the client it
+"""The upstream HTTP client alone: CPU per request of engines/http1/ vs aiohttp (the client it
 replaced), against the same fake engine (bench/upstream.py, on the other core), in one run.
 
 Each row sends `--requests` requests with `--concurrency` in flight over keep-alive

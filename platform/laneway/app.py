@@ -1,6 +1,6 @@
 """create_app(settings) -> Litestar: the routes, their guards and the runtime's services.
 
-The long-lived services live in one `Runtime` (runtime.py), started and stopped by the
+The long-lived services live in one `Runtime` (runtime/), started and stopped by the
 lifespan; handlers get them as parameters through `Provide` (RuntimePlugin), and the admin
 routers' guards check the session and CSRF token before any admin handler runs.
 """

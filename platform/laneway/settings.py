@@ -59,7 +59,7 @@ class Settings:
     redis_timeout_s: float = 0.25
     redis_failure_mode: str = "open"
     # A replica admits a request without waiting for Redis while what it admitted since Redis's
-    # last answer stays within this share of each limit's room (core/ratelimit.py Headroom);
+    # last answer stays within this share of each limit's room (core/ratelimit/headroom.py);
     # replicas racing for a limit's last room may pass it by that share. 0: Redis decides all.
     redis_admit_share: float = 0.1
     # Remote engines (vLLM, Triton) fronted by several replicas share their slots through Redis:

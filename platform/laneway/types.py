@@ -182,3 +182,19 @@ class RequestTimings:
     finished: float | None = None
     queue_ms: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DeploymentSpec:
+    """A deployment row detached from the session: what the engine registry builds from.
+    Two specs are equal when they would build the same engine: `id` is left out, so a spec
+    started before its row was committed (id 0) equals the row read back."""
+
+    id: int = field(compare=False)
+    name: str
+    alias: str
+    engine_kind: str
+    config: dict[str, Any]
+    quantization: str
+    gpu_type: str
+    max_model_len: int

@@ -1,4 +1,4 @@
-"""engines/http1.py, the vLLM adapter's HTTP/1.1 client, against a scripted server on loopback.
+"""The HTTP/1.1 client (engines/http1/), the vLLM adapter's, against a scripted server on loopback.
 
 The server answers by path, so each test states what the upstream does (answer, stream in
 steps, go silent, close at a chosen moment) and checks what the client did about it: the

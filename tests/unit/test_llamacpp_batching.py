@@ -1,4 +1,4 @@
-"""llama.cpp with continuous batching (engines/llamacpp_batch.py): one model and one context of
+"""llama.cpp with continuous batching (engines/llamacpp/batch_decoder.py): one model and one context of
 `parallel` sequences; each step decodes every running sequence's next token together with a
 chunk of a waiting prompt; a cancelled sequence leaves between steps with its cells cleared; a
 warmed system prompt's cells are copied into a sequence whose prompt starts with it."""
@@ -14,8 +14,8 @@ import pytest
 from laneway.engines.base import system_prompt_chat
 from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN
 from laneway.engines.llamacpp import LlamaCppEngine
-from laneway.engines.llamacpp_batch import MIN_STEP_PROMPT_TOKENS as FLOOR
-from laneway.engines.llamacpp_batch import WHOLE_PROMPT_TOKENS, step_prompt_tokens
+from laneway.engines.llamacpp.batch_decoder import MIN_STEP_PROMPT_TOKENS as FLOOR
+from laneway.engines.llamacpp.batch_decoder import WHOLE_PROMPT_TOKENS, step_prompt_tokens
 from laneway.types import ChatTurn, Delta, GenerationRequest
 
 
@@ -112,15 +112,13 @@ async def test_a_short_prompt_behind_a_long_one_is_fed_first(batched: LlamaCppEn
 
 
 async def test_a_cancelled_sequence_leaves_with_its_cells_cleared_and_its_slot_back(batched: LlamaCppEngine) -> None:
-    import llama_cpp
-
     stream = batched.generate(await request(batched, max_tokens=400))
     got = [await stream.__anext__() for _ in range(3)]
     assert all(d.finish_reason is None for d in got)
     await stream.aclose()
     await idle(batched)
-    memory = llama_cpp.llama_get_memory(batched._batch_ctx.ctx)
-    assert all(llama_cpp.llama_memory_seq_pos_max(memory, s) == -1 for s in range(4))  # no cell left behind
+    ctx = batched._batch_ctx
+    assert ctx is not None and all(ctx.last_position(s) == -1 for s in range(4))  # no cell left behind
     again = await run(batched, await request(batched, max_tokens=5))
     assert sum(d.tokens for d in again) == 5
 
@@ -243,9 +241,7 @@ async def test_a_warmed_system_prompt_is_reused_and_decodes_what_the_cold_prompt
 
 
 async def test_reserved_sequences_come_beside_the_slots_and_all_slots_share_the_prefix(warmed: LlamaCppEngine) -> None:
-    import llama_cpp
-
-    assert llama_cpp.llama_n_seq_max(warmed._batch_ctx.ctx) == 4 + 1
+    assert warmed._batch_ctx is not None and warmed._batch_ctx.sequences == 4 + 1
     results = await asyncio.gather(*[run(warmed, await chat(warmed, f"test {i}", seed=i)) for i in range(4)])
     assert [sum(d.tokens for d in r) for r in results] == [24] * 4
     assert warmed.prefix_hits == 4
@@ -262,10 +258,9 @@ async def test_a_short_prompt_sharing_only_a_few_tokens_is_computed_in_full(warm
 async def test_cancelling_a_sequence_that_reused_the_prefix_leaves_the_prefix_for_the_next(
     warmed: LlamaCppEngine,
 ) -> None:
-    import llama_cpp
-
-    memory = llama_cpp.llama_get_memory(warmed._batch_ctx.ctx)
-    prefix_end = llama_cpp.llama_memory_seq_pos_max(memory, 4)
+    ctx = warmed._batch_ctx
+    assert ctx is not None
+    prefix_end = ctx.last_position(4)
     assert prefix_end == len((await warmed.measure(messages=system_prompt_chat(SYSTEM))).ids) - 1
     first = text(await run(warmed, await chat(warmed, "what time is it")))
     stream = warmed.generate(await chat(warmed, "what time is it", max_tokens=400))
@@ -273,8 +268,8 @@ async def test_cancelling_a_sequence_that_reused_the_prefix_leaves_the_prefix_fo
     assert all(d.finish_reason is None for d in got)
     await stream.aclose()
     await idle(warmed)
-    assert all(llama_cpp.llama_memory_seq_pos_max(memory, s) == -1 for s in range(4))  # its own cells: gone
-    assert llama_cpp.llama_memory_seq_pos_max(memory, 4) == prefix_end  # the shared prefix: whole
+    assert all(ctx.last_position(s) == -1 for s in range(4))  # its own cells: gone
+    assert ctx.last_position(4) == prefix_end  # the shared prefix: whole
     again = text(await run(warmed, await chat(warmed, "what time is it")))
     assert again == first and warmed.prefix_hits == 3
 

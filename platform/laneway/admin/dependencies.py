@@ -1,4 +1,4 @@
-"""The running services the admin routes are handed (runtime.py provides them by these names):
+"""The running services the admin routes are handed (runtime/services.py provides them by these names):
 narrow views, so an admin page depends on what it reads and not on the whole Gateway."""
 
 from __future__ import annotations

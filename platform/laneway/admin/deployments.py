@@ -23,6 +23,7 @@ from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.db.models import Deployment, Model
 from laneway.db.repositories import AuditRepository, DeploymentSpec, ModelRepository
+from laneway.engines.config import EngineConfigError, check_config
 from laneway.engines.registry import ENGINE_KINDS, EngineStartError
 
 
@@ -74,6 +75,12 @@ def _check_deployments(data: ModelIn) -> list[str]:
                 f"Two deployments are named '{d.name}'; names must be unique.",
                 param=f"deployments[{i}].name",
             )
+        try:  # a config its engine cannot take is refused here, not left to fail on every replica
+            check_config(d.engine_kind, d.config)
+        except EngineConfigError as exc:
+            raise GatewayError(ErrorCode.ENGINE_START_FAILED,
+                               f"The deployment '{d.name}' cannot start, so nothing was changed: {exc}",
+                               param=f"deployments[{i}]") from None  # fmt: skip
     return names
 
 

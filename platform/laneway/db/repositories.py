@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -25,21 +24,9 @@ from laneway.db.models import (
     utcnow,
 )
 
-
-@dataclass(frozen=True)
-class DeploymentSpec:
-    """A deployment row detached from the session: what the engine registry builds from.
-    Two specs are equal when they would build the same engine: `id` is left out, so a spec
-    started before its row was committed (id 0) equals the row read back."""
-
-    id: int = field(compare=False)
-    name: str
-    alias: str
-    engine_kind: str
-    config: dict[str, Any]
-    quantization: str
-    gpu_type: str
-    max_model_len: int
+# DeploymentSpec lives in laneway.types (engines build from it without importing the database layer);
+# re-exported here for the importers that take it from the repositories.
+from laneway.types import DeploymentSpec as DeploymentSpec
 
 
 class TenantRepository:

@@ -74,6 +74,27 @@ class EmbeddingEngine(Engine, Protocol):
         ...
 
 
+@runtime_checkable
+class PrefixReusingEngine(Protocol):
+    """An engine that keeps its deployment's warm-up system prompts computed and starts later
+    prompts from them (llama.cpp batched); it publishes what that saved, for /metrics."""
+
+    @property
+    def system_prompts(self) -> Sequence[str]:
+        """The prompts kept computed (empty: nothing is reused, nothing to report)."""
+        ...
+
+    @property
+    def prefix_hits(self) -> int:
+        """Requests that started from a kept prompt's cells."""
+        ...
+
+    @property
+    def prefix_tokens_reused(self) -> int:
+        """Prompt tokens those requests did not compute."""
+        ...
+
+
 def unit_rows(vectors: NDArray[np.float32]) -> NDArray[np.float32]:
     """Each row scaled to unit length, as OpenAI's embeddings are (so a dot product is the
     cosine similarity); an all-zero row stays zero."""

@@ -8,12 +8,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from laneway.db.repositories import DeploymentSpec
 from laneway.engines.base import Engine, EngineError, system_prompt_chat
 from laneway.engines.llamacpp import LlamaCppEngine
 from laneway.engines.sim import SimEngine
 from laneway.engines.trtllm import TritonTRTLLMEngine
 from laneway.engines.vllm import VLLMEngine
+from laneway.types import DeploymentSpec
 
 log = logging.getLogger("laneway.engines")
 

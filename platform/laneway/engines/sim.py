@@ -26,7 +26,7 @@ import dataclasses
 import random
 import zlib
 from collections import deque
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ import numpy as np
 
 from laneway.engines.base import EngineError, run_warmup, unit_rows
 from laneway.engines.chat_template import render_chat
+from laneway.engines.config import SimConfig, parse_config
 from laneway.engines.demo_model import WORDS
 from laneway.engines.tool_calls import with_tools
 from laneway.types import ChatTurn, Delta, EmbeddingRequest, Embeddings, EngineInfo, GenerationRequest, PromptMeasure
@@ -54,32 +55,33 @@ class SimEngine:
     def __init__(
         self,
         alias: str,
-        config: dict[str, Any],
+        config: Mapping[str, Any] | SimConfig,
         *,
         quantization: str = "sim",
         gpu_type: str = "sim",
         max_model_len: int | None = None,
     ) -> None:
+        c = self.config = parse_config(SimConfig, config)
         self.alias = alias
-        self.prefill_ms_per_token = float(config.get("prefill_ms_per_token", 0.02))
-        self.decode_ms_base = float(config.get("decode_ms_base", 2.0))
-        self.decode_ms_per_seq = float(config.get("decode_ms_per_seq", 0.1))
-        self.max_concurrency = int(config.get("max_concurrency", 8))
-        self.fault_marker = str(config.get("fault_marker", "<<laneway-sim-fault>>"))
-        self.fault_after_tokens = int(config.get("fault_after_tokens", 2))
-        self.warmup_ms = float(config.get("warmup_ms", 0.0))
+        self.prefill_ms_per_token = c.prefill_ms_per_token
+        self.decode_ms_base = c.decode_ms_base
+        self.decode_ms_per_seq = c.decode_ms_per_seq
+        self.max_concurrency = c.max_concurrency
+        self.fault_marker = c.fault_marker
+        self.fault_after_tokens = c.fault_after_tokens
+        self.warmup_ms = c.warmup_ms
         self.warmed_prompts = 0
         self.info = EngineInfo(
             engine="sim",
             model=alias,
             quantization=quantization,
             gpu_type=gpu_type,
-            max_model_len=int(max_model_len or config.get("max_model_len", 8192)),
+            max_model_len=max_model_len or c.max_model_len,
             max_concurrency=self.max_concurrency,
         )
-        self.embeddings = bool(config.get("embeddings", False))
-        self.embedding_dim = int(config.get("embedding_dim", 64))
-        self.embed_ms = float(config.get("embed_ms", 0.0))
+        self.embeddings = c.embeddings
+        self.embedding_dim = c.embedding_dim
+        self.embed_ms = c.embed_ms
         self.embedding_calls = 0  # embed() calls that reached the engine, ever
         self._embedding = 0  # embed() calls running now
         if self.embeddings:

@@ -17,16 +17,16 @@ request). So a cleanly closed stream is the end; an empty response flagged
 The ensemble takes text, so there is no tokenizer on this side: prompt tokens are
 estimated at 4 characters a token (the DESIGN's rule where no tokenizer exists).
 
-Config: url (host:port, required), model (default "ensemble"), max_concurrency, end_id,
-pad_id, top_k, bad_words (list), ssl (bool), probe_timeout_s (each readiness call at start()
-and in health checks; default 2).
+Config: TritonConfig (engines/config.py): url (host:port, required), model (default
+"ensemble"), max_concurrency, end_id, pad_id, top_k, bad_words (list), ssl (bool),
+probe_timeout_s (each readiness call at start() and in health checks; default 2).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,7 @@ import numpy as np
 from laneway.engines import extras
 from laneway.engines.base import EngineError, run_warmup
 from laneway.engines.chat_template import render_chat
+from laneway.engines.config import TritonConfig, parse_config
 from laneway.engines.tool_calls import with_tools
 from laneway.types import ChatTurn, Delta, EngineInfo, GenerationRequest, PromptMeasure
 
@@ -42,33 +43,34 @@ class TritonTRTLLMEngine:
     def __init__(
         self,
         alias: str,
-        config: dict[str, Any],
+        config: Mapping[str, Any] | TritonConfig,
         *,
         quantization: str = "unknown",
         gpu_type: str = "unknown",
         max_model_len: int | None = None,
     ) -> None:
+        c = self.config = parse_config(TritonConfig, config)
         self.alias = alias
-        self.url = str(config["url"])
-        self.model = str(config.get("model", "ensemble"))
-        self.end_id = config.get("end_id")
-        self.pad_id = config.get("pad_id")
-        self.top_k = int(config.get("top_k", 0))
-        self.bad_words = [str(w) for w in config.get("bad_words", [])]
-        self.ssl = bool(config.get("ssl", False))
+        self.url = c.url
+        self.model = c.model
+        self.end_id = c.end_id
+        self.pad_id = c.pad_id
+        self.top_k = c.top_k
+        self.bad_words = list(c.bad_words)
+        self.ssl = c.ssl
         self.info = EngineInfo(
             engine="trtllm",
             model=alias,
             quantization=quantization,
             gpu_type=gpu_type,
-            max_model_len=int(max_model_len or config.get("max_model_len", 4096)),
-            max_concurrency=int(config.get("max_concurrency", 64)),
+            max_model_len=max_model_len or c.max_model_len,
+            max_concurrency=c.max_concurrency,
             # The ensemble's optional presence_penalty / frequency_penalty tensors. Not declared:
             # tools and JSON output (no guided decoding in the ensemble), n (beam_width is beam
             # search, not n samples), logprobs (only the chosen tokens', no alternatives), logit_bias.
             capabilities=frozenset({"penalties"}),
         )
-        self.probe_timeout_s = float(config.get("probe_timeout_s", 2.0))
+        self.probe_timeout_s = c.probe_timeout_s
         self._client: Any = None
         self._active = 0
 

@@ -6,7 +6,7 @@ from laneway.core.dependencies import DependencyHealth
 from laneway.core.load_shedding import LoadShedder
 from laneway.core.loop_lag import LoopLagMonitor
 from laneway.core.pipeline import Gateway
-from laneway.engines.llamacpp import LlamaCppEngine
+from laneway.engines.base import PrefixReusingEngine
 from laneway.metrics import Reading
 from laneway.usage import UsageRecorder
 
@@ -56,7 +56,7 @@ def runtime_readings(
     for d in gateway.registry.deployments():
         out.append(("laneway_engine_active_slots", "Sequences holding a slot inside the engine adapter.", "gauge",
                     {"deployment": d.spec.name}, d.engine.active_slots))  # fmt: skip
-        if isinstance(d.engine, LlamaCppEngine) and d.engine.system_prompts:
+        if isinstance(d.engine, PrefixReusingEngine) and d.engine.system_prompts:
             out.append(("laneway_engine_prefix_hits_total", "Requests that started from a warmed system prompt's "
                         "KV cells.", "counter", {"deployment": d.spec.name}, d.engine.prefix_hits))  # fmt: skip
             out.append(("laneway_engine_prefix_tokens_reused_total", "Prompt tokens copied from warmed system "

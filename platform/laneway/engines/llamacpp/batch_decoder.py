@@ -29,12 +29,12 @@ its own stream of cells (llama.cpp's default, non-unified KV), so the copy is of
 stream's buffer, the cells beyond the shared tokens are then dropped, and clearing a user
 sequence can never touch a reserved one.
 
-ChoiceText (one choice's tokens -> deltas) is shared with the one-context-per-slot path.
+The llama.cpp calls go through lowlevel.py (the fence around llama-cpp-python's private API);
+ChoiceText (choice_text.py) turns each choice's tokens into deltas.
 """
 
 from __future__ import annotations
 
-import codecs
 import logging
 import random
 import threading
@@ -45,8 +45,10 @@ from typing import Any
 
 import numpy as np
 
-from laneway.engines.tool_calls import parse_calls
-from laneway.types import Delta, FinishReason, GenerationRequest, TokenLogprob, TopLogprob
+from laneway.engines.llamacpp.choice_text import ChoiceText, token_logprob
+from laneway.engines.llamacpp.lowlevel import BatchContext, Sampler
+from laneway.engines.llamacpp.plan import DecodePlan
+from laneway.types import GenerationRequest, TokenLogprob
 
 log = logging.getLogger("laneway.engines.llamacpp")
 
@@ -57,9 +59,9 @@ PENALTY_LAST_N = 64  # tokens the presence/frequency penalties look back over (l
 MIN_PREFIX_REUSE = 16
 # The fewest prompt tokens a step carries under the time budget (when n_batch has room): where
 # a token costs more than the budget allows, prefill still moves, at a cost: llama.cpp's CPU
-# kernels are slower a token on small batches (SmolLM2, one core of a loaded 2-core VM: 16-token
-# steps prefilled 48 tokens/s, 32: 52, 64 and up: 76-82). 32 keeps the hold behind a step near
-# a short prompt's own prefill there; 64 would keep full speed but double the hold.
+# kernels are slower a token on small batches. 32 keeps the hold behind a step near a short
+# prompt's own prefill on a small CPU; a larger floor would prefill faster but hold longer
+# (bench/engines.py --min-step-tokens measures the trade).
 MIN_STEP_PROMPT_TOKENS = 32
 # A prompt of up to this many tokens, not yet cut, goes into one step whole even past the
 # budget: cutting a 37-token chat into 32 + 5 would cost it a whole extra step of waiting.
@@ -82,101 +84,13 @@ def step_prompt_tokens(token_seconds: float | None, max_step_s: float, decoding:
     return max(floor, min(room, int(max_step_s / token_seconds) - decoding))
 
 
-class ChoiceText:
-    """One choice's tokens -> deltas: UTF-8 held across tokens, the token cap, the stops (this
-    choice ends at one; the gateway cuts the text itself), and an answer held back to be read
-    as tool calls (mode "tools"; "auto": once it starts like JSON)."""
-
-    def __init__(
-        self, req: GenerationRequest, mode: str, tools: list[dict[str, Any]], index: int, emit: Callable[[Any], None]
-    ) -> None:
-        self.req, self.tools, self.index, self.emit = req, tools, index, emit
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.holding = mode == "tools"
-        self.deciding = mode == "auto"  # whitespace before the first character waits to decide
-        self.held: list[str] = []
-        self.window = max((len(x) for x in req.stop), default=0)
-        self.tail = ""
-        self.produced = 0
-        self.done = False
-
-    def token(self, raw: bytes, logprobs: tuple[TokenLogprob, ...] = ()) -> bool:
-        """Take one generated token's bytes; True when the choice is over (its last delta sent)."""
-        self.produced += 1
-        text = self.decoder.decode(raw)
-        if self.deciding and text.strip():
-            self.deciding, self.holding = False, text.lstrip().startswith(("{", "["))
-            if not self.holding:  # plain text after all: what waited goes out with it
-                text, self.held = "".join(self.held) + text, []
-        capped = self.produced >= self.req.max_tokens
-        if self.holding or self.deciding:
-            self.held.append(text)
-        elif capped:
-            end = text + self.decoder.decode(b"", final=True)
-            self.emit(Delta(text=end, tokens=1, finish_reason="length", index=self.index, logprobs=logprobs))
-            self.done = True
-            return True
-        else:
-            self.emit(Delta(text=text, tokens=1, index=self.index, logprobs=logprobs))
-            if self.req.stop:
-                self.tail = (self.tail + text)[-(self.window + len(text)) :]
-                if any(x in self.tail for x in self.req.stop):
-                    self.finish("stop")
-                    return True
-        if capped:
-            self.finish("length")
-            return True
-        return False
-
-    def finish(self, reason: FinishReason) -> None:
-        """End the choice (end of generation, a stop, the cap, a cancellation)."""
-        if self.done:
-            return
-        self.done = True
-        rest = self.decoder.decode(b"", final=True)
-        if self.held or self.holding:
-            answer = "".join(self.held) + rest
-            calls = parse_calls(answer, self.tools) if reason == "stop" else None
-            if calls:
-                self.emit(Delta(text="", tokens=len(self.held), finish_reason="tool_calls", index=self.index,
-                                tool_calls=calls))  # fmt: skip
-            else:  # not calls after all (or cut short): the text as it came
-                self.emit(Delta(text=answer, tokens=len(self.held), finish_reason=reason, index=self.index))
-            return
-        self.emit(Delta(text=rest, tokens=0, finish_reason=reason, index=self.index))
-
-
-def token_logprob(
-    logits_ptr: Any, n_vocab: int, tok: int, top: int, bias_ids: np.ndarray, bias_vals: np.ndarray, piece: Any
-) -> TokenLogprob:
-    """The chosen token's log probability under the model's distribution with the logit biases
-    applied (banned tokens have none), before temperature and penalties, and the `top`
-    likeliest alternatives. `piece(token) -> bytes`."""
-    logits = np.ctypeslib.as_array(logits_ptr, shape=(n_vocab,))
-    if len(bias_ids):
-        logits = logits.copy()
-        logits[bias_ids] += bias_vals
-    peak = float(logits.max())
-    log_norm = peak + float(np.log(np.exp(logits - peak).sum()))
-    alternatives: tuple[TopLogprob, ...] = ()
-    if top:
-        best = np.argpartition(-logits, top)[:top]
-        best = best[np.argsort(-logits[best])]
-        alternatives = tuple(
-            TopLogprob((raw := piece(int(i))).decode("utf-8", "replace"), float(logits[i]) - log_norm, tuple(raw))
-            for i in best
-        )
-    raw = piece(tok)
-    return TokenLogprob(raw.decode("utf-8", "replace"), float(logits[tok]) - log_norm, tuple(raw), alternatives)
-
-
 @dataclass(eq=False)
 class BatchSequence:
     """One request in the batch: its prompt's tokens and where decoding is."""
 
     seq_id: int
     req: GenerationRequest
-    plan: Any  # llamacpp._Plan: biases, grammar, tool mode
+    plan: DecodePlan
     prompt: list[int]
     emit: Callable[[Any], None]  # a Delta or an exception, to the request's queue
     on_exit: Callable[[], None]  # the decoder is done with the sequence (its KV cells are free)
@@ -186,7 +100,7 @@ class BatchSequence:
     cut: bool = False  # its prompt was fed in parts (a whole short one is never split later)
     pos: int = 0  # the next token's position
     next_token: int | None = None  # sampled, to be decoded in the next step
-    sampler: Any = None
+    sampler: Sampler | None = None
     choice: ChoiceText | None = None
     reserve: bool = False  # prefill only, and its cells are kept as a shared prefix (warm-up)
 
@@ -209,15 +123,12 @@ def shared_tokens(prefix: np.ndarray, prompt: np.ndarray) -> int:
 class BatchDecoder:
     """The thread that owns one llama.cpp context of many sequences (see the module doc)."""
 
-    def __init__(self, model: Any, ctx: Any, *, n_batch: int, n_vocab: int, eog: Callable[[int], bool],
-                 name: str, max_step_s: float = 0.0) -> None:  # fmt: skip
-        self.model, self.ctx, self.n_batch, self.n_vocab, self.eog = model, ctx, n_batch, n_vocab, eog
+    def __init__(self, ctx: BatchContext, *, n_batch: int, eog: Callable[[int], bool], name: str,
+                 max_step_s: float = 0.0) -> None:  # fmt: skip
+        self.ctx, self.n_batch, self.n_vocab, self.eog = ctx, n_batch, ctx.n_vocab, eog
         self.max_step_s = max_step_s  # the time budget of a step's prompt tokens (<= 0: none, n_batch)
         self.token_seconds: float | None = None  # EWMA of a step's seconds per token (steps with prompt tokens)
         self.prompt_budget = n_batch  # the prompt-token budget of the latest step with prompt tokens (operators, tests)
-        from llama_cpp._internals import LlamaBatch
-
-        self._batch = LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self._lock = threading.Condition()
         self._incoming: list[BatchSequence] = []
         self._running: list[BatchSequence] = []
@@ -276,31 +187,26 @@ class BatchDecoder:
             self._retire(seq)
 
     def _begin_choice(self, seq: BatchSequence, index: int) -> None:
-        from llama_cpp._internals import LlamaSampler
-
         req, plan = seq.req, seq.plan
         seed = (req.seed + index if req.seed is not None else random.getrandbits(32)) & 0xFFFFFFFF
-        sampler: Any = LlamaSampler()  # type: ignore[no-untyped-call]
-        if len(plan.bias_ids):
-            biases = dict(zip(plan.bias_ids.tolist(), plan.bias_vals.tolist(), strict=True))
-            sampler.add_logit_bias(self.n_vocab, biases)
-        if req.presence_penalty or req.frequency_penalty:
-            sampler.add_penalties(self.n_vocab, PENALTY_LAST_N, 1.0, req.frequency_penalty, req.presence_penalty)
-        if plan.grammar is not None:
-            sampler.add_grammar(self.model, plan.grammar)
-        if req.temperature <= 0:
-            sampler.add_greedy()
-        else:
-            sampler.add_top_p(req.top_p, 1)
-            sampler.add_temp(req.temperature)
-            sampler.add_dist(seed)
-        seq.sampler = sampler
+        biases = dict(zip(plan.bias_ids.tolist(), plan.bias_vals.tolist(), strict=True))
+        seq.sampler = Sampler(
+            self.ctx,
+            biases=biases,
+            penalty_last_n=PENALTY_LAST_N,
+            frequency_penalty=req.frequency_penalty,
+            presence_penalty=req.presence_penalty,
+            grammar=plan.grammar,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=seed,
+        )
         seq.index = index
         seq.choice = ChoiceText(req, plan.mode, plan.tools, index, seq.emit)
         seq.next_token = None
         if index > 0:  # the prompt's cells stay; its last token is decoded again for fresh logits
             keep = max(0, len(seq.prompt) - 1)
-            self.ctx.kv_cache_seq_rm(seq.seq_id, keep, -1)
+            self.ctx.drop(seq.seq_id, keep)
             seq.fed = seq.pos = keep
 
     def _reuse_prefix(self, seq: BatchSequence) -> None:
@@ -317,8 +223,8 @@ class BatchDecoder:
         if best is None:
             return
         # Across streams llama.cpp copies only whole buffers; the cells past the shared tokens go.
-        self.ctx.kv_cache_seq_cp(best.seq_id, seq.seq_id, -1, -1)
-        self.ctx.kv_cache_seq_rm(seq.seq_id, reuse, -1)
+        self.ctx.copy(best.seq_id, seq.seq_id)
+        self.ctx.drop(seq.seq_id, reuse)
         seq.fed = seq.pos = reuse
         self.prefix_hits += 1
         self.prefix_tokens_reused += reuse
@@ -332,14 +238,9 @@ class BatchDecoder:
     def _retire(self, seq: BatchSequence) -> None:
         if seq in self._running:
             self._running.remove(seq)
-        self.ctx.kv_cache_seq_rm(seq.seq_id, -1, -1)
+        self.ctx.drop(seq.seq_id)
         seq.sampler = None
         seq.on_exit()
-
-    def _add(self, n: int, token: int, pos: int, seq_id: int, logits: bool) -> None:
-        b = self._batch.batch
-        b.token[n], b.pos[n], b.n_seq_id[n], b.logits[n] = token, pos, 1, logits
-        b.seq_id[n][0] = seq_id
 
     def _step(self) -> None:
         for seq in [s for s in self._running if s.cancel.is_set()]:
@@ -351,7 +252,7 @@ class BatchDecoder:
         sampled: list[tuple[BatchSequence, int]] = []
         for seq in self._running:  # every decoding sequence's next token
             if seq.next_token is not None:
-                self._add(n, seq.next_token, seq.pos, seq.seq_id, True)
+                self.ctx.add(n, seq.next_token, seq.pos, seq.seq_id, True)
                 sampled.append((seq, n))
                 seq.pos += 1
                 n += 1
@@ -378,7 +279,7 @@ class BatchDecoder:
             seq.cut = seq.cut or not finishing
             for j in range(take):
                 last = seq.fed + j == len(seq.prompt) - 1 and not seq.reserve
-                self._add(n, seq.prompt[seq.fed + j], seq.fed + j, seq.seq_id, last)
+                self.ctx.add(n, seq.prompt[seq.fed + j], seq.fed + j, seq.seq_id, last)
                 if last:
                     sampled.append((seq, n))
                 n += 1
@@ -386,8 +287,7 @@ class BatchDecoder:
             seq.pos = seq.fed
         if n == 0:
             return
-        self._batch.batch.n_tokens = n
-        self.ctx.decode(self._batch)
+        self.ctx.decode(n)
         self.steps += 1
         if 0 < decoding < n:
             self.mixed_steps += 1
@@ -404,8 +304,8 @@ class BatchDecoder:
 
     def _sample(self, seq: BatchSequence, i: int) -> None:
         choice = seq.choice
-        assert choice is not None
-        tok = seq.sampler.sample(self.ctx, i)
+        assert choice is not None and seq.sampler is not None
+        tok = seq.sampler.sample(i)
         if self.eog(tok):
             choice.finish("stop")
             self._choice_over(seq)
@@ -413,7 +313,7 @@ class BatchDecoder:
         logprobs: tuple[TokenLogprob, ...] = ()
         if seq.req.logprobs is not None:
             plan = seq.plan
-            ptr = self.ctx.get_logits_ith(i)
+            ptr = self.ctx.logits(i)
             logprobs = (token_logprob(ptr, self.n_vocab, tok, seq.req.logprobs, plan.bias_ids, plan.bias_vals,
                                       self._piece),)  # fmt: skip
         if choice.token(self._piece(tok), logprobs):
@@ -422,7 +322,7 @@ class BatchDecoder:
             seq.next_token = tok
 
     def _piece(self, tok: int) -> bytes:
-        return bytes(self.model.detokenize([tok], special=False))
+        return self.ctx.piece(tok)
 
     def _choice_over(self, seq: BatchSequence) -> None:
         if seq.index + 1 < seq.req.n and not seq.cancel.is_set():

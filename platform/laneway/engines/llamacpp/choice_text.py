@@ -1,0 +1,101 @@
+"""One choice's generated tokens -> deltas, and a token's log probability: shared by the
+one-context-per-slot and the batched decoding."""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from laneway.engines.tool_calls import parse_calls
+from laneway.types import Delta, FinishReason, GenerationRequest, TokenLogprob, TopLogprob
+
+
+class ChoiceText:
+    """One choice's tokens -> deltas: UTF-8 held across tokens, the token cap, the stops (this
+    choice ends at one; the gateway cuts the text itself), and an answer held back to be read
+    as tool calls (mode "tools"; "auto": once it starts like JSON)."""
+
+    def __init__(
+        self, req: GenerationRequest, mode: str, tools: list[dict[str, Any]], index: int, emit: Callable[[Any], None]
+    ) -> None:
+        self.req, self.tools, self.index, self.emit = req, tools, index, emit
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.holding = mode == "tools"
+        self.deciding = mode == "auto"  # whitespace before the first character waits to decide
+        self.held: list[str] = []
+        self.window = max((len(x) for x in req.stop), default=0)
+        self.tail = ""
+        self.produced = 0
+        self.done = False
+
+    def token(self, raw: bytes, logprobs: tuple[TokenLogprob, ...] = ()) -> bool:
+        """Take one generated token's bytes; True when the choice is over (its last delta sent)."""
+        self.produced += 1
+        text = self.decoder.decode(raw)
+        if self.deciding and text.strip():
+            self.deciding, self.holding = False, text.lstrip().startswith(("{", "["))
+            if not self.holding:  # plain text after all: what waited goes out with it
+                text, self.held = "".join(self.held) + text, []
+        capped = self.produced >= self.req.max_tokens
+        if self.holding or self.deciding:
+            self.held.append(text)
+        elif capped:
+            end = text + self.decoder.decode(b"", final=True)
+            self.emit(Delta(text=end, tokens=1, finish_reason="length", index=self.index, logprobs=logprobs))
+            self.done = True
+            return True
+        else:
+            self.emit(Delta(text=text, tokens=1, index=self.index, logprobs=logprobs))
+            if self.req.stop:
+                self.tail = (self.tail + text)[-(self.window + len(text)) :]
+                if any(x in self.tail for x in self.req.stop):
+                    self.finish("stop")
+                    return True
+        if capped:
+            self.finish("length")
+            return True
+        return False
+
+    def finish(self, reason: FinishReason) -> None:
+        """End the choice (end of generation, a stop, the cap, a cancellation)."""
+        if self.done:
+            return
+        self.done = True
+        rest = self.decoder.decode(b"", final=True)
+        if self.held or self.holding:
+            answer = "".join(self.held) + rest
+            calls = parse_calls(answer, self.tools) if reason == "stop" else None
+            if calls:
+                self.emit(Delta(text="", tokens=len(self.held), finish_reason="tool_calls", index=self.index,
+                                tool_calls=calls))  # fmt: skip
+            else:  # not calls after all (or cut short): the text as it came
+                self.emit(Delta(text=answer, tokens=len(self.held), finish_reason=reason, index=self.index))
+            return
+        self.emit(Delta(text=rest, tokens=0, finish_reason=reason, index=self.index))
+
+
+def token_logprob(
+    logits_ptr: Any, n_vocab: int, tok: int, top: int, bias_ids: np.ndarray, bias_vals: np.ndarray, piece: Any
+) -> TokenLogprob:
+    """The chosen token's log probability under the model's distribution with the logit biases
+    applied (banned tokens have none), before temperature and penalties, and the `top`
+    likeliest alternatives. `piece(token) -> bytes`."""
+    logits = np.ctypeslib.as_array(logits_ptr, shape=(n_vocab,))
+    if len(bias_ids):
+        logits = logits.copy()
+        logits[bias_ids] += bias_vals
+    peak = float(logits.max())
+    log_norm = peak + float(np.log(np.exp(logits - peak).sum()))
+    alternatives: tuple[TopLogprob, ...] = ()
+    if top:
+        best = np.argpartition(-logits, top)[:top]
+        best = best[np.argsort(-logits[best])]
+        alternatives = tuple(
+            TopLogprob((raw := piece(int(i))).decode("utf-8", "replace"), float(logits[i]) - log_norm, tuple(raw))
+            for i in best
+        )
+    raw = piece(tok)
+    return TokenLogprob(raw.decode("utf-8", "replace"), float(logits[tok]) - log_norm, tuple(raw), alternatives)

@@ -1,0 +1,127 @@
+"""llama.cpp with one `Llama` context per slot (config `batching: false`): each request's
+choices decode in a worker thread of its own, one after another in its slot, so the event
+loop never blocks on decode. Deltas cross back to the loop with call_soon_threadsafe. Closing
+the stream sets a cancel flag that the decode loop checks before every token; the slot
+returns to the pool only when the thread has let go of it."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import AsyncGenerator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from laneway.engines.llamacpp.choice_text import ChoiceText, token_logprob
+from laneway.engines.llamacpp.deltas import DONE, queued_deltas
+from laneway.engines.llamacpp.plan import DecodePlan
+from laneway.engines.slots import SlotPool
+from laneway.types import Delta, GenerationRequest, TokenLogprob
+
+Emit = Callable[[Any], None]
+
+
+class SlotDecoding:
+    """The contexts (one a slot) and the threads that decode in them."""
+
+    def __init__(self, contexts: Sequence[Any], *, n_vocab: int, eog: Callable[[int], bool], name: str) -> None:
+        self.n_vocab, self.eog = n_vocab, eog
+        self._free: SlotPool[Any] = SlotPool(list(contexts))
+        self._pool = ThreadPoolExecutor(max_workers=len(contexts), thread_name_prefix=name)
+        self.active = 0
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    async def generate(self, req: GenerationRequest, plan: DecodePlan) -> AsyncGenerator[Delta, None]:
+        loop = asyncio.get_running_loop()
+        ctx = await self._free.acquire()
+        self.active += 1
+        cancel = threading.Event()
+        out: asyncio.Queue[Any] = asyncio.Queue()
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.active -= 1
+                self._free.release(ctx)
+
+        def emit(item: Any) -> None:
+            loop.call_soon_threadsafe(out.put_nowait, item)
+
+        try:
+            future = loop.run_in_executor(self._pool, self._decode_loop, ctx, req, plan, cancel, emit)
+        except BaseException:
+            release()
+            raise
+        # The slot is free once the decode thread has returned, whoever stops first.
+        future.add_done_callback(lambda _f: release())
+        try:
+            async for delta in queued_deltas(out, req.n):
+                yield delta
+        finally:
+            cancel.set()
+
+    def _decode_loop(self, ctx: Any, req: GenerationRequest, plan: DecodePlan, cancel: threading.Event,
+                     emit: Emit) -> None:  # fmt: skip
+        """Runs in a worker thread: each of the request's n choices in turn, in this slot.
+        Emits Delta objects, then DONE (or the exception)."""
+        try:
+            ids = ctx.tokenize(req.prompt.encode("utf-8"), add_bos=True, special=True)
+            for index in range(req.n):
+                if cancel.is_set():
+                    break
+                seed = req.seed + index if req.seed is not None else random.getrandbits(32)
+                ctx.set_seed(seed & 0xFFFFFFFF)
+                self._one_choice(ctx, ids, req, plan, index, cancel, emit)
+        except BaseException as exc:  # surfaced on the loop as EngineError
+            emit(exc)
+        finally:
+            emit(DONE)
+
+    def _one_choice(self, ctx: Any, ids: list[int], req: GenerationRequest, plan: DecodePlan, index: int,
+                    cancel: threading.Event, emit: Emit) -> None:  # fmt: skip
+        bias_ids, bias_vals = plan.bias_ids, plan.bias_vals
+
+        def apply_bias(_: Any, scores: np.ndarray) -> np.ndarray:
+            if len(bias_ids):
+                scores[bias_ids] += bias_vals
+            return scores
+
+        choice = ChoiceText(req, plan.mode, plan.tools, index, emit)
+        for tok in ctx.generate(
+            ids,
+            temp=max(req.temperature, 0.0),
+            top_p=req.top_p,
+            top_k=0,
+            min_p=0.0,
+            reset=True,
+            frequency_penalty=req.frequency_penalty,
+            presence_penalty=req.presence_penalty,
+            logits_processor=[apply_bias],
+            grammar=plan.grammar,
+        ):
+            if cancel.is_set():
+                choice.finish("cancelled")
+                return
+            if self.eog(tok):
+                choice.finish("stop")
+                return
+            logprobs = (self._logprob(ctx, tok, req.logprobs, plan),) if req.logprobs is not None else ()
+            if choice.token(ctx.detokenize([tok]), logprobs):
+                return
+        choice.finish("length")
+
+    def _logprob(self, ctx: Any, tok: int, top: int, plan: DecodePlan) -> TokenLogprob:
+        from llama_cpp import llama_get_logits_ith
+
+        def piece(token: int) -> bytes:
+            return bytes(ctx.detokenize([token]))
+
+        logits = llama_get_logits_ith(ctx.ctx, -1)
+        return token_logprob(logits, self.n_vocab, tok, top, plan.bias_ids, plan.bias_vals, piece)

@@ -1,0 +1,73 @@
+"""What one request's decoding needs beyond the defaults: its logit biases, its grammar (a
+required tool call or a JSON answer) and whether its answer is held back to be read as tool
+calls. Built before a slot is taken, so a bad token id or schema is the client's error."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from laneway.engines.base import EngineRequestError
+from laneway.engines.llamacpp.json_grammar import json_grammar
+from laneway.engines.tool_calls import call_schema, offered, output_schema
+from laneway.types import GenerationRequest
+
+
+@dataclass(frozen=True, slots=True)
+class DecodePlan:
+    bias_ids: np.ndarray
+    bias_vals: np.ndarray
+    grammar: Any  # a LlamaGrammar, or None
+    mode: str  # "text" | "tools" (a call is required) | "auto" (the model may call a tool)
+    tools: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBiases:
+    """The deployment's own logit biases (banned tokens at -inf), as sorted parallel arrays."""
+
+    ids: np.ndarray
+    values: np.ndarray
+
+    @classmethod
+    def of(cls, bias: Mapping[int, float], banned: Iterable[int]) -> TokenBiases:
+        merged = dict(bias)
+        for tok in banned:
+            merged[tok] = -float("inf")
+        return cls._sorted(merged)
+
+    @classmethod
+    def _sorted(cls, merged: Mapping[int, float]) -> TokenBiases:
+        order = sorted(merged)
+        return cls(np.array(order, dtype=np.int64), np.array([merged[i] for i in order], dtype=np.float32))
+
+    def with_request(self, requested: Mapping[int, float], n_vocab: int) -> TokenBiases:
+        """These biases with a request's own (a banned token stays banned)."""
+        merged = dict(zip(self.ids.tolist(), self.values.tolist(), strict=True))
+        for tok, value in requested.items():
+            if not 0 <= tok < n_vocab:
+                raise EngineRequestError(f"logit_bias: token id {tok} is not in the vocabulary (0-{n_vocab - 1})")
+            if merged.get(tok) != -float("inf"):
+                merged[tok] = float(value)
+        return self._sorted(merged)
+
+
+def decode_plan(req: GenerationRequest, biases: TokenBiases, n_vocab: int) -> DecodePlan:
+    if req.logit_bias:
+        biases = biases.with_request(req.logit_bias, n_vocab)
+    tools = offered(req.tools, req.tool_choice)
+    schema: dict[str, Any] | None = None
+    mode = "text"
+    if tools and req.tool_choice not in (None, "auto"):  # "required" or a named function
+        schema, mode = call_schema(tools, req.parallel_tool_calls), "tools"
+    elif tools:
+        mode = "auto"
+    else:
+        schema = output_schema(req.response_format)
+    # Key order is kept: the grammar writes the keys in it (a call's name before its arguments).
+    grammar = json_grammar(json.dumps(schema)) if schema is not None else None
+    return DecodePlan(biases.ids, biases.values, grammar, mode, tools)
