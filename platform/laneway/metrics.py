@@ -79,6 +79,19 @@ class GatewayMetrics:
             ("endpoint", "status", "code"),
             registry=self.registry,
         )
+        self.retries = Counter(
+            "laneway_retries_total",
+            "Requests moved to another replica after theirs failed before the first byte, by alias and "
+            "why the replica failed (connect, engine_error, first_token_timeout).",
+            ("alias", "reason"),
+            registry=self.registry,
+        )
+        self.retry_budget_exhausted = Counter(
+            "laneway_retry_budget_exhausted_total",
+            "Failovers refused because the failed deployment's retry budget was spent: the client got 503.",
+            ("alias",),
+            registry=self.registry,
+        )
         self._children: dict[tuple[str, ...], _Bound] = {}
         self._statuses: dict[tuple[tuple[str, ...], int], Any] = {}
         self._refusals: dict[tuple[str, int, str], Any] = {}
@@ -114,6 +127,12 @@ class GatewayMetrics:
         reason = reason_of(outcome.error_code)
         if reason:
             self.rejections.labels(*lv, reason).inc()
+        if outcome.failed_tries:  # rare: the labels are looked up here, not cached
+            moved = outcome.failed_tries if outcome.tries > len(outcome.failed_tries) else outcome.failed_tries[:-1]
+            for failed in moved:
+                self.retries.labels(outcome.model, failed.reason).inc()
+            if outcome.retry_denied == "budget":
+                self.retry_budget_exhausted.labels(outcome.model).inc()
         m.e2e.observe(now - outcome.started)
         if outcome.dispatched_at is None:
             return  # never reached the engine

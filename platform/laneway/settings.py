@@ -74,6 +74,15 @@ class Settings:
     # Slots of a deployment (with 4 or more) held back from tenants already running something
     # while several tenants use it: a newcomer's first token need not wait for a flood to end.
     scheduler_headroom_slots: int = 1
+    # Failover: a request whose replica fails before its first byte (engine error, refused
+    # connection, no first token within the deployment's first_token_timeout_s) goes to another
+    # replica of its alias, at most this many tries in all (1: never moved).
+    failover_max_tries: int = 2
+    # Retries a deployment may cause: this share of its requests over the window, never fewer
+    # than the minimum; beyond it the client gets 503 with Retry-After.
+    retry_budget_ratio: float = 0.1
+    retry_budget_min: int = 3
+    retry_budget_window_s: float = 10.0
     # First start with no admin: create "admin" with this password (or use `laneway admin create`).
     admin_password: str | None = None
     # Mark the admin session cookie Secure (set when the gateway is served over HTTPS).

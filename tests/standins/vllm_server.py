@@ -42,6 +42,7 @@ class VLLMStandIn:
         self.tokenize_calls = 0
         self.healthy = True
         self.fail_generation = False
+        self.fail_status = 500  # what a failing generation answers (500: the engine's fault; 400: the request's)
         self.waiting = 0.0
         self.kv_usage = 0.1
         self.running = 0
@@ -87,7 +88,8 @@ class VLLMStandIn:
             standin.requests.append({**body, "_request_id": rid, "_path": request.url.path,
                                      "_traceparent": request.headers.get("traceparent")})  # fmt: skip
             if standin.fail_generation:
-                return Response(json.dumps({"error": {"message": "engine crashed"}}), status_code=500)
+                said = "engine crashed" if standin.fail_status >= 500 else "the request is invalid"
+                return Response(json.dumps({"error": {"message": said}}), status_code=standin.fail_status)
             if not body.get("stream"):  # one JSON answer, as vLLM gives a non-streaming client
                 return Response(json.dumps(await standin._whole(body, rid, chat)), media_type=MediaType.JSON)
             return Stream(standin._events(body, rid, chat), media_type="text/event-stream")

@@ -133,6 +133,9 @@ class UsageRecord(Base):
     queue_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     ttft_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     total_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Replicas tried, and those that failed before the first byte (comma-separated, in order).
+    tries: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    failed_deployments: Mapped[str | None] = mapped_column(String(400), nullable=True)
 
     # A tenant's rows by time (the usage page, the CSV export in (created_at, id) order); on
     # PostgreSQL the aggregated columns ride along, for an index-only scan (migration 0005).

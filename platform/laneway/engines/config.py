@@ -37,6 +37,9 @@ class DeploymentConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     warmup_system_prompts: list[str] = []
     # The model's default stop sequences, merged with the task's and the request's.
     stop: list[str] = []
+    # No first token within this many seconds counts as the replica failing: the request goes
+    # to another replica of the alias (core/pipeline/failover.py). None: wait as long as it takes.
+    first_token_timeout_s: float | None = None
 
 
 class RemoteEngineConfig(DeploymentConfig, kw_only=True):

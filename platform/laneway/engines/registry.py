@@ -289,7 +289,13 @@ class EngineRegistry:
         return frozenset().union(*(d.engine.info.capabilities for d in self._by_alias.get(alias, ())))
 
     def resolve(
-        self, alias: str, lane: str | None = None, needs: frozenset[str] = frozenset(), *, embeddings: bool = False
+        self,
+        alias: str,
+        lane: str | None = None,
+        needs: frozenset[str] = frozenset(),
+        *,
+        embeddings: bool = False,
+        exclude: frozenset[str] = frozenset(),
     ) -> LiveDeployment:
         """The deployment to serve `alias` in `lane`: one that generates text, or with
         `embeddings` one that declares the "embeddings" capability (NotServed if none does).
@@ -300,6 +306,8 @@ class EngineRegistry:
         fewest outstanding requests wins (queued ones count, so a backlog is avoided).
         Ejected (unhealthy) and overloaded deployments are passed over while another can serve,
         and so are those that lack a capability the request `needs` (tools, json_schema...).
+        Deployments named in `exclude` (replicas that already failed the request) never serve:
+        NotServed when no other one is left.
         """
         candidates = self._by_alias.get(alias)
         if not candidates:
@@ -308,6 +316,8 @@ class EngineRegistry:
             candidates = [d for d in candidates if "embeddings" in d.engine.info.capabilities]
         else:
             candidates = [d for d in candidates if d.engine.info.generates]
+        if exclude:
+            candidates = [d for d in candidates if d.spec.name not in exclude]
         if not candidates:
             raise NotServed(alias)
         if needs:

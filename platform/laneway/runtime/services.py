@@ -35,7 +35,7 @@ from laneway.core.config_watch import ConfigChanges
 from laneway.core.dependencies import DependencyHealth
 from laneway.core.load_shedding import LoadShedder
 from laneway.core.loop_lag import LoopLagMonitor
-from laneway.core.pipeline import Gateway
+from laneway.core.pipeline import Gateway, RetryBudget
 from laneway.core.policy import PolicyStore
 from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from laneway.core.redis_hub import RedisHub
@@ -193,6 +193,10 @@ class Runtime:
             starvation_share=settings.lane_starvation_share,
             headroom=settings.scheduler_headroom_slots,
             shared_slots=shared_slots,
+            max_tries=settings.failover_max_tries,
+            retry_budget=RetryBudget(
+                settings.retry_budget_ratio, settings.retry_budget_min, settings.retry_budget_window_s
+            ),
         )
         self.metrics.watch_queues(gateway.queue_stats)
         # Long ticks while no API request arrives and none is in flight; the shedder wakes it.

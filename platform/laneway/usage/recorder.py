@@ -96,6 +96,8 @@ class UsageRecorder:
                 "queue_ms": outcome.queue_ms,
                 "ttft_ms": outcome.ttft_ms,
                 "total_ms": outcome.total_ms,
+                "tries": outcome.tries,
+                "failed_deployments": ",".join(t.deployment for t in outcome.failed_tries)[:400] or None,
             }
         )
 

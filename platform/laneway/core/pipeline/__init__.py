@@ -2,8 +2,10 @@
 the Lease that owns what an admitted request holds, and the outcome it leaves to the sinks.
 See gateway.py for the order of the stages."""
 
+from laneway.core.pipeline.answers import Client, Completed, Embedded, Streaming
 from laneway.core.pipeline.call import CLIENT_CLOSED, Call, CallTrace, engine_request_id
-from laneway.core.pipeline.gateway import Client, Completed, Embedded, Gateway, Streaming
+from laneway.core.pipeline.failover import RetryBudget
+from laneway.core.pipeline.gateway import Gateway
 from laneway.core.pipeline.intent import EmbeddingIntent, GenerationIntent, Intent
 from laneway.core.pipeline.lease import Lease
 from laneway.core.pipeline.outcome import Outcome, OutcomeSink
@@ -24,6 +26,7 @@ __all__ = [
     "Lease",
     "Outcome",
     "OutcomeSink",
+    "RetryBudget",
     "Streaming",
     "engine_request_id",
 ]

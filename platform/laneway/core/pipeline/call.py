@@ -38,6 +38,14 @@ class CallTrace(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class FailedTry:
+    """A replica that failed the call before its first byte (core/pipeline/failover.py)."""
+
+    deployment: str
+    reason: str
+
+
 @dataclass(eq=False)
 class Call:
     request_id: str
@@ -61,6 +69,9 @@ class Call:
     reported_prompt_tokens: int | None = None  # the engine's exact count, when it reports one
     client_request_id: str | None = None  # the client's own X-Request-Id (api/request_ids.py)
     trace: CallTrace | None = None  # its spans, when tracing is on: else no tracer call
+    needs: frozenset[str] = frozenset()  # capabilities beyond text: any replica it moves to must have them
+    failed_tries: list[FailedTry] = field(default_factory=list)  # replicas that failed it, in order
+    retry_denied: str | None = None  # why it could not move on ("budget"), when that ended it
 
     def fail(self, status: int, code: str | None) -> None:
         """Record why the request did not end well; the first cause stands (a backpressure

@@ -22,19 +22,19 @@ import logging
 import time
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError, shutting_down
 from laneway.core import load_shedding
+from laneway.core.pipeline.answers import Client, Completed, Embedded, Streaming
 from laneway.core.pipeline.call import CLIENT_CLOSED, Call
-from laneway.core.pipeline.generate import embed_call, generate_deltas
+from laneway.core.pipeline.failover import EarlyEngineFailure, Failover, RetryBudget
+from laneway.core.pipeline.generate import embed_call, engine_failed, generate_deltas
 from laneway.core.pipeline.intent import EmbeddingIntent, GenerationIntent, Intent
 from laneway.core.pipeline.lease import Lease
 from laneway.core.pipeline.outcome import Outcome, OutcomeSink
 from laneway.core.pipeline.prepare import Preparer
-from laneway.core.pipeline.stream import pumped
 from laneway.core.policy import PolicyStore
 from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, Reservation
 from laneway.core.scheduler import DeploymentScheduler, Ticket
@@ -46,42 +46,6 @@ from laneway.types import Delta, Embeddings, TenantSnapshot
 log = logging.getLogger("laneway.pipeline")
 T = TypeVar("T")
 Scheduler = DeploymentScheduler | SharedScheduler
-
-
-class Client(Protocol):
-    """The caller's side of a request while it waits: the API binds the call to its HTTP
-    request and races the wait against the client hanging up."""
-
-    def bound(self, call: Call) -> None: ...
-    async def watch(self, work: Awaitable[T], call: Call) -> T: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Completed:
-    call: Call
-    deltas: list[Delta]
-
-
-@dataclass(frozen=True, slots=True)
-class Embedded:
-    call: Call
-    result: Embeddings
-
-
-@dataclass(frozen=True, slots=True)
-class Streaming:
-    """An admitted stream. Whoever receives it owns the lease and must release it."""
-
-    lease: Lease
-    gateway: Gateway
-
-    @property
-    def call(self) -> Call:
-        return self.lease.call
-
-    def batches(self) -> AsyncGenerator[list[Delta], None]:
-        """The deltas in batches, unacknowledged tokens bounded by the lane (core/pipeline/stream.py)."""
-        return pumped(self.gateway, self.lease, limit=max(1, self.lease.call.lane.max_unacked_tokens))
 
 
 class Gateway:
@@ -97,6 +61,8 @@ class Gateway:
         starvation_share: float = 0.1,
         headroom: int = 1,
         shared_slots: SharedSlots | None = None,
+        max_tries: int = 2,
+        retry_budget: RetryBudget | None = None,
     ) -> None:
         self.registry = registry
         self.shared_slots = shared_slots
@@ -104,6 +70,7 @@ class Gateway:
         self.limiter: RateLimiter = limiter or MemoryRateLimiter()
         self.sinks = tuple(sinks)
         self.preparer = Preparer(registry, policies, default_max_tokens=default_max_tokens)
+        self.failover = Failover(registry, max_tries=max_tries, budget=retry_budget)
         self._quantum = quantum
         self._starvation_share = starvation_share
         self._headroom = headroom
@@ -140,8 +107,10 @@ class Gateway:
                 deltas = await client.watch(self._admitted(lease, lambda: self._collect(lease)), call)
                 return Completed(call, deltas)
             await client.watch(self.acquire(lease), call)
+            stream = Streaming(lease, self)
+            await client.watch(stream.start(), call)  # no status line before the first token
             owned = False  # the stream's owner releases it when the stream ends
-            return Streaming(lease, self)
+            return stream
         except BaseException as exc:
             call.fail(*self.outcome_of(exc))
             raise
@@ -228,11 +197,61 @@ class Gateway:
         return lease
 
     def run(self, lease: Lease) -> AsyncGenerator[Delta, None]:
-        """The admitted lease's deltas (core/pipeline/generate.py)."""
+        """The admitted lease's deltas (core/pipeline/generate.py), moved to another replica if
+        its own fails before the first delta (core/pipeline/failover.py)."""
         assert lease.ticket is not None and lease.ticket.granted is not None, "admit() first"
-        run = generate_deltas(lease, self.registry, self.outcome_of)
+        self.failover.budget.requested(lease.call.deployment.spec.name)
+        run = self._deltas(lease)
         lease._run = run
         return run
+
+    async def _deltas(self, lease: Lease) -> AsyncGenerator[Delta, None]:
+        call = lease.call
+        try:
+            while True:
+                attempt = generate_deltas(lease, self.registry, self.outcome_of)
+                try:
+                    if call.stream:
+                        async for delta in attempt:
+                            yield delta
+                        return
+                    # A whole answer reaches the client only once complete: held back until
+                    # then, it may start again on another replica whenever its own fails.
+                    held = [delta async for delta in attempt]
+                    for delta in held:
+                        yield delta
+                    return
+                except EarlyEngineFailure as failure:
+                    target = self.failover.next_replica(call, failure)
+                    if target is None:
+                        raise engine_failed(call, failure.error, self.registry) from failure.error
+                    self.registry.record(call.deployment, ok=False)
+                    log.warning("%s failed %s before its first token (%s); trying %s", call.deployment.spec.name,
+                                call.generation.request_id, failure.reason, target.spec.name)  # fmt: skip
+                    await self._rebind(lease, target)
+                finally:
+                    await attempt.aclose()  # at once: closing it cancels the engine's work
+        except BaseException as exc:
+            call.fail(*self.outcome_of(exc))
+            raise
+        finally:
+            lease.end_generation()
+
+    async def _rebind(self, lease: Lease, target: LiveDeployment) -> None:
+        """Move an admitted lease whose replica failed to `target`: the old slot and outstanding
+        count were given back when its generation ended; it waits for a slot there."""
+        call, old = lease.call, lease.ticket
+        assert old is not None
+        lease.ticket = None
+        call.deployment = target
+        call.completion_tokens, call.reported_prompt_tokens, call.first_token_at = 0, None, None
+        target.outstanding += 1
+        lease.reopen_generation()
+        ticket = Ticket(request_id=call.request_id, tenant_id=old.tenant_id, weight=old.weight, cost=old.cost,
+                        lane=old.lane)  # fmt: skip
+        await self.scheduler(target).acquire(ticket)
+        lease.ticket = ticket
+        self.failover.budget.requested(target.spec.name)
 
     async def embed(self, lease: Lease) -> Embeddings:
         assert lease.ticket is not None and lease.ticket.granted is not None, "admit() first"

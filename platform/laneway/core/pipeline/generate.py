@@ -3,14 +3,16 @@ as the generation ends, however it ends. Embeddings take the same path without d
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import replace
 
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.core.pipeline.call import Call
+from laneway.core.pipeline.failover import EarlyEngineFailure, FirstTokenTimeout, reason_of
 from laneway.core.pipeline.lease import Lease
 from laneway.core.stops import StopMatcher
 from laneway.engines.base import EngineError, EngineRequestError, embedder
@@ -22,10 +24,16 @@ OutcomeOf = Callable[[BaseException], tuple[int, str]]
 
 
 async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: OutcomeOf) -> AsyncGenerator[Delta, None]:
-    """Yield deltas with non-empty text, then one with finish_reason per choice."""
+    """Yield deltas with non-empty text, then one with finish_reason per choice. An engine
+    failure before anything reached the client (a stream: before the first delta was yielded;
+    a whole answer: before it is complete, the caller holding its deltas back) is raised as
+    EarlyEngineFailure, for the caller to try another replica (core/pipeline/failover.py);
+    after it, as a 503 GatewayError."""
     call = lease.call
     deployment = call.deployment
     n = call.generation.n
+    first_token_timeout = deployment.spec.config.get("first_token_timeout_s")
+    yielded = False
     try:
         # Per choice: its stop matcher and how it ended. The run ends when every choice has.
         matchers = [StopMatcher(call.generation.stop) for _ in range(n)]
@@ -34,8 +42,11 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
         if call.trace is not None:  # the engine's own spans join the trace (an HTTP engine sends it)
             call.generation.trace_headers = call.trace.engine_started(call)
         engine_stream = deployment.engine.generate(call.generation)
+        source: AsyncGenerator[Delta, None] = engine_stream
+        if first_token_timeout:
+            source = _first_within(engine_stream, float(first_token_timeout), lambda: yielded)
         try:
-            async for delta in engine_stream:
+            async for delta in source:
                 call.completion_tokens += delta.tokens  # what the engine computed is billed
                 if delta.prompt_tokens:
                     call.reported_prompt_tokens = delta.prompt_tokens
@@ -57,11 +68,13 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
                     if left == 0:
                         call.finish_reason = reasons[0]
                         registry.record(deployment, ok=True)
+                    yielded = True
                     yield Delta(text=text, tokens=0, finish_reason=finish, index=i,
                                 tool_calls=delta.tool_calls, logprobs=delta.logprobs)  # fmt: skip
                     if left == 0:
                         return
                 elif text or delta.tool_calls or delta.logprobs:
+                    yielded = True
                     if text is delta.text and delta.prompt_tokens is None:
                         yield delta  # nothing held back or cut: the engine's own (no copy per chunk)
                     else:
@@ -75,18 +88,42 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
                     yield Delta(text=matchers[i].flush(), tokens=0, finish_reason="length", index=i)
             call.finish_reason = reasons[0]
         finally:
+            if source is not engine_stream:
+                await source.aclose()
             await engine_stream.aclose()  # closing the engine stream is the cancellation
     except EngineRequestError as exc:  # the request's values, not the engine's health
         call.fail(400, ErrorCode.INVALID_REQUEST)
         raise GatewayError(ErrorCode.INVALID_REQUEST,
                            f"The engine serving '{call.alias}' refused the request: {exc}") from exc  # fmt: skip
     except EngineError as exc:
+        if not yielded or not call.stream:  # nothing reached the client: another replica may serve it
+            raise EarlyEngineFailure(exc, reason_of(exc)) from exc
         raise engine_failed(call, exc, registry) from exc
     except BaseException as exc:
         call.fail(*outcome_of(exc))
         raise
     finally:
         lease.end_generation()
+
+
+async def _first_within(
+    stream: AsyncIterator[Delta], timeout_s: float, started: Callable[[], bool]
+) -> AsyncGenerator[Delta, None]:
+    """The engine's deltas, the wait for each bounded by `timeout_s` until `started()` (the
+    first delta reached the consumer): a replica stuck before its first token has failed."""
+    iterator = aiter(stream)
+    while True:
+        try:
+            if started():
+                delta = await anext(iterator)
+            else:
+                async with asyncio.timeout(timeout_s):
+                    delta = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise FirstTokenTimeout(f"no first token within {timeout_s:g} s") from None
+        yield delta
 
 
 async def embed_call(lease: Lease, registry: EngineRegistry, outcome_of: OutcomeOf) -> Embeddings:

@@ -51,6 +51,11 @@ class Lease:
         if self.ticket is not None:
             self.owner.release_slot(self.call, self.ticket)
 
+    def reopen_generation(self) -> None:
+        """The call moved to another replica (failover): its next end gives that one back."""
+        self._generation_ended = False
+        self.holds_deployment = True
+
     def interrupt(self, error: GatewayError) -> None:
         """End this request early with `error` (shutdown): the client gets it as an error event
         (stream) or an error response; the engine stops."""

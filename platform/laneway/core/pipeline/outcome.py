@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from laneway.core.pipeline.call import Call
+from laneway.core.pipeline.call import Call, FailedTry
 from laneway.types import FinishReason
 
 
@@ -40,6 +40,13 @@ class Outcome:
     dispatched_at: float | None
     first_token_at: float | None
     ended: float
+    # Replicas that failed the request before its first byte, in order; `deployment` served it.
+    failed_tries: tuple[FailedTry, ...] = ()
+    retry_denied: str | None = None  # "budget": a failover the retry budget refused
+
+    @property
+    def tries(self) -> int:
+        return len(self.failed_tries) + (0 if self.deployment in {t.deployment for t in self.failed_tries} else 1)
 
     @property
     def queue_ms(self) -> float | None:
@@ -79,6 +86,8 @@ class Outcome:
             dispatched_at=call.dispatched_at,
             first_token_at=call.first_token_at,
             ended=ended,
+            failed_tries=tuple(call.failed_tries),
+            retry_denied=call.retry_denied,
         )
 
 

@@ -98,6 +98,7 @@ class Preparer:
             task=intent.task,
             end_user=intent.user[:200] if intent.user else None,
             client_request_id=intent.client_request_id,
+            needs=needs,
         )
 
     def accessible(

@@ -1,0 +1,110 @@
+"""Failover before the first byte: a replica that fails a request before anything was sent to
+the client costs the client nothing. The request goes to another healthy replica of its
+alias, at most `max_tries` tries in all, within a retry budget per deployment so that a
+failing fleet is not hammered with amplified load.
+
+What counts as the replica's failure: an engine error (a refused connection, a 5xx, a stream
+dropped before its first token) or no first token within the deployment's
+`first_token_timeout_s`. The client's own errors (EngineRequestError: a 400 from the engine)
+are never retried, and nothing is retried once a byte of the answer was sent.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+
+from laneway.core.pipeline.call import Call, FailedTry
+from laneway.engines.base import EngineError
+from laneway.engines.registry import EngineRegistry, LiveDeployment, NotServed, UnknownModel
+
+
+class EarlyEngineFailure(Exception):
+    """The engine failed before the call's first delta reached its consumer: it may go elsewhere."""
+
+    def __init__(self, error: EngineError, reason: str) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.reason = reason  # "connect", "first_token_timeout" or "engine_error"
+
+
+def reason_of(error: EngineError) -> str:
+    """A bounded label for why a replica failed (metrics, the usage row)."""
+    if isinstance(error, FirstTokenTimeout):
+        return "first_token_timeout"
+    cause = error.__cause__ or error.__context__
+    if isinstance(cause, ConnectionError | TimeoutError) or isinstance(error.__cause__, OSError):
+        return "connect"
+    return "engine_error"
+
+
+class FirstTokenTimeout(EngineError):
+    pass
+
+
+class RetryBudget:
+    """Retries a deployment may cause: at most `ratio` of its requests over the last `window_s`
+    seconds, and never fewer than `minimum` (a quiet deployment may still fail over). Counted
+    in one-second buckets, so memory stays bounded whatever the rate."""
+
+    def __init__(
+        self, ratio: float = 0.1, minimum: int = 3, window_s: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.ratio = ratio
+        self.minimum = minimum
+        self.window = max(1, math.ceil(window_s))
+        self._clock = clock
+        # deployment -> deque of [second, requests, retries], oldest first
+        self._buckets: dict[str, deque[list[int]]] = {}
+
+    def _bucket(self, deployment: str) -> list[int]:
+        now = int(self._clock())
+        buckets = self._buckets.setdefault(deployment, deque())
+        while buckets and buckets[0][0] <= now - self.window:
+            buckets.popleft()
+        if not buckets or buckets[-1][0] != now:
+            buckets.append([now, 0, 0])
+        return buckets[-1]
+
+    def requested(self, deployment: str) -> None:
+        self._bucket(deployment)[1] += 1
+
+    def spend(self, deployment: str) -> bool:
+        """Take one retry from the failed deployment's budget; False when it has none left."""
+        current = self._bucket(deployment)
+        buckets = self._buckets[deployment]
+        requests = sum(b[1] for b in buckets)
+        retries = sum(b[2] for b in buckets)
+        if retries + 1 > max(self.minimum, self.ratio * requests):
+            return False
+        current[2] += 1
+        return True
+
+
+class Failover:
+    def __init__(self, registry: EngineRegistry, *, max_tries: int = 2, budget: RetryBudget | None = None) -> None:
+        self.registry = registry
+        self.max_tries = max_tries
+        self.budget = budget or RetryBudget()
+
+    def next_replica(self, call: Call, failure: EarlyEngineFailure) -> LiveDeployment | None:
+        """Where the call goes after its replica failed, or None (then the failure is final):
+        the tries are spent, the failed deployment's retry budget is, or no other replica of
+        the alias can serve the call's lane and capabilities."""
+        failed = call.deployment.spec.name
+        call.failed_tries.append(FailedTry(failed, failure.reason))
+        if len(call.failed_tries) >= self.max_tries:
+            return None
+        tried = frozenset(t.deployment for t in call.failed_tries)
+        try:
+            target = self.registry.resolve(call.alias, call.lane.name, call.needs, exclude=tried)
+        except (UnknownModel, NotServed):
+            return None
+        if not call.needs <= target.engine.info.capabilities:
+            return None
+        if not self.budget.spend(failed):
+            call.retry_denied = "budget"
+            return None
+        return target
