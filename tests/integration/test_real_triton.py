@@ -8,6 +8,7 @@ under CI=true."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Iterator
@@ -289,3 +290,51 @@ def test_a_gateway_started_while_triton_is_down_is_unready_says_why_once_then_se
     finally:
         gw.stop()
         server.stop()
+
+
+async def test_a_triton_replica_restarted_under_20_streams_costs_no_stream_that_had_not_started(
+    tmp_path: Path, triton: RealTriton
+) -> None:
+    """Issue 31: a real engine replica killed (then restarted) while 20 clients stream: the
+    streams that had not started are served by the other replica, those mid-stream on it end
+    with an error event, none hangs, none fails before its first byte."""
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "gw").mkdir()
+    victim = RealTriton(tmp_path / "victim", token_delay_s=TOKEN_DELAY_S).start()
+    models = {"pair": [*trt("pair-victim", victim.url), *trt("pair-steady", triton.url)]}
+    gw = await asyncio.to_thread(start_gateway, tmp_path / "gw", seed_with={"models": models, "tenants": {"acme": {}}},
+                                 usage_flush_interval_s=0.05, retry_budget_min=100)  # fmt: skip
+    try:
+        client = openai.AsyncOpenAI(base_url=gw.api_url, api_key=gw.keys["acme"], max_retries=0, timeout=60)
+
+        async def one(i: int) -> str:
+            chunks = 0
+            try:
+                stream = await client.completions.create(model="pair", prompt=f"p{i}", max_tokens=60, stream=True)
+                async for chunk in stream:
+                    chunks += 1
+                    if chunk.choices and chunk.choices[0].finish_reason:
+                        return "done"
+            except openai.APIError:
+                assert chunks > 0, f"stream {i} failed before its first byte"
+                return "cut mid-stream"
+            return "no finish"
+
+        async def restart_soon() -> None:
+            await asyncio.sleep(0.3)  # streams running on both replicas, the rest waiting for slots
+            await asyncio.to_thread(victim.kill)
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(victim.start, port=victim.port)
+
+        outcomes, _ = await asyncio.gather(asyncio.gather(*(one(i) for i in range(20))), restart_soon())
+        assert set(outcomes) <= {"done", "cut mid-stream"} and outcomes.count("done") >= 10, outcomes
+        rows = await asyncio.to_thread(gw.usage_rows, "acme")
+        assert len(rows) == 20 and gw.gateway.in_flight == 0
+        cut = [r for r in rows if r.status != 200]
+        assert all(r.deployment == "pair-victim" and r.error_code == "engine_error" for r in cut)
+        moved = [r for r in rows if r.tries > 1]
+        assert cut or moved, "the victim held no stream when it was killed"
+        assert all(r.status == 200 and r.failed_deployments == "pair-victim" for r in moved)
+    finally:
+        await asyncio.to_thread(gw.stop)
+        victim.stop()
