@@ -69,8 +69,9 @@ def live() -> dict[str, str]:
 async def ready(
     gateway: NamedDependency[Gateway], details_allowed: NamedDependency[bool]
 ) -> Response[dict[str, object]]:
-    """`details_allowed`: the runtime's answer for this request (the metrics token or an admin
-    session); without it the body is the status alone."""
+    """The status for every caller (a load balancer's probe); the details (aliases, deployments,
+    warm, failed, ejected, with reasons) only with the metrics token or an admin session."""
+    # details_allowed: the runtime's answer for this request (runtime/health_access.py).
     registry = gateway.registry
     ready = registry.ready and not gateway.draining
     body: dict[str, object] = {"status": "draining" if gateway.draining else "ready" if ready else "not_ready"}
