@@ -233,10 +233,11 @@ def test_the_installed_wheel_serves_from_any_directory(venv: Path, tmp_path: Pat
     elsewhere = tmp_path / "elsewhere"  # not the repository: nothing can be found relative to it
     elsewhere.mkdir()
     log = tmp_path / "serve.log"
-    proc, port = serve(_clean_env(venv), log=log, exe=str(venv / "bin" / "laneway"), cwd=elsewhere)
+    env = {**_clean_env(venv), "LANEWAY_METRICS_TOKEN": "wheel-token"}  # /health/ready's details need it
+    proc, port = serve(env, log=log, exe=str(venv / "bin" / "laneway"), cwd=elsewhere)
     base = f"http://127.0.0.1:{port}"
     try:
-        ready = httpx.get(f"{base}/health/ready").json()
+        ready = httpx.get(f"{base}/health/ready", headers={"Authorization": "Bearer wheel-token"}).json()
         assert ready["models"] == ["tiny"] and ready["failed"] == {}, ready
 
         # `serve` migrated a fresh database, in ./laneway-data of its working directory, to the head.

@@ -265,11 +265,11 @@ def test_a_gateway_started_while_triton_is_down_is_unready_says_why_once_then_se
     url = f"127.0.0.1:{server.port}"
     (tmp_path / "gw").mkdir()
     log = laneway_log.records
-    gw = start_gateway(tmp_path / "gw", wait_ready=False, policy_poll_interval_s=0.1,
+    gw = start_gateway(tmp_path / "gw", wait_ready=False, policy_poll_interval_s=0.1, metrics_token="t",
                        seed_with={"models": {"late": trt("late-1", url), "sim": sim_model("sim")},
                                   "tenants": {"acme": {}}})  # fmt: skip
     try:
-        ready = httpx.get(gw.base_url + "/health/ready")
+        ready = httpx.get(gw.base_url + "/health/ready", headers={"Authorization": "Bearer t"})  # with the reasons
         assert ready.status_code == 503 and "late-1" in ready.json()["failed"], ready.text
         assert f"Triton at {url} is unreachable" in ready.json()["failed"]["late-1"]
         # Many sync polls retry it while it stays down; it stays unready, and says so once.

@@ -10,6 +10,9 @@ from typing import Any
 import httpx
 from support import start_gateway
 
+TOKEN = "warm-up-metrics-token"
+DETAILS = {"Authorization": f"Bearer {TOKEN}"}  # /health/ready's details (names) need the metrics token
+
 
 def _models(model: Path) -> dict[str, list[dict[str, Any]]]:
     slow = {"warmup_ms": 800, "warmup_system_prompts": ["You are terse.", "You answer in JSON."]}
@@ -21,14 +24,15 @@ def _models(model: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def test_ready_only_after_every_deployment_is_warm(tmp_path: Path, demo_model_path: Path) -> None:
-    server = start_gateway(tmp_path, seed_with={"models": _models(demo_model_path)}, wait_ready=False).server
+    server = start_gateway(tmp_path, seed_with={"models": _models(demo_model_path)}, wait_ready=False,
+                           metrics_token=TOKEN).server  # fmt: skip
     try:
         seen = []
         deadline = time.monotonic() + 30
         while not seen or seen[-1] != 200:
             assert time.monotonic() < deadline, "never became ready"
             assert httpx.get(server.base_url + "/health/live").status_code == 200
-            ready = httpx.get(server.base_url + "/health/ready")
+            ready = httpx.get(server.base_url + "/health/ready", headers=DETAILS)
             if ready.status_code == 503:
                 assert ready.headers["retry-after"] == "1" and ready.json()["status"] == "not_ready"
             seen.append(ready.status_code)

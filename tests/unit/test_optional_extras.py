@@ -29,10 +29,10 @@ data = pathlib.Path(sys.argv[1])
 out = {}
 # The embedded defaults: the demo model is skipped (it runs on llama.cpp), the rest is seeded;
 # not ready (no model) until one is added.
-app = laneway.app.create_app(Settings(data_dir=data, shed_loop_delay_s=0))
+app = laneway.app.create_app(Settings(data_dir=data, shed_loop_delay_s=0, metrics_token="t"))
 server = EmbeddedServer(app).start(wait_ready=False)
 try:
-    ready = httpx.get(server.base_url + "/health/ready")
+    ready = httpx.get(server.base_url + "/health/ready", headers={"Authorization": "Bearer t"})  # the details
     out["ready"] = [ready.status_code, ready.json()]
     out["login"] = httpx.get(server.base_url + "/admin/login").status_code
 finally:

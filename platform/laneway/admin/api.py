@@ -1,5 +1,5 @@
 """The JSON admin API under /admin/api: login, tenants and keys, lanes and task policies,
-model deployments, the audit log. Every change is audited (who, what, before/after) and
+model deployments and fallbacks, the audit log. Every change is audited (who, what, before/after) and
 applied to the running gateway at once: API-key cache dropped, policy snapshot reloaded,
 engines synced. Other replicas pick it up on their next poll.
 
@@ -23,7 +23,7 @@ from msgspec import Meta, Struct
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from laneway.admin import deployments, keys, policies, tenants
+from laneway.admin import deployments, fallbacks, keys, policies, tenants
 from laneway.admin.dependencies import Limiter
 from laneway.admin.guards import PUBLIC, SESSION_COOKIE, AdminRequest
 from laneway.admin.keys import KEY_FIELDS, KeyIn
@@ -193,6 +193,21 @@ class AdminAPI(Controller):
     ) -> dict[str, Any]:
         data = _decode(await request.body(), deployments.ModelIn)
         return await deployments.put_model(admin_service, request.user.username, alias, data)
+
+    @get("/models/{alias:str}/fallbacks", security=ADMIN_SESSION)
+    async def model_fallbacks(
+        self, admin_service: NamedDependency[AdminService], alias: FromPath[str]
+    ) -> dict[str, Any]:
+        return await fallbacks.get_fallbacks(admin_service, alias)
+
+    @put("/models/{alias:str}/fallbacks", security=ADMIN_CHANGE)
+    async def put_model_fallbacks(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], alias: FromPath[str]
+    ) -> dict[str, Any]:
+        """{"fallbacks": ["b", "c"]}: the aliases that serve this one's requests when it cannot,
+        in order; [] removes them. An unknown alias, one listed twice or a loop: 400."""
+        data = _decode(await request.body(), fallbacks.FallbacksIn)
+        return await fallbacks.set_fallbacks(admin_service, request.user.username, alias, data)
 
     @get("/audit", security=ADMIN_SESSION)
     async def audit(self, request: AdminRequest, admin_service: NamedDependency[AdminService]) -> list[dict[str, Any]]:

@@ -1,5 +1,6 @@
 """The admin page for model deployments: what is served and in which state (starting, warm,
-failed), and the form that points an alias at a deployment."""
+failed), the form that points an alias at a deployment, and each alias's fallbacks (an
+ordered, comma-separated list of aliases)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from litestar import Controller, get, post
 from litestar.di import NamedDependency
 from litestar.response import Template
 
+from laneway.admin import fallbacks
 from laneway.admin.dependencies import Registry
 from laneway.admin.deployments import ModelIn, put_model
+from laneway.admin.fallbacks import FallbacksIn, split_aliases
 from laneway.admin.forms import form_of
 from laneway.admin.guards import AdminRequest, AdminSession, NotLoggedIn
 from laneway.admin.service import AdminService
@@ -39,6 +42,7 @@ class ModelPages(Controller):
     ) -> Template:
         async with svc.sessions() as session:
             specs = await ModelRepository(session).enabled_deployments()
+            graph = await ModelRepository(session).fallback_graph()
         deployments = [
             {"alias": s.alias, "name": s.name, "engine": s.engine_kind, "quantization": s.quantization,
              "gpu_type": s.gpu_type, "max_model_len": s.max_model_len,
@@ -46,7 +50,7 @@ class ModelPages(Controller):
             for s in specs
         ]  # fmt: skip
         context = {"admin": current.username, "csrf": current.csrf, "deployments": deployments,
-                   "engine_kinds": sorted(ENGINE_KINDS), **extra}  # fmt: skip
+                   "engine_kinds": sorted(ENGINE_KINDS), "fallbacks": graph, **extra}  # fmt: skip
         return Template("models.html", context=context, status_code=status or (400 if extra.get("error") else 200))
 
     @get("/models")
@@ -75,3 +79,18 @@ class ModelPages(Controller):
             return await self._models_page(admin_service, registry, current, error=exc.message, status=exc.status)
         served = ", ".join(result["deployments"]) or "nothing (see failures)"
         return await self._models_page(admin_service, registry, current, notice=f"{alias} is served by {served}.")
+
+    @post("/models/fallbacks")
+    async def save_fallbacks(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], registry: Registry
+    ) -> Page:
+        current, form = request.user, await form_of(request)
+        alias = form.get("alias", "").strip()
+        try:
+            data = convert({"fallbacks": split_aliases(form.get("fallbacks", ""))}, FallbacksIn)
+            result = await fallbacks.set_fallbacks(admin_service, current.username, alias, data)
+        except GatewayError as exc:  # shown on the page; nothing was changed
+            return await self._models_page(admin_service, registry, current, error=exc.message, status=exc.status,
+                                           typed_alias=alias, typed_fallbacks=form.get("fallbacks", ""))  # fmt: skip
+        listed = ", ".join(result["fallbacks"]) or "none"
+        return await self._models_page(admin_service, registry, current, notice=f"{alias} falls back to {listed}.")

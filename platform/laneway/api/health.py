@@ -1,7 +1,13 @@
 """Liveness (the process answers), readiness (every enabled deployment is warm), metrics.
 
 /metrics and the OpenAPI pages (/schema) need "Authorization: Bearer <metrics_token>" when
-the setting metrics_token (LANEWAY_METRICS_TOKEN) is set; unset, they are open."""
+the setting metrics_token (LANEWAY_METRICS_TOKEN) is set; unset, they are open.
+
+/health/ready answers every caller with its status (200, or 503 + Retry-After): what a load
+balancer or Kubernetes needs. The details (aliases, deployments, warm, failed, ejected, with
+reasons) name what runs and why it fails, so only a caller the runtime's `details_allowed`
+admits gets them: the metrics token, or an admin session (runtime/health_access.py; this
+layer does not know admin sessions)."""
 
 from __future__ import annotations
 
@@ -18,8 +24,17 @@ from laneway.api.openapi import METRICS, METRICS_TOKEN
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.core.pipeline import Gateway
+from laneway.engines.readiness import readiness_details
 from laneway.metrics import GatewayMetrics
 from laneway.settings import Settings
+
+
+def bearer_matches(connection: ASGIConnection, expected: str | None) -> bool:  # type: ignore[type-arg]
+    """Whether the request carries "Authorization: Bearer <expected>" (never, with no token set)."""
+    if not expected:
+        return False
+    scheme, _sep, given = connection.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and secrets.compare_digest(given.strip().encode(), expected.encode())
 
 
 def metrics_token_guard(settings: Settings) -> Guard:
@@ -27,11 +42,7 @@ def metrics_token_guard(settings: Settings) -> Guard:
 
     # async: Litestar would run a sync guard in a worker thread.
     async def require_metrics_token(connection: ASGIConnection, _: BaseRouteHandler) -> None:  # type: ignore[type-arg]
-        expected = settings.metrics_token
-        if not expected:
-            return
-        scheme, _sep, given = connection.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), expected.encode()):
+        if settings.metrics_token and not bearer_matches(connection, settings.metrics_token):
             raise GatewayError(
                 ErrorCode.INVALID_METRICS_TOKEN, "This endpoint needs 'Authorization: Bearer <metrics token>'."
             )
@@ -55,16 +66,17 @@ def live() -> dict[str, str]:
         )
     },
 )
-async def ready(gateway: NamedDependency[Gateway]) -> Response[dict[str, object]]:
+async def ready(
+    gateway: NamedDependency[Gateway], details_allowed: NamedDependency[bool]
+) -> Response[dict[str, object]]:
+    """The status for every caller (a load balancer's probe); the details (aliases, deployments,
+    warm, failed, ejected, with reasons) only with the metrics token or an admin session."""
+    # details_allowed: the runtime's answer for this request (runtime/health_access.py).
     registry = gateway.registry
     ready = registry.ready and not gateway.draining
-    body: dict[str, object] = {
-        "status": "draining" if gateway.draining else "ready" if ready else "not_ready",
-        "models": registry.aliases(),
-        "warm": sorted(registry.warm),
-        "failed": registry.failed,
-        "rejected_changes": registry.rejected,
-    }
+    body: dict[str, object] = {"status": "draining" if gateway.draining else "ready" if ready else "not_ready"}
+    if details_allowed:
+        body.update(readiness_details(registry))
     return Response(
         body,
         status_code=200 if ready else 503,

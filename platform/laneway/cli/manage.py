@@ -97,6 +97,14 @@ async def model_set(svc: AdminService, actor: str, args: argparse.Namespace) -> 
     print(f"model {args.alias} -> {args.engine}")
 
 
+async def model_fallbacks(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
+    from laneway.admin import fallbacks
+
+    data = valid({"fallbacks": fallbacks.split_aliases(args.fallbacks)}, fallbacks.FallbacksIn)
+    result = await fallbacks.set_fallbacks(svc, actor, args.alias, data)
+    print(f"model {args.alias} falls back to {', '.join(result['fallbacks']) or 'nothing'}")
+
+
 async def admin_create(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
     import getpass
     import os

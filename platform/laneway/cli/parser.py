@@ -10,6 +10,7 @@ from laneway.cli.manage import (
     key_issue,
     key_revoke,
     key_set,
+    model_fallbacks,
     model_set,
     tenant_create,
     tenant_set,
@@ -120,4 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--gpu-type", default="none")
     s.add_argument("--max-model-len", type=int, default=2048)
     s.set_defaults(fn=with_service(model_set))
+    s = model.add_parser("fallbacks", help="give an alias the aliases that serve its requests when it cannot, in order")
+    s.add_argument("alias")
+    s.add_argument("fallbacks", help="comma-separated aliases, tried in order ('none': no fallbacks)")
+    s.set_defaults(fn=with_service(model_fallbacks))
     return ap

@@ -1,4 +1,5 @@
-"""Policies as data: an immutable snapshot of lanes and task policies, swapped atomically.
+"""Policies as data: an immutable snapshot of lanes, task policies and fallback aliases,
+swapped atomically.
 
 The hot path reads `PolicyStore.current` (no database round trip); `reload()` builds a new
 snapshot from the database and replaces the reference in one assignment, so a request sees
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from laneway.core.dependencies import DependencyHealth, database_unreachable
-from laneway.db.repositories import PolicyRepository
+from laneway.db.repositories import ModelRepository, PolicyRepository
 
 log = logging.getLogger("laneway.policy")
 
@@ -65,6 +66,13 @@ class PolicySnapshot:
     lanes: tuple[LanePolicy, ...] = ()
     tasks: dict[str, TaskPolicy] = field(default_factory=dict)
     version: int = 0
+    # alias -> the aliases that serve its requests when it cannot, in order (models.fallbacks).
+    fallback_lists: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def fallbacks(self, alias: str) -> tuple[str, ...]:
+        """The fallback aliases of `alias`, in the order to try them; () when it has none.
+        Saved loop-free (admin/fallbacks.py); whether one is served now is the registry's."""
+        return self.fallback_lists.get(alias, ())
 
     def lane(self, name: str) -> LanePolicy | None:
         return next((lane for lane in self.lanes if lane.name == name), None)
@@ -119,10 +127,14 @@ class PolicyStore:
                 )
                 for t in await repo.task_policies()
             }
-        snapshot = PolicySnapshot(lanes=lanes, tasks=tasks, version=self.current.version + 1)
-        if (snapshot.lanes, snapshot.tasks) != (self.current.lanes, self.current.tasks):
+            graph = await ModelRepository(session).fallback_graph()
+        fallbacks = {alias: tuple(listed) for alias, listed in graph.items() if listed}
+        snapshot = PolicySnapshot(lanes=lanes, tasks=tasks, version=self.current.version + 1, fallback_lists=fallbacks)
+        now = self.current
+        if (snapshot.lanes, snapshot.tasks, snapshot.fallback_lists) != (now.lanes, now.tasks, now.fallback_lists):
             self.current = snapshot  # one reference swap: atomic for every reader
-            log.info("policies reloaded: lanes=%s tasks=%s", [x.name for x in lanes], sorted(tasks))
+            log.info("policies reloaded: lanes=%s tasks=%s fallbacks=%s", [x.name for x in lanes], sorted(tasks),
+                     fallbacks)  # fmt: skip
         return self.current
 
     async def start_polling(self, interval_s: float, health: DependencyHealth | None = None) -> None:

@@ -66,6 +66,9 @@ class Model(Base):
     alias: Mapped[str] = mapped_column(String(200), unique=True)
     description: Mapped[str] = mapped_column(String(500), default="")
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    # Aliases that serve this one's requests, in order, when it cannot (admin/fallbacks.py
+    # refuses an unknown alias and a loop at save); empty: none.
+    fallbacks: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     deployments: Mapped[list[Deployment]] = relationship(back_populates="model", cascade="all, delete-orphan")
 

@@ -153,6 +153,16 @@ class ModelRepository:
         await self.session.flush()
         return model
 
+    async def fallback_graph(self, *, lock: bool = False) -> dict[str, list[str]]:
+        """Every alias and its fallback aliases, in order. `lock`: the rows stay locked until
+        the transaction ends (PostgreSQL), so two edits cannot each close half of a loop."""
+        stmt = select(Model.alias, Model.fallbacks).order_by(Model.alias)
+        rows = await self.session.execute(stmt.with_for_update() if lock else stmt)
+        return {alias: list(fallbacks or []) for alias, fallbacks in rows.all()}
+
+    async def set_fallbacks(self, alias: str, fallbacks: Sequence[str]) -> None:
+        await self.session.execute(update(Model).where(Model.alias == alias).values(fallbacks=list(fallbacks)))
+
     async def enabled_deployments(self) -> list[DeploymentSpec]:
         stmt = (
             select(Deployment, Model.alias)

@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from laneway.admin.api import Logins
 from laneway.admin.dependencies import QueueStats
+from laneway.admin.guards import AdminGuards
 from laneway.admin.live import LiveFigures
 from laneway.admin.service import AdminService
 from laneway.admin.throttle import LoginGuard
@@ -46,6 +47,7 @@ from laneway.db.session import make_engine, make_sessionmaker
 from laneway.engines.registry import EngineRegistry
 from laneway.metrics import GatewayMetrics
 from laneway.runtime.engine_watch import enabled_deployments, watch_engines
+from laneway.runtime.health_access import HealthDetailsAccess
 from laneway.runtime.lifecycle import Lifecycle, cancelled
 from laneway.runtime.readings import runtime_readings
 from laneway.settings import Settings
@@ -95,6 +97,9 @@ class Runtime:
         self.login_guard = LoginGuard()
         self.lifecycle = Lifecycle()
         self.running = False
+        # Who sees /health/ready's details; the sessions are looked up per request (they exist
+        # once start() has run).
+        self.health_access = HealthDetailsAccess(settings.metrics_token, AdminGuards(lambda: self.sessions))
 
     async def start(self) -> None:
         try:
@@ -313,4 +318,5 @@ class Runtime:
             "limiter": Provide(self.provide_limiter, sync_to_thread=False),
             "registry": Provide(self.provide_registry, sync_to_thread=False),
             "queue_stats": Provide(self.provide_queue_stats, sync_to_thread=False),
+            "details_allowed": Provide(self.health_access.details_allowed),
         }
