@@ -218,3 +218,53 @@ async def test_a_stream_whose_every_replica_fails_before_a_token_gets_an_error_s
         assert len(pair[0].requests) + len(pair[1].requests) - before == 2  # one try each, then the failure
     finally:
         await asyncio.to_thread(gw.stop)
+
+
+def set_fallbacks(database_url: str, alias: str, fallbacks: list[str]) -> None:
+    """Write an alias's fallbacks as the admin service would (the gateway's poll picks them up)."""
+    from laneway.db.repositories import ModelRepository
+    from laneway.db.session import make_engine, make_sessionmaker
+
+    async def write() -> None:
+        engine = make_engine(database_url)
+        try:
+            async with make_sessionmaker(engine)() as s, s.begin():
+                await ModelRepository(s).set_fallbacks(alias, fallbacks)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(write())
+
+
+async def test_a_fallback_alias_serves_when_the_primary_has_no_healthy_replica(
+    tmp_path: Path, pair: tuple[VLLMStandIn, VLLMStandIn]
+) -> None:
+    large, small = pair
+    models = {"large": [deployment("large-1", large.base_url)], "small": [deployment("small-1", small.base_url)],
+              "other": [deployment("other-1", small.base_url)]}  # fmt: skip
+    seed_with = {"models": models, "tenants": {"acme": {}, "narrow": {"allowed_models": ["large"]}}}
+    gw = await asyncio.to_thread(start_gateway, tmp_path, seed_with=seed_with, usage_flush_interval_s=0.05,
+                                 policy_poll_interval_s=0.1)  # fmt: skip
+    try:
+        await asyncio.to_thread(set_fallbacks, gw.database_url, "large", ["small"])
+        await until(lambda: gw.gateway.policies.current.fallbacks("large") == ("small",), what="the fallbacks loaded")
+        large.healthy = False  # its health check fails: ejected from routing
+        await until(lambda: not gw.gateway.registry.resolve("large").healthy, what="large-1 ejected")
+        client = openai.AsyncOpenAI(base_url=gw.api_url, api_key=gw.keys["acme"], max_retries=0)
+        raw = await client.completions.with_raw_response.create(model="large", prompt="q", max_tokens=3)
+        answer = raw.parse()
+        assert answer.model == "large" and raw.headers["x-laneway-served-model"] == "small"
+        chunks = [
+            c async for c in await client.completions.create(model="large", prompt="q", max_tokens=3, stream=True)
+        ]
+        assert {c.model for c in chunks} == {"large"}
+        # A tenant that may not use the fallback is not served by it: its request goes to the primary.
+        narrow = openai.AsyncOpenAI(base_url=gw.api_url, api_key=gw.keys["narrow"], max_retries=0)
+        raw = await narrow.completions.with_raw_response.create(model="large", prompt="q", max_tokens=3)
+        assert raw.headers["x-laneway-served-model"] == "large"
+        rows = sorted(await asyncio.to_thread(gw.usage_rows, "acme"), key=lambda r: r.id)
+        assert [(r.model, r.served_model, r.deployment, r.status) for r in rows] == [
+            ("large", "small", "small-1", 200)
+        ] * 2
+    finally:
+        await asyncio.to_thread(gw.stop)

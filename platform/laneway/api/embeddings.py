@@ -109,7 +109,7 @@ def _encoded(vector: NDArray[np.float32], encoding_format: str) -> list[float] |
 def _body(call: Call, result: Embeddings, encoding_format: str) -> bytes:
     data = [EmbeddingData(index=i, embedding=_encoded(v, encoding_format)) for i, v in enumerate(result.vectors)]
     usage = EmbeddingUsage(prompt_tokens=call.prompt_tokens, total_tokens=call.prompt_tokens)
-    return encode(CreateEmbeddingResponse(data=data, model=call.alias, usage=usage))
+    return encode(CreateEmbeddingResponse(data=data, model=call.public_model, usage=usage))
 
 
 class EmbeddingsController(Controller):

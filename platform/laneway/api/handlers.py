@@ -76,7 +76,7 @@ async def chat_completions(request: Incoming, api: ApiServices) -> Response[byte
         return p.ChatCompletion(
             id=call.request_id,
             created=int(time.time()),
-            model=call.alias,
+            model=call.public_model,
             choices=chat_choices(Collected.of(call.generation.n, done.deltas), want_logprobs),
             usage=usage(call),
             system_fingerprint=call.fingerprint,
@@ -106,7 +106,7 @@ async def completions(request: Incoming, api: ApiServices) -> Response[bytes] | 
         return p.Completion(
             id=call.request_id,
             created=int(time.time()),
-            model=call.alias,
+            model=call.public_model,
             choices=completion_choices(Collected.of(call.generation.n, done.deltas), echo, want_logprobs),
             usage=usage(call),
             system_fingerprint=call.fingerprint,

@@ -23,7 +23,9 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def lane_header(call: Call) -> dict[str, str]:
-    return {"X-Laneway-Lane": call.lane.name}  # X-Request-Id: api/request_ids.py, from the call
+    # X-Request-Id: api/request_ids.py, from the call. The served model differs from the body's
+    # `model` (the alias asked for) when a fallback alias served the request.
+    return {"X-Laneway-Lane": call.lane.name, "X-Laneway-Served-Model": call.alias}
 
 
 def respond(
@@ -86,7 +88,7 @@ def _framer(call: Call, kind: Callable[..., Any]) -> Callable[..., bytes]:
             kind(
                 id=call.request_id,
                 created=created,
-                model=call.alias,
+                model=call.public_model,
                 choices=choices,
                 system_fingerprint=call.fingerprint,
                 usage=usage,

@@ -139,6 +139,7 @@ class UsageRecord(Base):
     # Replicas tried, and those that failed before the first byte (comma-separated, in order).
     tries: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     failed_deployments: Mapped[str | None] = mapped_column(String(400), nullable=True)
+    served_model: Mapped[str | None] = mapped_column(String(200), nullable=True)  # a fallback alias that served it
 
     # A tenant's rows by time (the usage page, the CSV export in (created_at, id) order); on
     # PostgreSQL the aggregated columns ride along, for an index-only scan (migration 0005).

@@ -215,7 +215,7 @@ def in_progress(call: Call, req: rp.ResponsesRequest, fmt: dict[str, Any]) -> rp
         id=call.request_id,
         created_at=int(time.time()),
         status="in_progress",
-        model=call.alias,
+        model=call.public_model,
         output=[],
         instructions=req.instructions,
         max_output_tokens=req.max_output_tokens,

@@ -72,12 +72,19 @@ class Call:
     needs: frozenset[str] = frozenset()  # capabilities beyond text: any replica it moves to must have them
     failed_tries: list[FailedTry] = field(default_factory=list)  # replicas that failed it, in order
     retry_denied: str | None = None  # why it could not move on ("budget"), when that ended it
+    asked_alias: str | None = None  # the alias the client asked for, when a fallback (`alias`) serves it
+    admission_checked: bool = False  # admission already passed (choosing among fallbacks): not again
 
     def fail(self, status: int, code: str | None) -> None:
         """Record why the request did not end well; the first cause stands (a backpressure
         cut or a shutdown is not relabelled by the cancellation it causes)."""
         if self.error_code is None and self.status == 200:
             self.status, self.error_code = status, code
+
+    @property
+    def public_model(self) -> str:
+        """The model the answer names: always the alias the client asked for."""
+        return self.asked_alias or self.alias
 
     @property
     def prompt_tokens(self) -> int:

@@ -35,6 +35,7 @@ from laneway.core.pipeline.intent import EmbeddingIntent, GenerationIntent, Inte
 from laneway.core.pipeline.lease import Lease
 from laneway.core.pipeline.outcome import Outcome, OutcomeSink
 from laneway.core.pipeline.prepare import Preparer
+from laneway.core.pipeline.queues import queue_stats
 from laneway.core.policy import PolicyStore
 from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, Reservation
 from laneway.core.scheduler import DeploymentScheduler, Ticket
@@ -146,7 +147,19 @@ class Gateway:
 
     # ---- the stages, each usable alone (tests, benchmarks) ----
     async def prepare(self, tenant: TenantSnapshot, intent: GenerationIntent) -> Call:
-        return await self.preparer.generation(tenant, intent)
+        return await self.preparer.serving(tenant, intent, self._can_take)
+
+    def _can_take(self, call: Call) -> bool:
+        """Whether the call's replica is healthy and its queue admits it (the admission check
+        is then not made again)."""
+        if not call.deployment.healthy:
+            return False
+        try:
+            self.scheduler(call.deployment).admit(call.lane, call.tenant.id, call.tenant.weight)
+        except GatewayError:
+            return False
+        call.admission_checked = True
+        return True
 
     async def prepare_embeddings(self, tenant: TenantSnapshot, intent: EmbeddingIntent) -> Call:
         return await self.preparer.embeddings(tenant, intent)
@@ -175,7 +188,8 @@ class Gateway:
             if self.draining:
                 raise shutting_down()
             scheduler = self.scheduler(call.deployment)
-            scheduler.admit(call.lane, call.tenant.id, call.tenant.weight)
+            if not call.admission_checked:
+                scheduler.admit(call.lane, call.tenant.id, call.tenant.weight)
             lease.ticket = Ticket(request_id=call.request_id, tenant_id=call.tenant.id, weight=call.tenant.weight,
                                   cost=tokens, lane=call.lane)  # fmt: skip
             load_shedding.queued()  # from here it waits for the engine, not for this loop
@@ -339,23 +353,8 @@ class Gateway:
         return s
 
     def queue_stats(self) -> list[tuple[dict[str, str], int, int]]:
-        """Waiting and running requests per deployment and lane (every configured lane listed)."""
-        out = []
-        lanes = [lane.name for lane in self.policies.current.lanes]
-        for d in self.registry.deployments():
-            info = d.engine.info
-            base = {
-                "deployment": d.spec.name,
-                "model": d.spec.alias,
-                "quantization": info.quantization,
-                "gpu_type": info.gpu_type,
-                "engine": info.engine,
-            }
-            seen = {name: (w, r) for name, w, r in self.scheduler(d).lane_stats()}
-            for name in sorted(set(lanes) | set(seen)):
-                waiting, running = seen.get(name, (0, 0))
-                out.append(({**base, "lane": name}, waiting, running))
-        return out
+        """Waiting and running requests per deployment and lane (core/pipeline/queues.py)."""
+        return queue_stats(self.registry.deployments(), self.policies.current.lanes, self.scheduler)
 
     @property
     def in_flight(self) -> int:

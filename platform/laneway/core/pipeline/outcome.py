@@ -21,7 +21,8 @@ class Outcome:
     tenant_id: int
     tenant_name: str
     api_key_id: int
-    model: str  # the alias the client asked for
+    model: str  # the alias that served it (a fallback's, when one did)
+    asked_model: str  # the alias the client asked for
     deployment: str
     engine: str
     quantization: str
@@ -69,6 +70,7 @@ class Outcome:
             tenant_name=call.tenant.name,
             api_key_id=call.tenant.api_key_id,
             model=call.alias,
+            asked_model=call.public_model,
             deployment=call.deployment.spec.name,
             engine=info.engine,
             quantization=info.quantization,

@@ -3,6 +3,9 @@ resource taken: what comes out is a Call, ready to be leased."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.core import capabilities
@@ -28,6 +31,28 @@ class Preparer:
         self.policies = policies
         self.router = LaneRouter()
         self.default_max_tokens = default_max_tokens
+
+    async def serving(self, tenant: TenantSnapshot, intent: GenerationIntent, can_take: Callable[[Call], bool]) -> Call:
+        """generation(), or, when the alias cannot take the call (no healthy replica, or its
+        queue would refuse it), the first of its fallback aliases that can: one the tenant may
+        use, served now, with the capabilities the request needs. The answer still names the
+        alias asked for (Call.public_model)."""
+        call = await self.generation(tenant, intent)
+        fallbacks = self.policies.current.fallbacks(intent.alias)
+        if not fallbacks or can_take(call):
+            return call
+        served = set(self.registry.aliases())
+        for alias in fallbacks:
+            if alias not in served or not tenant.may_use(alias):
+                continue
+            try:
+                other = await self.generation(tenant, replace(intent, alias=alias))
+            except GatewayError:  # it lacks a capability the request asks for, or the context
+                continue
+            if can_take(other):
+                other.asked_alias = intent.alias
+                return other
+        return call
 
     async def generation(self, tenant: TenantSnapshot, intent: GenerationIntent) -> Call:
         any_replica = self.accessible(tenant, intent.alias, intent.lane)  # replicas of an alias share a tokenizer
