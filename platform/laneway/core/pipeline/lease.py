@@ -36,6 +36,9 @@ class Lease:
     released: bool = False
     # How to end the generation early (shutdown): set by whoever is running it.
     interrupter: Callable[[GatewayError], None] | None = None
+    # How to stop a generation that a task of its own runs (a stream's pump): a stream released
+    # before its body was ever sent would otherwise generate on for nobody.
+    stop_run: Callable[[], None] | None = None
     _run: Any = None  # the run() async generator (its ag_frame / ag_running tell its state)
     _generation_ended: bool = False
 
@@ -72,6 +75,8 @@ class Lease:
             self.end_generation()
         elif not run.ag_running:  # suspended, nobody will resume it: close it, then free the slot
             self.owner.spawn(self._close_run(run))
+        elif self.stop_run is not None:  # a pump runs it: stopping the pump ends the generation
+            self.stop_run()
         # else: run() is executing right now, and its own `finally` ends the generation.
         call = self.call
         if self.reservation is not None:

@@ -82,7 +82,11 @@ async def pumped(gateway: Runner, lease: Lease, limit: int | None) -> AsyncGener
         buffer.put_nowait(error)
         task.cancel()
 
+    def stop() -> None:
+        task.cancel()
+
     lease.interrupter = interrupt
+    lease.stop_run = stop
     try:
         while True:
             item = await buffer.get()
@@ -104,6 +108,7 @@ async def pumped(gateway: Runner, lease: Lease, limit: int | None) -> AsyncGener
                 raise item
     finally:
         lease.interrupter = None
+        lease.stop_run = None
         task.cancel()
         # asyncio.wait, not `await task`: it never raises the pump's CancelledError, so a
         # cancellation of *this* task arriving meanwhile is not swallowed.
