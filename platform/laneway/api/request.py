@@ -171,6 +171,13 @@ Body = p.ChatCompletionRequest | p.CompletionRequest
 def _extensions(req: Body, max_tokens: int | None) -> SamplingExtensions | None:
     """The engine-specific sampling extensions the body set, checked for sense (the engine's
     own support is checked once it is chosen); None when it set none."""
+    if (  # the common case, on every request: none sent (attribute reads, not a dataclass built)
+        req.top_k is None and req.min_p is None and req.repetition_penalty is None and req.ignore_eos is None
+        and req.min_tokens is None and req.stop_token_ids is None and req.include_stop_str_in_output is None
+        and req.skip_special_tokens is None and req.spaces_between_special_tokens is None
+        and req.truncate_prompt_tokens is None and req.structured_outputs is None
+    ):  # fmt: skip
+        return None
     if req.min_tokens is not None and max_tokens is not None and req.min_tokens > max_tokens:
         raise invalid_request(
             f"min_tokens ({req.min_tokens}) must not be more than max_tokens ({max_tokens}).", param="min_tokens"
