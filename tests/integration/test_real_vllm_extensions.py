@@ -133,6 +133,22 @@ def test_stop_token_ids_stop_and_top_k_1_is_deterministic(gw: Gateway, real_vllm
     assert len(free) > 1  # without it, those seeds differ (the tiny model's logits are near flat)
 
 
+def test_stop_strings_keep_or_wait_for_min_tokens_as_vllm_does(gw: Gateway) -> None:
+    """laneway cuts stops on the stream itself (every engine alike): include_stop_str_in_output
+    keeps the stop string, and min_tokens keeps stops from ending the first tokens."""
+    said = complete(gw, max_tokens=4).json()["choices"][0]["text"]
+    stop = said[2:5]
+    at = said.index(stop)
+
+    def answer(**body: Any) -> tuple[str, str]:
+        choice = complete(gw, max_tokens=4, stop=[stop], **body).json()["choices"][0]
+        return choice["text"], choice["finish_reason"]
+
+    assert answer() == (said[:at], "stop")
+    assert answer(include_stop_str_in_output=True) == (said[: at + len(stop)], "stop")
+    assert answer(min_tokens=4) == (said, "length")
+
+
 def test_an_engine_without_the_extension_refuses_it_by_name(gw: Gateway) -> None:
     r = complete(gw, model="sim", top_k=1)
     body = r.json()["error"]
