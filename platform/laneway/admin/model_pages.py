@@ -39,7 +39,7 @@ class ModelPages(Controller):
     ) -> Template:
         async with svc.sessions() as session:
             specs = await ModelRepository(session).enabled_deployments()
-        deployments: list[dict[str, Any]] = [
+        deployments = [
             {"alias": s.alias, "name": s.name, "engine": s.engine_kind, "quantization": s.quantization,
              "gpu_type": s.gpu_type, "max_model_len": s.max_model_len,
              "state": "failed" if s.name in registry.failed else "warm" if s.name in registry.warm else "starting"}
@@ -50,9 +50,7 @@ class ModelPages(Controller):
         for cap in svc.lane_caps():  # a lane below the engine's own sequence limit queues while it has room
             capped.setdefault(cap.deployment, []).append(f"{cap.lane} {cap.cap}")
             sequences[cap.deployment] = cap.sequences
-        for d in deployments:
-            d["lane_caps"] = capped.get(str(d["name"]), [])
-            d["sequences"] = sequences.get(str(d["name"]))
+        extra = {"lane_caps": capped, "sequences": sequences, **extra}
         context = {"admin": current.username, "csrf": current.csrf, "deployments": deployments,
                    "engine_kinds": sorted(ENGINE_KINDS), **extra}  # fmt: skip
         return Template("models.html", context=context, status_code=status or (400 if extra.get("error") else 200))
