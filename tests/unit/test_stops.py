@@ -41,3 +41,9 @@ def test_earliest_of_several_stops_wins() -> None:
 def test_empty_and_duplicate_stops_are_ignored() -> None:
     m = StopMatcher(["", "x", "x"])
     assert m.stops == ("x",)
+
+
+def test_include_stop_str_in_output_keeps_the_stop_and_nothing_after_it() -> None:
+    assert StopMatcher(["END"], keep_stop=True).feed("hello END world") == "hello END"
+    assert feed_all(StopMatcher(["<|stop|>"], keep_stop=True), ["abc<", "|st", "op", "|>tail"]) == "abc<|stop|>"
+    assert StopMatcher(["ab", "abc"], keep_stop=True).feed("xabcd") == "xabc"  # at one place, the longest

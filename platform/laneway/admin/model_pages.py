@@ -49,6 +49,12 @@ class ModelPages(Controller):
              "state": "failed" if s.name in registry.failed else "warm" if s.name in registry.warm else "starting"}
             for s in specs
         ]  # fmt: skip
+        capped: dict[str, list[str]] = {}
+        sequences: dict[str, int] = {}
+        for cap in svc.lane_caps():  # a lane below the engine's own sequence limit queues while it has room
+            capped.setdefault(cap.deployment, []).append(f"{cap.lane} {cap.cap}")
+            sequences[cap.deployment] = cap.sequences
+        extra = {"lane_caps": capped, "sequences": sequences, **extra}
         context = {"admin": current.username, "csrf": current.csrf, "deployments": deployments,
                    "engine_kinds": sorted(ENGINE_KINDS), "fallbacks": graph, **extra}  # fmt: skip
         return Template("models.html", context=context, status_code=status or (400 if extra.get("error") else 200))

@@ -31,6 +31,11 @@ class PolicyPages(Controller):
             repo = PolicyRepository(session)
             lanes = [row(x, LANE_FIELDS) for x in await repo.lanes()]
             tasks = [row(t, TASK_FIELDS) for t in await repo.task_policies()]
+        capped: dict[str, list[str]] = {}
+        for cap in svc.lane_caps():
+            capped.setdefault(cap.lane, []).append(f"{cap.deployment} ({cap.sequences} sequences)")
+        for lane in lanes:
+            lane["caps"] = capped.get(str(lane["name"]), [])
         context = {"admin": current.username, "csrf": current.csrf, "lanes": lanes, "tasks": tasks,
                    "lane_fields": [f for f in LANE_FIELDS if f != "name"], "errors": {}, **extra}  # fmt: skip
         status = 400 if extra.get("errors") or extra.get("error") else 200

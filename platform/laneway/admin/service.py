@@ -15,6 +15,7 @@ from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.core.auth import KeyAuthenticator
 from laneway.core.config_watch import ConfigChanges
+from laneway.core.lane_caps import LaneCap, lane_caps, seats
 from laneway.core.policy import PolicyStore
 from laneway.db.session import make_sessionmaker
 from laneway.engines.registry import EngineRegistry
@@ -44,6 +45,12 @@ class AdminService:
     def drop_cached_keys(self) -> None:
         if self.authenticator is not None:
             self.authenticator.invalidate()
+
+    def lane_caps(self) -> list[LaneCap]:
+        """Lanes that cap a served deployment below its engine's sequences (none when not serving)."""
+        if self.policies is None or self.registry is None:
+            return []
+        return lane_caps(self.policies.current.lanes, seats(self.registry))
 
     async def reload_policies(self) -> None:
         if self.policies is not None:

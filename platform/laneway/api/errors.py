@@ -24,6 +24,24 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("laneway.api")
 
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+# OpenAI's API areas: an unmatched path under one is counted under it (a client calling an
+# endpoint laneway lacks), any other path as "other", so the label stays bounded.
+OPENAI_AREAS = frozenset({
+    "assistants", "audio", "batches", "chat", "completions", "containers", "conversations", "embeddings",
+    "evals", "files", "fine_tuning", "images", "models", "moderations", "realtime", "responses", "threads",
+    "uploads", "vector_stores",
+})  # fmt: skip
+
+
+def unmatched_path(path: str) -> str:
+    """A path no route matched, as a bounded label: /v1/<area> for one of OpenAI's areas
+    (/v1/chat/nope -> /v1/chat), /v1/other for another path under /v1, else other."""
+    if path != "/v1" and not path.startswith("/v1/"):
+        return "other"
+    area = path[4:].split("/", 1)[0]
+    return f"/v1/{area}" if area in OPENAI_AREAS else "/v1/other"
+
 
 def error_response(
     status: int,
@@ -56,7 +74,15 @@ class ErrorHandlers:
         trace: RequestTrace | None = cast("dict[str, Any]", scope).get(TRACE_KEY)
         if trace is not None:  # tracing is on: the request's span names the code, not only the status
             trace.refused(status, code)
-        self.metrics.refused(scope.get("path_template") or "unmatched", status, code)
+        asked = str(scope.get("method", ""))
+        method = asked if asked in _METHODS else "other"
+        template = scope.get("path_template")
+        if template:
+            self.metrics.refused(template, status, code, method)
+            return
+        raw = scope.get("path", "")
+        log.debug("no route for %s %s: %d", asked[:20], raw[:200], status)
+        self.metrics.refused("unmatched", status, code, method, unmatched_path(raw))
 
     def gateway_error(self, request: Request, exc: GatewayError) -> Response[bytes]:  # type: ignore[type-arg]
         self._count(request, exc.status, exc.code)

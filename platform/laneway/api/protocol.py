@@ -77,7 +77,45 @@ class StreamOptions(Struct, frozen=True):
     include_usage: bool = False
 
 
-class _SamplingFields(Struct, kw_only=True):
+# Bounds on what a client may send in the engine-specific extensions: generous for real use,
+# small enough that a request body cannot carry a grammar of megabytes to every replica.
+TokenId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
+ConstraintText = Annotated[str, Meta(max_length=65_536)]
+
+
+class StructuredOutputs(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """vLLM's `structured_outputs` (its StructuredOutputsParams): exactly one constraint, passed
+    on as sent."""
+
+    json: ConstraintText | dict[str, Any] | None = None
+    regex: ConstraintText | None = None
+    choice: Annotated[list[Annotated[str, Meta(max_length=4096)]], Meta(min_length=1, max_length=1024)] | None = None
+    grammar: ConstraintText | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool | None = None
+    disable_additional_properties: bool | None = None
+    whitespace_pattern: Annotated[str, Meta(max_length=1024)] | None = None
+    structural_tag: ConstraintText | None = None
+
+
+class _Extensions(Struct, kw_only=True):
+    """Engine-specific sampling extensions, named and bounded as vLLM takes them; whether the
+    chosen engine honours each is checked after routing (core/capabilities.py)."""
+
+    top_k: Annotated[int, Meta(ge=-1, le=1_000_000)] | None = None
+    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
+    ignore_eos: bool | None = None
+    min_tokens: Annotated[int, Meta(ge=0)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Meta(max_length=256)] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**31 - 1)] | None = None
+    structured_outputs: StructuredOutputs | None = None
+
+
+class _SamplingFields(_Extensions, kw_only=True):
     model: Annotated[str, Meta(min_length=1)]
     max_tokens: PositiveInt | None = None
     temperature: Temperature | None = None

@@ -17,7 +17,7 @@ from laneway.contracts.errors import GatewayError, invalid_request, validation_e
 from laneway.contracts.scope import TRACE_KEY
 from laneway.core.auth import KeyAuthenticator
 from laneway.core.pipeline import GenerationIntent
-from laneway.types import ChatTurn, TenantSnapshot, ToolCall
+from laneway.types import ChatTurn, SamplingExtensions, TenantSnapshot, ToolCall
 
 if TYPE_CHECKING:
     from laneway.tracing.otel import RequestTrace
@@ -162,6 +162,52 @@ def _chat_features(req: p.ChatCompletionRequest) -> dict[str, Any]:
     }
 
 
+_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+Body = p.ChatCompletionRequest | p.CompletionRequest
+
+
+def _extensions(req: Body, max_tokens: int | None) -> SamplingExtensions | None:
+    """The engine-specific sampling extensions the body set, checked for sense (the engine's
+    own support is checked once it is chosen); None when it set none."""
+    if (  # the common case, on every request: none sent (attribute reads, not a dataclass built)
+        req.top_k is None and req.min_p is None and req.repetition_penalty is None and req.ignore_eos is None
+        and req.min_tokens is None and req.stop_token_ids is None and req.include_stop_str_in_output is None
+        and req.skip_special_tokens is None and req.spaces_between_special_tokens is None
+        and req.truncate_prompt_tokens is None and req.structured_outputs is None
+    ):  # fmt: skip
+        return None
+    if req.min_tokens is not None and max_tokens is not None and req.min_tokens > max_tokens:
+        raise invalid_request(
+            f"min_tokens ({req.min_tokens}) must not be more than max_tokens ({max_tokens}).", param="min_tokens"
+        )
+    structured: dict[str, Any] | None = None
+    if req.structured_outputs is not None:
+        structured = msgspec.to_builtins(req.structured_outputs)
+        if sum(structured.get(k) is not None for k in _CONSTRAINTS) != 1:
+            raise invalid_request(
+                f"structured_outputs needs exactly one of {', '.join(_CONSTRAINTS)}.", param="structured_outputs"
+            )
+        if b"\\u0000" in msgspec.json.encode(structured):  # a NUL anywhere in it, as JSON escapes it
+            raise invalid_request("structured_outputs must not contain NUL (\\u0000) characters.",
+                                  param="structured_outputs")  # fmt: skip
+    ext = SamplingExtensions(
+        top_k=req.top_k,
+        min_p=req.min_p,
+        repetition_penalty=req.repetition_penalty,
+        ignore_eos=req.ignore_eos,
+        min_tokens=req.min_tokens,
+        stop_token_ids=tuple(req.stop_token_ids) if req.stop_token_ids is not None else None,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=req.skip_special_tokens,
+        spaces_between_special_tokens=req.spaces_between_special_tokens,
+        truncate_prompt_tokens=req.truncate_prompt_tokens,
+        structured_outputs=structured,
+    )
+    return ext if ext.asked() else None
+
+
 class _Hinted(Protocol):
     """What hints() reads from a request body (chat, completions, responses)."""
 
@@ -201,8 +247,9 @@ def chat_intent(request: Incoming, req: p.ChatCompletionRequest) -> GenerationIn
     turns = [_turn(i, m) for i, m in enumerate(req.messages)]
     routing = hints(request, req)
     routing["task"] = routing["task"] or "chat"
-    return GenerationIntent(endpoint="chat", messages=turns, max_tokens=req.max_completion_tokens or req.max_tokens,
-                            **common, **features, **routing)  # fmt: skip
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    return GenerationIntent(endpoint="chat", messages=turns, max_tokens=max_tokens,
+                            extensions=_extensions(req, max_tokens), **common, **features, **routing)  # fmt: skip
 
 
 def completion_intent(request: Incoming, req: p.CompletionRequest) -> GenerationIntent:
@@ -213,7 +260,7 @@ def completion_intent(request: Incoming, req: p.CompletionRequest) -> Generation
             raise unsupported("prompt", "a list of several prompts")
         prompt = prompt[0]
     return GenerationIntent(endpoint="completions", prompt=prompt, max_tokens=req.max_tokens, logprobs=req.logprobs,
-                            **common, **hints(request, req))  # fmt: skip
+                            extensions=_extensions(req, req.max_tokens), **common, **hints(request, req))  # fmt: skip
 
 
 def _turn(i: int, m: p.ChatMessageIn) -> ChatTurn:

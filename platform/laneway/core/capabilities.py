@@ -16,6 +16,17 @@ WHAT = {
     "n": "several choices per request",
     "penalties": "presence and frequency penalties",
     "logit_bias": "token biases",
+    "top_k": "top-k sampling",
+    "min_p": "min-p sampling",
+    "repetition_penalty": "a repetition penalty",
+    "ignore_eos": "generating past the end-of-sequence token",
+    "min_tokens": "a minimum number of generated tokens",
+    "stop_token_ids": "stopping on token ids",
+    "include_stop_str_in_output": "keeping the stop string in the output",
+    "skip_special_tokens": "special tokens in the output",
+    "spaces_between_special_tokens": "special tokens joined without spaces",
+    "truncate_prompt_tokens": "prompt truncation",
+    "structured_outputs": "vLLM's structured outputs",
 }
 
 
@@ -38,6 +49,8 @@ def asked(g: GenerationRequest) -> list[tuple[str, str]]:
         out.append(("penalties", "frequency_penalty"))
     if g.logit_bias:
         out.append(("logit_bias", "logit_bias"))
+    if g.extensions is not None:
+        out.extend((name, name) for name in g.extensions.asked())
     return out
 
 

@@ -10,8 +10,9 @@ from collections.abc import Iterable
 
 
 class StopMatcher:
-    def __init__(self, stops: Iterable[str]) -> None:
+    def __init__(self, stops: Iterable[str], *, keep_stop: bool = False) -> None:
         self.stops = tuple(s for s in dict.fromkeys(stops) if s)
+        self.keep_stop = keep_stop  # include_stop_str_in_output: the stop string is part of the answer
         self._held = ""
         self.stopped = False
 
@@ -22,11 +23,12 @@ class StopMatcher:
         if not self.stops:
             return text
         buf = self._held + text
-        cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for s in self.stops if (i := buf.find(s)) >= 0]
+        if found:
+            cut, stop = min(found, key=lambda f: (f[0], -len(f[1])))  # the first; at a tie, the longest
             self.stopped = True
             self._held = ""
-            return buf[:cut]
+            return buf[: cut + len(stop)] if self.keep_stop else buf[:cut]
         keep = self._partial_suffix(buf)
         self._held = buf[len(buf) - keep :] if keep else ""
         return buf[: len(buf) - keep]

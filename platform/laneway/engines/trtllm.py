@@ -68,7 +68,8 @@ class TritonTRTLLMEngine:
             # The ensemble's optional presence_penalty / frequency_penalty tensors. Not declared:
             # tools and JSON output (no guided decoding in the ensemble), n (beam_width is beam
             # search, not n samples), logprobs (only the chosen tokens', no alternatives), logit_bias.
-            capabilities=frozenset({"penalties"}),
+            # Of the sampling extensions, the ensemble's top_k tensor (the config's top_k is the default).
+            capabilities=frozenset({"penalties", "top_k"}),
         )
         self.probe_timeout_s = c.probe_timeout_s
         self._client: Any = None
@@ -149,8 +150,10 @@ class TritonTRTLLMEngine:
             tensor("temperature", np.array([[req.temperature]], dtype=np.float32), "FP32"),
             tensor("top_p", np.array([[req.top_p]], dtype=np.float32), "FP32"),
         ]
-        if self.top_k:
-            inputs.append(tensor("top_k", np.array([[self.top_k]], dtype=np.int32), "INT32"))
+        asked_k = req.extensions.top_k if req.extensions is not None else None
+        top_k = asked_k if asked_k is not None and asked_k > 0 else self.top_k
+        if top_k:
+            inputs.append(tensor("top_k", np.array([[top_k]], dtype=np.int32), "INT32"))
         if req.stop:
             inputs.append(tensor("stop_words", words(req.stop), "BYTES"))
         if self.bad_words:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -21,14 +22,21 @@ async def enabled_deployments(sessions: async_sessionmaker[AsyncSession]) -> lis
 
 
 async def watch_engines(
-    registry: EngineRegistry, sessions: async_sessionmaker[AsyncSession], every_s: float, health: DependencyHealth
+    registry: EngineRegistry,
+    sessions: async_sessionmaker[AsyncSession],
+    every_s: float,
+    health: DependencyHealth,
+    *,
+    after_sync: Callable[[], None] = lambda: None,
 ) -> None:
     """Live engine changes and health: apply deployment edits from the database (a model
-    alias swapped to another engine, with no restart) and re-check ejected deployments."""
+    alias swapped to another engine, with no restart) and re-check ejected deployments.
+    `after_sync` runs after each sync (the lane-cap check: policies are polled at this pace too)."""
     while True:
         await asyncio.sleep(every_s)
         try:
             await registry.sync(lambda: enabled_deployments(sessions))
+            after_sync()
         except Exception as exc:
             if database_unreachable(exc):  # an outage: the running engines stay; a line a minute
                 health.failed("database", exc, "keeping the running engines")

@@ -34,6 +34,7 @@ from laneway.bootstrap import admin_password_file, bootstrap_admin, bootstrap_de
 from laneway.core.auth import KeyAuthenticator
 from laneway.core.config_watch import ConfigChanges
 from laneway.core.dependencies import DependencyHealth
+from laneway.core.lane_caps import LaneCapLog, seats
 from laneway.core.load_shedding import LoadShedder
 from laneway.core.loop_lag import LoopLagMonitor
 from laneway.core.pipeline import Gateway, RetryBudget
@@ -152,6 +153,12 @@ class Runtime:
         self.policies = policies = PolicyStore(sessions)
         steps.started_step("policies", policies.stop)
         await policies.reload()
+        self.lane_cap_log = lane_cap_log = LaneCapLog()
+        lane_cap_log.check(policies.current.lanes, seats(registry))  # once at start, with the setting to change
+
+        def check_lane_caps() -> None:
+            lane_cap_log.check(policies.current.lanes, seats(registry))
+
         await policies.start_polling(settings.policy_poll_interval_s, health)
         # One Redis hub for the limiter, the quota counters and the shared slots: one pipelined
         # connection, closed after all of them (docs/decisions/0002-redis-pipe.md).
@@ -218,12 +225,14 @@ class Runtime:
             authenticator.invalidate()
             await policies.reload()
             await registry.sync(lambda: enabled_deployments(sessions))
+            check_lane_caps()
 
         self.config_changes = changes = ConfigChanges(db, apply_config)
         await changes.start()
         steps.started_step("config changes", changes.stop)
         watcher = asyncio.create_task(
-            watch_engines(registry, sessions, settings.policy_poll_interval_s, health), name="engine-watch"
+            watch_engines(registry, sessions, settings.policy_poll_interval_s, health, after_sync=check_lane_caps),
+            name="engine-watch",
         )
         steps.started_step("engine watch", lambda: cancelled(watcher))
         self.started_at = time.time()

@@ -36,7 +36,12 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
     yielded = False
     try:
         # Per choice: its stop matcher and how it ended. The run ends when every choice has.
-        matchers = [StopMatcher(call.generation.stop) for _ in range(n)]
+        ext = call.generation.extensions
+        keep = bool(ext is not None and ext.include_stop_str_in_output)
+        matchers = [StopMatcher(call.generation.stop, keep_stop=keep) for _ in range(n)]
+        # min_tokens: stops are not looked for in a choice's first tokens (as vLLM does).
+        unstoppable = (ext.min_tokens or 0) if ext is not None and call.generation.stop else 0
+        produced = [0] * n
         reasons: list[FinishReason | None] = [None] * n
         left = n
         if call.trace is not None:  # the engine's own spans join the trace (an HTTP engine sends it)
@@ -54,7 +59,11 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
                 if not 0 <= i < n or reasons[i] is not None:
                     continue  # a choice already cut at a stop: the rest of it is not sent
                 matcher = matchers[i]
-                text = matcher.feed(delta.text)
+                if unstoppable:
+                    produced[i] += delta.tokens
+                    text = delta.text if produced[i] <= unstoppable else matcher.feed(delta.text)
+                else:
+                    text = matcher.feed(delta.text)
                 finish: FinishReason | None = None
                 if matcher.stopped:
                     finish = "stop"

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from laneway.types import ChatTurn
+from laneway.types import ChatTurn, SamplingExtensions
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -40,6 +40,7 @@ class GenerationIntent:
     logit_bias: dict[int, float] | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    extensions: SamplingExtensions | None = None  # engine-specific sampling (top_k, min_tokens...)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -3,6 +3,7 @@ resource taken: what comes out is a Call, ready to be leased."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -16,7 +17,7 @@ from laneway.core.policy import PolicyStore
 from laneway.core.routing import LaneRouter
 from laneway.engines.base import EngineError, embedder
 from laneway.engines.registry import EngineRegistry, LiveDeployment, NotServed, UnknownModel
-from laneway.types import EmbeddingRequest, GenerationRequest, TenantSnapshot
+from laneway.types import EmbeddingRequest, GenerationRequest, SamplingExtensions, TenantSnapshot
 
 # Tokens one embeddings request may ask for, all inputs together: OpenAI's own limit, so a
 # client written for OpenAI already batches within it.
@@ -82,11 +83,12 @@ class Preparer:
             logit_bias=intent.logit_bias or None,
             presence_penalty=intent.presence_penalty,
             frequency_penalty=intent.frequency_penalty,
+            extensions=intent.extensions,
         )
         needs = frozenset(c for c, _ in capabilities.asked(generation))
         deployment = self.registry.resolve(intent.alias, chosen.name, needs)
         context = deployment.engine.info.max_model_len
-        room = context - measured.tokens
+        room = context - _kept_prompt_tokens(measured.tokens, intent.extensions)
         if room <= 0:
             raise GatewayError(  # 400, as OpenAI answers it (the SDKs raise BadRequestError)
                 ErrorCode.CONTEXT_LENGTH_EXCEEDED,
@@ -104,6 +106,11 @@ class Preparer:
         capabilities.check(deployment.engine.info, intent.alias, generation)
         generation.request_id = engine_request_id(request_id, intent.client_request_id)
         generation.max_tokens = budget
+        ext = intent.extensions
+        if ext is not None and ext.min_tokens is not None and ext.min_tokens > budget:
+            # The task's policy caps what is generated, forced tokens too: an engine refuses
+            # min_tokens above max_tokens, so it is brought down to the cap.
+            generation.extensions = dataclasses.replace(ext, min_tokens=budget)
         generation.messages = tuple(messages) if messages is not None else None
         generation.temperature = 1.0 if intent.temperature is None else intent.temperature
         generation.top_p = 1.0 if intent.top_p is None else intent.top_p
@@ -213,3 +220,10 @@ class Preparer:
                 request_id=engine_id, inputs=tuple(inputs), prompt_tokens=total, priority=priority
             ),
         )
+
+
+def _kept_prompt_tokens(measured: int, ext: SamplingExtensions | None) -> int:
+    """The prompt tokens the engine keeps: truncate_prompt_tokens keeps the last N of them, so
+    a long prompt that asks for it is not refused for the context it would have overflowed."""
+    keep = ext.truncate_prompt_tokens if ext is not None else None
+    return min(measured, keep) if keep is not None and keep > 0 else measured

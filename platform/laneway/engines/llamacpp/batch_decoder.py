@@ -200,6 +200,9 @@ class BatchDecoder:
             temperature=req.temperature,
             top_p=req.top_p,
             seed=seed,
+            top_k=plan.top_k,
+            min_p=plan.min_p,
+            repeat_penalty=plan.repeat_penalty,
         )
         seq.index = index
         seq.choice = ChoiceText(req, plan.mode, plan.tools, index, seq.emit)
@@ -305,7 +308,8 @@ class BatchDecoder:
     def _sample(self, seq: BatchSequence, i: int) -> None:
         choice = seq.choice
         assert choice is not None and seq.sampler is not None
-        tok = seq.sampler.sample(i)
+        held = seq.plan.eog_ids if choice.produced < seq.plan.hold_eog else None
+        tok = seq.sampler.sample(i, held)
         if self.eog(tok):
             choice.finish("stop")
             self._choice_over(seq)

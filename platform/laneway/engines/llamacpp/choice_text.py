@@ -29,6 +29,8 @@ class ChoiceText:
         self.window = max((len(x) for x in req.stop), default=0)
         self.tail = ""
         self.produced = 0
+        # Stop strings wait for min_tokens, as vLLM's stop checks do.
+        self.min_tokens = (req.extensions.min_tokens or 0) if req.extensions is not None else 0
         self.done = False
 
     def token(self, raw: bytes, logprobs: tuple[TokenLogprob, ...] = ()) -> bool:
@@ -49,7 +51,7 @@ class ChoiceText:
             return True
         else:
             self.emit(Delta(text=text, tokens=1, index=self.index, logprobs=logprobs))
-            if self.req.stop:
+            if self.req.stop and self.produced >= self.min_tokens:
                 self.tail = (self.tail + text)[-(self.window + len(text)) :]
                 if any(x in self.tail for x in self.req.stop):
                     self.finish("stop")

@@ -16,6 +16,8 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from laneway.engines import extras
 from laneway.engines.base import EngineError, run_embedding_warmup, run_warmup, system_prompt_chat
 from laneway.engines.chat_template import CHATML, render_chat
@@ -45,7 +47,9 @@ from laneway.types import (
 OFF_LOOP_PROMPT_CHARS = 8192
 # What one context does beyond text: tools and JSON through grammars, logprobs from its
 # logits, n choices decoded one after another in the request's slot.
-CAPABILITIES = frozenset({"tools", "json_object", "json_schema", "logprobs", "n", "penalties", "logit_bias"})
+# Of the sampling extensions, those llama.cpp's sampler has (core/capabilities.py refuses the rest by name).
+CAPABILITIES = frozenset({"tools", "json_object", "json_schema", "logprobs", "n", "penalties", "logit_bias",
+                          "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens"})  # fmt: skip
 
 
 class LlamaCppEngine:
@@ -97,6 +101,7 @@ class LlamaCppEngine:
         self._contexts: list[Any] = []  # Llama objects: the first tokenizes; per slot, each decodes
         self._template = CHATML
         self._n_vocab = 0
+        self._eog_ids: np.ndarray = np.zeros(0, dtype=np.int64)  # end-of-generation tokens, once loaded
         self._batch_ctx: BatchContext | None = None
         self._decoder: BatchDecoder | None = None
         self._batched: BatchedGeneration | None = None
@@ -127,6 +132,7 @@ class LlamaCppEngine:
             return bool(llama_cpp.llama_vocab_is_eog(vocab, tok))
 
         self._n_vocab = int(first.n_vocab())
+        self._eog_ids = np.array([t for t in range(self._n_vocab) if eog(t)], dtype=np.int64)
         name = f"llamacpp-{self.alias}"
         if self.embedding:
             self._embedder = Embedder(self._contexts, n_embd=self.n_embd, name=name)
@@ -248,7 +254,7 @@ class LlamaCppEngine:
         return self._embedder
 
     def _plan(self, req: GenerationRequest) -> DecodePlan:
-        return decode_plan(req, self._biases, self._n_vocab)
+        return decode_plan(req, self._biases, self._n_vocab, self._eog_ids)
 
     async def generate(self, req: GenerationRequest) -> AsyncGenerator[Delta, None]:
         if self.embedding:  # the registry never routes generation here (info.generates is False)

@@ -20,7 +20,7 @@ from typing import Any
 
 class Sampler:
     """One choice's sampler chain: logit biases, penalties, a grammar, then greedy or
-    top_p / temperature / a seeded draw, as llama.cpp's common sampling orders them."""
+    top_k / top_p / min_p / temperature / a seeded draw, as llama.cpp's common sampling orders them."""
 
     def __init__(
         self,
@@ -34,6 +34,9 @@ class Sampler:
         temperature: float,
         top_p: float,
         seed: int,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        repeat_penalty: float = 1.0,
     ) -> None:
         from llama_cpp._internals import LlamaSampler
 
@@ -41,20 +44,29 @@ class Sampler:
         chain: Any = LlamaSampler()  # type: ignore[no-untyped-call]
         if biases:
             chain.add_logit_bias(ctx.n_vocab, biases)
-        if presence_penalty or frequency_penalty:
-            chain.add_penalties(ctx.n_vocab, penalty_last_n, 1.0, frequency_penalty, presence_penalty)
+        if presence_penalty or frequency_penalty or repeat_penalty != 1.0:
+            chain.add_penalties(ctx.n_vocab, penalty_last_n, repeat_penalty, frequency_penalty, presence_penalty)
         if grammar is not None:
             chain.add_grammar(ctx._model, grammar)
         if temperature <= 0:
             chain.add_greedy()
         else:
+            if top_k > 0:
+                chain.add_top_k(top_k)
             chain.add_top_p(top_p, 1)
+            if min_p > 0:
+                chain.add_min_p(min_p, 1)
             chain.add_temp(temperature)
             chain.add_dist(seed)
         self._chain = chain
 
-    def sample(self, i: int) -> int:
-        """The token drawn from the logits of the batch's `i`-th token (accepted into the chain)."""
+    def sample(self, i: int, masked: Any = None) -> int:
+        """The token drawn from the logits of the batch's `i`-th token (accepted into the chain);
+        the token ids in `masked` (an int array) are never drawn."""
+        if masked is not None:
+            logits = self._ctx.get_logits_ith(i)
+            for tok in masked.tolist():
+                logits[tok] = -float("inf")
         return int(self._chain.sample(self._ctx, i))
 
 

@@ -87,10 +87,15 @@ class SlotDecoding:
     def _one_choice(self, ctx: Any, ids: list[int], req: GenerationRequest, plan: DecodePlan, index: int,
                     cancel: threading.Event, emit: Emit) -> None:  # fmt: skip
         bias_ids, bias_vals = plan.bias_ids, plan.bias_vals
+        sampled = 0  # tokens drawn for this choice: the processor runs once before each
 
         def apply_bias(_: Any, scores: np.ndarray) -> np.ndarray:
+            nonlocal sampled
             if len(bias_ids):
                 scores[bias_ids] += bias_vals
+            if sampled < plan.hold_eog and plan.eog_ids is not None:
+                scores[plan.eog_ids] = -np.inf
+            sampled += 1
             return scores
 
         choice = ChoiceText(req, plan.mode, plan.tools, index, emit)
@@ -98,8 +103,9 @@ class SlotDecoding:
             ids,
             temp=max(req.temperature, 0.0),
             top_p=req.top_p,
-            top_k=0,
-            min_p=0.0,
+            top_k=plan.top_k,
+            min_p=plan.min_p,
+            repeat_penalty=plan.repeat_penalty,
             reset=True,
             frequency_penalty=req.frequency_penalty,
             presence_penalty=req.presence_penalty,

@@ -24,6 +24,14 @@ class DecodePlan:
     grammar: Any  # a LlamaGrammar, or None
     mode: str  # "text" | "tools" (a call is required) | "auto" (the model may call a tool)
     tools: list[dict[str, Any]]
+    # The request's sampling extensions (core/capabilities.py checked them), in llama.cpp's terms.
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    # End-of-generation tokens are masked for a choice's first `hold_eog` tokens: min_tokens,
+    # or every token for ignore_eos (llama.cpp's server does ignore_eos the same way).
+    hold_eog: int = 0
+    eog_ids: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +64,10 @@ class TokenBiases:
         return self._sorted(merged)
 
 
-def decode_plan(req: GenerationRequest, biases: TokenBiases, n_vocab: int) -> DecodePlan:
+IGNORE_EOS = 2**62  # hold_eog for ignore_eos: no choice is that long
+
+
+def decode_plan(req: GenerationRequest, biases: TokenBiases, n_vocab: int, eog_ids: np.ndarray) -> DecodePlan:
     if req.logit_bias:
         biases = biases.with_request(req.logit_bias, n_vocab)
     tools = offered(req.tools, req.tool_choice)
@@ -70,4 +81,10 @@ def decode_plan(req: GenerationRequest, biases: TokenBiases, n_vocab: int) -> De
         schema = output_schema(req.response_format)
     # Key order is kept: the grammar writes the keys in it (a call's name before its arguments).
     grammar = json_grammar(json.dumps(schema)) if schema is not None else None
-    return DecodePlan(biases.ids, biases.values, grammar, mode, tools)
+    ext = req.extensions
+    if ext is None:
+        return DecodePlan(biases.ids, biases.values, grammar, mode, tools)
+    hold = IGNORE_EOS if ext.ignore_eos else (ext.min_tokens or 0)
+    return DecodePlan(biases.ids, biases.values, grammar, mode, tools, top_k=max(ext.top_k or 0, 0),
+                      min_p=ext.min_p or 0.0, repeat_penalty=ext.repetition_penalty or 1.0, hold_eog=hold,
+                      eog_ids=eog_ids if hold else None)  # fmt: skip

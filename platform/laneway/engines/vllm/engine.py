@@ -52,6 +52,7 @@ from laneway.engines.vllm.request_body import (
     request_headers,
 )
 from laneway.types import (
+    EXTENSIONS,
     ChatTurn,
     Delta,
     EmbeddingRequest,
@@ -65,8 +66,9 @@ log = logging.getLogger("laneway.engines.vllm")
 
 # vLLM's OpenAI server does these itself (guided decoding for JSON, n sequences, logprobs);
 # tool calls also need it started with --enable-auto-tool-choice and a --tool-call-parser,
-# so they are declared by config ("tool_calling": true).
-CAPABILITIES = frozenset({"json_object", "json_schema", "logprobs", "n", "penalties", "logit_bias"})
+# so they are declared by config ("tool_calling": true). Its own sampling extensions (top_k,
+# min_tokens, ignore_eos, structured_outputs...) are passed through as it names them.
+CAPABILITIES = frozenset({"json_object", "json_schema", "logprobs", "n", "penalties", "logit_bias", *EXTENSIONS})
 
 
 class VLLMEngine:

@@ -62,6 +62,8 @@ def generation_body(req: GenerationRequest, model: str, extra_body: dict[str, An
         body["frequency_penalty"] = req.frequency_penalty
     if req.logit_bias:
         body["logit_bias"] = {str(k): v for k, v in req.logit_bias.items()}
+    if req.extensions is not None:
+        body.update(req.extensions.body())
     if req.messages is not None:
         body["messages"] = [chat_message(m) for m in req.messages]
         if req.tools:
