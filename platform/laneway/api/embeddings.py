@@ -17,8 +17,7 @@ from numpy.typing import NDArray
 from laneway.api import openapi
 from laneway.api.disconnect import ClientDisconnected, HttpClient
 from laneway.api.protocol import encode
-from laneway.api.request import authenticate, decode, unsupported
-from laneway.api.request_ids import client_request_id
+from laneway.api.request import authenticate, decode, routing, unsupported
 from laneway.api.services import Api
 from laneway.api.stream import lane_header
 from laneway.contracts.codes import ErrorCode
@@ -83,23 +82,6 @@ def _inputs(req: CreateEmbeddingRequest) -> list[str]:
     return items  # each item checked to be a str above
 
 
-def _hints(request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
-    """Task, lane and priority from laneway's headers (the embeddings body has no metadata)."""
-    raw = request.headers.get("x-laneway-priority") or "0"
-    try:
-        priority = int(raw)
-    except ValueError:
-        raise invalid_request(
-            f"X-Laneway-Priority must be an integer, got '{raw}'.", param="X-Laneway-Priority"
-        ) from None
-    return {
-        "task": request.headers.get("x-laneway-task") or None,
-        "lane": request.headers.get("x-laneway-lane") or None,
-        "priority": priority,
-        "client_request_id": client_request_id(request.headers.get("x-request-id")),
-    }
-
-
 def _encoded(vector: NDArray[np.float32], encoding_format: str) -> list[float] | str:
     if encoding_format == "base64":
         return base64.b64encode(vector.astype("<f4", copy=False).tobytes()).decode("ascii")
@@ -123,11 +105,9 @@ class EmbeddingsController(Controller):
     async def create_embeddings(self, request: Request, api: Api) -> Response[bytes]:  # type: ignore[type-arg]
         tenant = await authenticate(request, api.authenticator)
         req = await decode(request, CreateEmbeddingRequest)
-        if req.user is not None and "\x00" in req.user:  # stored on the usage row: PostgreSQL text can't hold NUL
-            raise invalid_request("`user` must not contain NUL (\\u0000) characters.", param="user")
         if req.dimensions is not None:
             raise unsupported("dimensions", "shortened vectors; the model's vectors keep their own length")
-        intent = EmbeddingIntent(alias=req.model, inputs=_inputs(req), user=req.user, **_hints(request))
+        intent = EmbeddingIntent(alias=req.model, inputs=_inputs(req), **routing(request, None, req.user))
         try:
             embedded = await api.gateway.serve(tenant, intent, HttpClient(request))
         except ClientDisconnected:

@@ -218,11 +218,16 @@ class _Hinted(Protocol):
 
 
 def hints(request: Incoming, req: _Hinted) -> dict[str, Any]:
+    """The intent's routing fields of a body with metadata (chat, completions, responses)."""
+    return routing(request, req.metadata, req.user)
+
+
+def routing(request: Incoming, metadata: dict[str, str] | None, user: str | None) -> dict[str, Any]:
     """Task, lane and priority (headers win over request metadata), the end user and the
     client's X-Request-Id: the intent's routing fields."""
-    if req.user is not None and "\x00" in req.user:  # stored on the usage row: PostgreSQL text can't hold NUL
+    if user is not None and "\x00" in user:  # stored on the usage row: PostgreSQL text can't hold NUL
         raise invalid_request("`user` must not contain NUL (\\u0000) characters.", param="user")
-    meta = req.metadata or {}
+    meta = metadata or {}
     task = request.headers.get("x-laneway-task") or meta.get("laneway_task") or None
     lane = request.headers.get("x-laneway-lane") or meta.get("laneway_lane") or None
     raw = request.headers.get("x-laneway-priority") or meta.get("laneway_priority") or "0"
@@ -236,7 +241,7 @@ def hints(request: Incoming, req: _Hinted) -> dict[str, Any]:
         "task": task,
         "lane": lane,
         "priority": priority,
-        "user": req.user,
+        "user": user,
         "client_request_id": client_request_id(request.headers.get("x-request-id")),
     }
 
