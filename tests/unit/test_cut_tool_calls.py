@@ -67,7 +67,13 @@ def test_whole_envelopes_close_and_json_in_strings_does_not_confuse_the_reader()
 
 
 def test_an_unknown_name_or_key_breaks_the_envelope() -> None:
-    for text in ('{"name":"nope","arguments":{}}', '{"name":"clock","extra":1}', '[{"name":"clock","arguments":{}},3'):
+    bad = (
+        '{"name":"nope","arguments":{}}',
+        '{"name":"clock","extra":1}',
+        '[{"name":"clock","arguments":{}},3',
+        '{"name":"clo\nck"',
+    )  # a raw newline in a string: not JSON
+    for text in bad:
         reader = EnvelopeReader.of(TOOLS)
         reader.feed(text)
         assert reader.broken and not reader.closed, text

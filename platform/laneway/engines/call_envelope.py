@@ -58,7 +58,7 @@ class EnvelopeReader:
     broken: bool = False
     _depth: int = 0
     _call_depth: int = 0  # the depth inside a call object: 1 (one object) or 2 (an array of them)
-    _expect: str = "value"  # inside a call object: "key", "colon", "value" or "comma"
+    _expect: str = "value"  # inside a call object: "key", "colon", "value", "in_value" or "comma"
     _string: _String | None = None
     _scalar: bool = False  # a number or literal value is being read at the call's level
     _calls: list[_CallSpan] = field(default_factory=list)
@@ -162,19 +162,23 @@ class EnvelopeReader:
         if self._depth != self._call_depth:
             return
         call = self._calls[-1]
-        raw = self.text[s.start : i + 1]
+        if s.role == "value":
+            self._value_ended(i + 1)
+            return
+        try:  # without a grammar (auto mode) a string may hold what JSON does not allow
+            value = json.loads(self.text[s.start : i + 1])
+        except ValueError:
+            self.broken = True
+            return
         if s.role == "key":
-            key = json.loads(raw)
+            key = value
             if key not in CALL_KEYS:
                 self.broken = True
             call.key, self._expect = key, "colon"
-        elif s.role == "name":
-            name = json.loads(raw)
-            if name not in self.names:
-                self.broken = True
-            call.name = name
-            self._value_ended(i + 1)
         else:
+            if value not in self.names:
+                self.broken = True
+            call.name = value
             self._value_ended(i + 1)
 
     def _call_level(self, c: str, i: int) -> None:
@@ -254,10 +258,13 @@ class EnvelopeReader:
     def _partial_arguments(self, call: _CallSpan) -> str:
         if call.args_start is None:
             return ""
+        raw = self.text[call.args_start : call.args_end]
         if call.args_end is not None:  # whole, though the object around it is not
-            value = json.loads(self.text[call.args_start : call.args_end])
-            return json.dumps(value, ensure_ascii=False)
-        return self.text[call.args_start :]
+            try:
+                return json.dumps(json.loads(raw), ensure_ascii=False)
+            except ValueError:  # auto mode: no grammar kept it JSON
+                return raw
+        return raw
 
 
 def _arguments_of(value: dict[str, Any]) -> Any:
