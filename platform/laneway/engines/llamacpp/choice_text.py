@@ -9,14 +9,20 @@ from typing import Any
 
 import numpy as np
 
+from laneway.engines.call_envelope import EnvelopeReader, cut_calls
 from laneway.engines.tool_calls import parse_calls
-from laneway.types import Delta, FinishReason, GenerationRequest, TokenLogprob, TopLogprob
+from laneway.types import Delta, FinishReason, GenerationRequest, TokenLogprob, ToolCall, TopLogprob
 
 
 class ChoiceText:
     """One choice's tokens -> deltas: UTF-8 held across tokens, the token cap, the stops (this
     choice ends at one; the gateway cuts the text itself), and an answer held back to be read
-    as tool calls (mode "tools"; "auto": once it starts like JSON)."""
+    as tool calls (mode "tools"; "auto": once it starts like JSON).
+
+    A held answer is read as the call envelope while it comes: the choice ends as soon as the
+    envelope is whole (or its first call is, without parallel calls), and an answer cut short
+    ends with the calls as far as they got. The envelope itself is never sent as text; in
+    auto mode JSON that is not an envelope for these tools is the model's text."""
 
     def __init__(
         self, req: GenerationRequest, mode: str, tools: list[dict[str, Any]], index: int, emit: Callable[[Any], None]
@@ -26,6 +32,8 @@ class ChoiceText:
         self.holding = mode == "tools"
         self.deciding = mode == "auto"  # whitespace before the first character waits to decide
         self.held: list[str] = []
+        self.envelope = EnvelopeReader.of(tools)
+        self.required = mode == "tools"
         self.window = max((len(x) for x in req.stop), default=0)
         self.tail = ""
         self.produced = 0
@@ -44,6 +52,8 @@ class ChoiceText:
         capped = self.produced >= self.req.max_tokens
         if self.holding or self.deciding:
             self.held.append(text)
+            if self.holding and self._envelope_whole(text):
+                return True
         elif capped:
             end = text + self.decoder.decode(b"", final=True)
             self.emit(Delta(text=end, tokens=1, finish_reason="length", index=self.index, logprobs=logprobs))
@@ -69,14 +79,33 @@ class ChoiceText:
         rest = self.decoder.decode(b"", final=True)
         if self.held or self.holding:
             answer = "".join(self.held) + rest
-            calls = parse_calls(answer, self.tools) if reason == "stop" else None
-            if calls:
-                self.emit(Delta(text="", tokens=len(self.held), finish_reason="tool_calls", index=self.index,
-                                tool_calls=calls))  # fmt: skip
-            else:  # not calls after all (or cut short): the text as it came
-                self.emit(Delta(text=answer, tokens=len(self.held), finish_reason=reason, index=self.index))
+            if reason == "stop":  # the model ended: its answer is calls, or text
+                calls = parse_calls(answer, self.tools)
+                if calls:
+                    self._emit_calls(calls, "tool_calls")
+                    return
+            else:  # cut short: the calls as far as they got, whatever their number
+                cut = cut_calls(answer, self.tools)
+                if cut is not None or self.required:
+                    self._emit_calls(cut or (), reason)
+                    return
+            self.emit(Delta(text=answer, tokens=len(self.held), finish_reason=reason, index=self.index))
             return
         self.emit(Delta(text=rest, tokens=0, finish_reason=reason, index=self.index))
+
+    def _envelope_whole(self, text: str) -> bool:
+        """Read `text` into the envelope; True when that ended the choice: the envelope is
+        whole, or (no parallel calls) its first call is, so nothing more is generated."""
+        self.envelope.feed(text)
+        envelope = self.envelope
+        if envelope.broken or not (envelope.closed or (not self.req.parallel_tool_calls and envelope.complete_calls)):
+            return False
+        self.done = True
+        self._emit_calls(envelope.calls(partial=False), "tool_calls")
+        return True
+
+    def _emit_calls(self, calls: tuple[ToolCall, ...], reason: FinishReason) -> None:
+        self.emit(Delta(text="", tokens=len(self.held), finish_reason=reason, index=self.index, tool_calls=calls))
 
 
 def token_logprob(
