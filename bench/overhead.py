@@ -129,6 +129,22 @@ def bench_services() -> Iterator[tuple[Path, str, PrivateRedis]]:
         upstream.terminate()
 
 
+def seed_with_tree(url: str, what: dict[str, Any], platform_path: str | None) -> dict[str, str]:
+    """Seed with this tree's code, or, for another tree (--ab), with that tree's: its
+    migrations are the ones its gateway will find in the database."""
+    if platform_path is None:
+        return asyncio.run(seed(url, **what))
+    seeding = Path(__file__).resolve().parents[1] / "tests" / "support" / "seeding.py"
+    code = ("import asyncio, importlib.util, json, sys\n"
+            "spec = importlib.util.spec_from_file_location('seeding', sys.argv[1])\n"
+            "module = sys.modules['seeding'] = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
+            "print(json.dumps(asyncio.run(module.seed(sys.argv[2], **json.loads(sys.argv[3])))))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code, str(seeding), url, json.dumps(what)], check=True,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": platform_path})  # fmt: skip
+    keys: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return keys
+
+
 @contextmanager
 def gateway(
     upstream: str,
@@ -146,7 +162,8 @@ def gateway(
               for alias in ("m", "long")}  # fmt: skip
     lanes = [{"name": "standard", "max_concurrency": 1024, "max_queue_depth": 4096, "queue_timeout_s": 30,
               "max_unacked_tokens": 100_000}]  # fmt: skip
-    keys = asyncio.run(seed(url, models=models, lanes=lanes, tenants={"bench": BENCH_LIMITS, "flood": {}}))
+    what = {"models": models, "lanes": lanes, "tenants": {"bench": BENCH_LIMITS, "flood": {}}}
+    keys = seed_with_tree(url, what, (env_extra or {}).get("PYTHONPATH"))
     env = {**os.environ, "LANEWAY_DATA_DIR": str(work / f"data-{time.time_ns()}"), "LANEWAY_DATABASE_URL": url,
            "LANEWAY_BOOTSTRAP_DEMO": "false", "LANEWAY_LOG_LEVEL": "warning"}  # fmt: skip
     if redis_url:
