@@ -152,9 +152,18 @@ def served_by(env: Env) -> str:
 def replica_row(
     pg: PrivatePostgres | None, work: Path, name: str, fault: Callable[[Replica], int], settings: dict[str, str]
 ) -> Row:
-    """`fault` breaks replicas[1] and mends it, returning the requests it had received by then."""
+    """`fault` breaks a replica and mends it, returning the requests it had received by then.
+    The replica broken is the one that has taken the most requests so far (the gateway's
+    dispatch favours one replica while it has free slots): the fault finds the most requests
+    on it."""
     row = Row(name)
     recovered_at: list[int] = []
+    broken: list[Replica] = []
+
+    def break_busiest() -> None:
+        broken.append(max(replicas, key=lambda r: r.control()))
+        recovered_at.append(fault(broken[0]))
+
     replicas = [Replica() for _ in range(3)]
     try:
         models = {ALIAS: [deployment(f"{ALIAS}-{i}", r) for i, r in enumerate(replicas)]}
@@ -162,8 +171,8 @@ def replica_row(
             row.baseline_p95 = baseline(env, model=ALIAS)
             clients = Clients()
             with Victim(env, ALIAS) as victim:
-                attack(env, row, clients, lambda: recovered_at.append(fault(replicas[1])))
-            back = replicas[1].control() - recovered_at[0]
+                attack(env, row, clients, break_busiest)
+            back = broken[0].control() - recovered_at[0]
             row.loaded_p95 = victim.p95
             row.victim_ok = victim.ok / max(1, victim.ok + victim.failed)
             row.status_500 += victim.status_500
@@ -173,8 +182,8 @@ def replica_row(
             statuses = json.dumps(clients.statuses, sort_keys=True)
             row.note = (f"failed before first byte: {clients.failed_before_first_byte}; streams cut after start: "
                         f"{clients.cut_after_start}; statuses {statuses}; retries {retries}, "
-                        f"budget exhausted {exhausted}; rows by replica: {served_by(env)}; "
-                        f"the mended replica took {back} requests in the 2 s after")  # fmt: skip
+                        f"budget exhausted {exhausted}; rows by replica: {served_by(env)}; broken: "
+                        f"{ALIAS}-{replicas.index(broken[0])}, it took {back} requests in the 2 s after")  # fmt: skip
     finally:
         for r in replicas:
             r.kill()
