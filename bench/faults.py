@@ -16,6 +16,10 @@ After it, the bench waits for the gateway to settle and reads:
 
 Goal: 0 leaked, 0 rows lost, 0 x 500, victim p95 <= 1.5x baseline in every row.
 
+The replica rows (bench/faults_replicas.py) serve one alias from 3 vLLM stand-ins, each a
+process of its own: one is SIGKILLed and restarted, or answers 500 for 5 s. There the goal is
+also 0 failed requests that had not received a byte (failover before the first byte).
+
 Run: .venv/bin/python bench/faults.py [--only NAME ...]
 """
 
@@ -107,8 +111,9 @@ class Victim:
     process of its own: the attackers' threads in this one would otherwise slow the victim's
     own client (the GIL) and the bench would blame the gateway for it."""
 
-    def __init__(self, env: Env) -> None:
+    def __init__(self, env: Env, model: str = "sim") -> None:
         self.env = env
+        self.model = model
         self.latencies: list[float] = []
         self.ok = 0
         self.failed = 0
@@ -117,7 +122,7 @@ class Victim:
 
     def __enter__(self) -> Victim:
         self._proc = subprocess.Popen(
-            [sys.executable, __file__, "--victim", self.env.base, self.env.keys["victim"]],
+            [sys.executable, __file__, "--victim", self.env.base, self.env.keys["victim"], self.model],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert self._proc.stdout is not None and self._proc.stdout.readline().strip() == "started"
@@ -137,8 +142,9 @@ class Victim:
         return statistics.quantiles(self.latencies, n=20)[18]
 
 
-def victim_process(base: str, key: str) -> None:
+def victim_process(base: str, key: str, model: str = "sim") -> None:
     """--victim: the victim's loop until stdin closes, then its results as one JSON line."""
+    request = {**VICTIM_REQUEST, "model": model}
     stop = threading.Event()
     result: dict[str, Any] = {"latencies": [], "ok": 0, "failed": 0, "status_500": 0}
 
@@ -147,7 +153,7 @@ def victim_process(base: str, key: str) -> None:
             while not stop.is_set():
                 started = time.perf_counter()
                 try:  # a short streamed answer, like a chat client's (the interactive lane)
-                    with c.stream("POST", "/v1/completions", json=VICTIM_REQUEST) as r:
+                    with c.stream("POST", "/v1/completions", json=request) as r:
                         for _ in r.iter_lines():
                             pass
                     result["latencies"].append(time.perf_counter() - started)
@@ -167,8 +173,8 @@ def victim_process(base: str, key: str) -> None:
     print(json.dumps(result), flush=True)
 
 
-def baseline(env: Env, seconds: float = 2.0) -> float | None:
-    with Victim(env) as v:
+def baseline(env: Env, seconds: float = 2.0, model: str = "sim") -> float | None:
+    with Victim(env, model) as v:
         time.sleep(seconds)
     return v.p95
 
@@ -186,10 +192,14 @@ def new_database(pg: PrivatePostgres | None, work: Path) -> str:
 
 
 @contextmanager
-def gateway(pg: PrivatePostgres | None, work: Path, **env_extra: str) -> Iterator[Env]:
+def gateway(
+    pg: PrivatePostgres | None, work: Path, models: dict[str, list[dict[str, Any]]] | None = None, **env_extra: str
+) -> Iterator[Env]:
+    """`models`: alias -> deployments (default: the sim as alias "sim")."""
     url = new_database(pg, work)
-    model = sim_model("sim", max_concurrency=8, decode_ms_base=2.0, decode_ms_per_seq=0.05)
-    keys = asyncio.run(seed(url, models={"sim": model}, lanes=LANES, tenants=TENANTS))
+    if models is None:
+        models = {"sim": sim_model("sim", max_concurrency=8, decode_ms_base=2.0, decode_ms_per_seq=0.05)}
+    keys = asyncio.run(seed(url, models=models, lanes=LANES, tenants=TENANTS))
     data = Path(tempfile.mkdtemp(dir=work))
     r = PrivateRedis().start()
     prefix = f"bench:{uuid.uuid4().hex[:8]}:"
@@ -587,13 +597,16 @@ def print_table(rows: list[Row]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", nargs="*", choices=[*SCENARIOS, "sigterm"], help="run only these scenarios")
-    ap.add_argument("--victim", nargs=2, help=argparse.SUPPRESS)  # internal: the victim's own process
+    from faults_replicas import REPLICA_SCENARIOS, run_replica_scenario  # imports this module: not at the top
+
+    ap.add_argument("--only", nargs="*", choices=[*SCENARIOS, "sigterm", *REPLICA_SCENARIOS],
+                    help="run only these scenarios")  # fmt: skip
+    ap.add_argument("--victim", nargs="+", help=argparse.SUPPRESS)  # internal: the victim's own process
     args = ap.parse_args()
     if args.victim:
         victim_process(*args.victim)
         return
-    chosen = args.only or [*SCENARIOS, "sigterm"]
+    chosen = args.only or [*SCENARIOS, "sigterm", *REPLICA_SCENARIOS]
     work = Path(tempfile.mkdtemp(prefix="lw-faults-"))
     pg: PrivatePostgres | None = None
     pg_note = ""
@@ -610,6 +623,10 @@ def main() -> None:
         for key in chosen:
             if key == "sigterm":
                 rows.append(sigterm_with_streams(pg, work))
+                continue
+            if key in REPLICA_SCENARIOS:
+                rows.append(run_replica_scenario(key, pg, work))
+                print(f"  done: {key}", file=sys.stderr)
                 continue
             name, attack = SCENARIOS[key]
             if key == "pg-stopped" and pg is None:

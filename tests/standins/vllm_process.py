@@ -1,22 +1,43 @@
-"""The vLLM stand-in as a process of its own, for tests that kill a replica (SIGKILL):
+"""The vLLM stand-in as a process of its own, for tests and benches that kill a replica
+(SIGKILL):
 
     python tests/standins/vllm_process.py PORT [TOKEN_DELAY_S]
 
-Serves on 127.0.0.1:PORT until killed."""
+Serves on 127.0.0.1:PORT until killed. POST /_control {"fail_generation": true} (or
+"fail_status", "healthy") sets the stand-in's switches from outside, as a test in the same
+process sets the attributes: a bench makes one replica answer 500 for a while. The answer
+gives the switches and how many requests the stand-in has received."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import uvicorn
+from litestar import post
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from standins.vllm_server import VLLMStandIn
 
+SWITCHES = ("fail_generation", "fail_status", "healthy")
+
+
+def with_control(standin: VLLMStandIn) -> None:
+    @post("/_control", status_code=200, sync_to_thread=False)
+    def control(data: dict[str, Any]) -> dict[str, Any]:
+        for name in SWITCHES:
+            if name in data:
+                setattr(standin, name, data[name])
+        return {**{name: getattr(standin, name) for name in SWITCHES}, "requests": len(standin.requests)}
+
+    standin.app.register(control)
+
+
 if __name__ == "__main__":
     port = int(sys.argv[1])
     standin = VLLMStandIn(token_delay_s=float(sys.argv[2]) if len(sys.argv) > 2 else 0.002)
     standin.base_url = f"http://127.0.0.1:{port}"
+    with_control(standin)
     uvicorn.run(standin.app, host="127.0.0.1", port=port, log_level="warning")
