@@ -50,6 +50,7 @@ from laneway.engines.vllm.request_body import (
     encode,
     generation_body,
     request_headers,
+    streams_from_vllm,
 )
 from laneway.types import (
     EXTENSIONS,
@@ -272,7 +273,7 @@ class VLLMEngine:
             async with r:  # closed before its end (the client left, an error): vLLM aborts the request
                 if r.status != 200:
                     raise refused(r.status, await r.read())
-                if req.stream:
+                if streams_from_vllm(req):
                     async for delta in stream_deltas(r, req.n):
                         yield delta
                     return

@@ -35,18 +35,27 @@ def chat_message(m: ChatTurn) -> dict[str, Any]:
     return out
 
 
+def streams_from_vllm(req: GenerationRequest) -> bool:
+    """Whether to ask vLLM for a stream: for a streaming client, and whenever tools are offered.
+    vLLM's tool parser answers a call cut at max_tokens as its raw call text in `content` when
+    not streaming, but as the call itself (name, arguments so far) when streaming: the shape
+    OpenAI and laneway's other engines give, whatever the client asked for."""
+    return req.stream or (bool(req.tools) and req.tool_choice != "none")
+
+
 def generation_body(req: GenerationRequest, model: str, extra_body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The path and body of a generation: chat to /v1/chat/completions (vLLM applies the
     model's own template), a prompt to /v1/completions."""
+    stream = streams_from_vllm(req)
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": req.max_tokens,
         "temperature": req.temperature,
         "top_p": req.top_p,
-        "stream": req.stream,
+        "stream": stream,
         **extra_body,
     }
-    if req.stream:
+    if stream:
         body["stream_options"] = {"include_usage": True}
     if req.seed is not None:
         body["seed"] = req.seed
