@@ -54,6 +54,10 @@ class LiveDeployment:
     outstanding: int = 0  # requests admitted to this deployment and not yet finished
     healthy: bool = True  # False: ejected from routing until a health check passes
     failures: int = 0  # consecutive engine errors
+    # Back from ejection on a passing health check, not yet proven by a request: it takes one
+    # request at a time until one succeeds (a /health that answers while generation still fails
+    # would otherwise take a burst of requests that all fail).
+    probing: bool = False
 
     @property
     def overloaded(self) -> bool:
@@ -250,8 +254,12 @@ class EngineRegistry:
         """Passive health: consecutive engine errors eject a deployment from routing."""
         if ok:
             deployment.failures = 0
+            deployment.probing = False
             return
         deployment.failures += 1
+        if deployment.probing:  # its probe failed: out again at once
+            deployment.failures = max(deployment.failures, EJECT_AFTER_FAILURES)
+            deployment.probing = False
         if deployment.failures >= EJECT_AFTER_FAILURES and deployment.healthy:
             deployment.healthy = False
             log.warning("deployment %s ejected after %d consecutive errors", deployment.spec.name, deployment.failures)
@@ -264,8 +272,9 @@ class EngineRegistry:
             except Exception:
                 ok = False
             if ok and not d.healthy:
-                log.info("deployment %s is healthy again", d.spec.name)
+                log.info("deployment %s is healthy again: probing it with one request at a time", d.spec.name)
                 d.failures = 0
+                d.probing = True
             elif not ok and d.healthy:
                 log.warning("deployment %s failed its health check: ejected", d.spec.name)
             d.healthy = ok
@@ -322,7 +331,7 @@ class EngineRegistry:
             raise NotServed(alias)
         if needs:
             candidates = [d for d in candidates if needs <= d.engine.info.capabilities] or candidates
-        candidates = [d for d in candidates if d.healthy] or candidates
+        candidates = [d for d in candidates if d.healthy and not (d.probing and d.outstanding)] or candidates
         candidates = [d for d in candidates if not d.overloaded] or candidates
         if lane is not None:
             candidates = [d for d in candidates if lane in d.spec.config.get("lanes", (lane,))] or candidates
