@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from faults import ROOT, Env, Row, Victim, baseline, gateway, metrics, settle, tally
+from faults_harness import ROOT, Env, Row, Victim, baseline, gateway, metrics, settle, tally
 from support import PrivatePostgres, free_port, wait_for
 
 STANDIN = ROOT / "tests" / "standins" / "vllm_process.py"
