@@ -129,8 +129,7 @@ class GatewayMetrics:
         if reason:
             self.rejections.labels(*lv, reason).inc()
         if outcome.failed_tries:  # rare: the labels are looked up here, not cached
-            moved = outcome.failed_tries if outcome.tries > len(outcome.failed_tries) else outcome.failed_tries[:-1]
-            for failed in moved:
+            for failed in outcome.moves:
                 self.retries.labels(outcome.model, failed.reason).inc()
             if outcome.retry_denied == "budget":
                 self.retry_budget_exhausted.labels(outcome.model).inc()

@@ -30,7 +30,7 @@ class EarlyEngineFailure(Exception):
         self.reason = reason  # "connect", "first_token_timeout" or "engine_error"
 
 
-def reason_of(error: EngineError) -> str:
+def failure_reason(error: EngineError) -> str:
     """A bounded label for why a replica failed (metrics, the usage row)."""
     if isinstance(error, FirstTokenTimeout):
         return "first_token_timeout"

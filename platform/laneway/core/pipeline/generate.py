@@ -12,7 +12,7 @@ from dataclasses import replace
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.core.pipeline.call import Call
-from laneway.core.pipeline.failover import EarlyEngineFailure, FirstTokenTimeout, reason_of
+from laneway.core.pipeline.failover import EarlyEngineFailure, FirstTokenTimeout, failure_reason
 from laneway.core.pipeline.lease import Lease
 from laneway.core.stops import StopMatcher
 from laneway.engines.base import EngineError, EngineRequestError, embedder
@@ -106,7 +106,7 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
                            f"The engine serving '{call.alias}' refused the request: {exc}") from exc  # fmt: skip
     except EngineError as exc:
         if not yielded or not call.stream:  # nothing reached the client: another replica may serve it
-            raise EarlyEngineFailure(exc, reason_of(exc)) from exc
+            raise EarlyEngineFailure(exc, failure_reason(exc)) from exc
         raise engine_failed(call, exc, registry) from exc
     except BaseException as exc:
         call.fail(*outcome_of(exc))

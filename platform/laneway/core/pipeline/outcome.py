@@ -46,8 +46,16 @@ class Outcome:
     retry_denied: str | None = None  # "budget": a failover the retry budget refused
 
     @property
+    def moves(self) -> tuple[FailedTry, ...]:
+        """The failed tries after which the request went to another replica: all of them, but
+        the last when it failed for good on the replica it ended on."""
+        if self.failed_tries and self.failed_tries[-1].deployment == self.deployment:
+            return self.failed_tries[:-1]
+        return self.failed_tries
+
+    @property
     def tries(self) -> int:
-        return len(self.failed_tries) + (0 if self.deployment in {t.deployment for t in self.failed_tries} else 1)
+        return len(self.moves) + 1
 
     @property
     def queue_ms(self) -> float | None:

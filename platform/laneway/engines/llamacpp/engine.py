@@ -80,7 +80,7 @@ class LlamaCppEngine:
         self.n_gpu_layers = c.n_gpu_layers
         self.n_batch = max(16, c.n_batch)
         # A short prompt arriving while a long one prefills waits for the step in flight: about
-        # this long at most (engines/README.md says why).
+        # this long at most (docs/engines/README.md says why).
         self.max_step_ms = c.max_step_ms
         self._biases = TokenBiases.of(c.logit_bias, [*c.ban_tokens, *(BANNED_BYTE_TOKENS if c.demo else ())])
         # One reserved sequence of the batch context per warm-up system prompt, for prefix reuse.
