@@ -83,6 +83,24 @@ class Settings:
     retry_budget_ratio: float = 0.1
     retry_budget_min: int = 3
     retry_budget_window_s: float = 10.0
+    # How a request of an alias with several replicas is placed (core/dispatch/): "cache_aware"
+    # waits in the alias's fair queue and is bound, when a replica has room, to the one scoring
+    # best on cached prefix minus load; "least_outstanding" binds at arrival to the replica with
+    # the fewest requests; "round_robin" binds at arrival in turn. The last two are baselines.
+    routing: str = "cache_aware"
+    # cache_aware's score: prompt share cached there x routing_prefix_weight, plus
+    # routing_session_weight on the replica that last served the request's prompt_cache_key,
+    # minus its load (0..1: slots in use, engine-reported waiting and KV usage) x
+    # routing_load_weight. A replica whose load exceeds the least loaded one's by more than
+    # routing_imbalance loses its cache bonus (a hot prefix cannot pile onto one replica).
+    routing_prefix_weight: float = 1.0
+    routing_session_weight: float = 0.5
+    routing_load_weight: float = 1.0
+    routing_imbalance: float = 0.5
+    # The approximate prefix index: characters of rendered prompt per hashed block, and blocks
+    # remembered per replica (0: from the engine's KV capacity, max_model_len x slots).
+    routing_block_chars: int = 256
+    routing_index_blocks: int = 0
     # First start with no admin: create "admin" with this password (or use `laneway admin create`).
     admin_password: str | None = None
     # Mark the admin session cookie Secure (set when the gateway is served over HTTPS).

@@ -145,6 +145,10 @@ class GenerationRequest:
     # W3C trace context (traceparent, tracestate) of the gateway's engine span, when tracing is
     # on: an HTTP engine sends it as headers, so its own spans join the request's trace.
     trace_headers: tuple[tuple[str, str], ...] = ()
+    # The tenant's prefix-cache partition, set by the gateway (a client's own is dropped): vLLM
+    # gets it as `cache_salt`; llama.cpp reuses cached cells only within the same salt (and
+    # the deployment's warm-up system prompts, shared by all). None: no partition.
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

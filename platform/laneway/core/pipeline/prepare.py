@@ -118,6 +118,7 @@ class Preparer:
         generation.stop = stops
         generation.priority = priority
         generation.stream = intent.stream
+        generation.cache_salt = cache_salt(tenant)
         return Call(
             request_id=request_id,
             tenant=tenant,
@@ -220,6 +221,12 @@ class Preparer:
                 request_id=engine_id, inputs=tuple(inputs), prompt_tokens=total, priority=priority
             ),
         )
+
+
+def cache_salt(tenant: TenantSnapshot) -> str:
+    """The tenant's prefix-cache partition: engines reuse cached prompt cells only within it,
+    so one tenant can never time another's prompts (clients cannot send their own)."""
+    return f"laneway-tenant-{tenant.id}"
 
 
 def _kept_prompt_tokens(measured: int, ext: SamplingExtensions | None) -> int:
