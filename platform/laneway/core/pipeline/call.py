@@ -73,6 +73,7 @@ class Call:
     failed_tries: list[FailedTry] = field(default_factory=list)  # replicas that failed it, in order
     retry_denied: str | None = None  # why it could not move on ("budget"), when that ended it
     asked_alias: str | None = None  # the alias the client asked for, when a fallback (`alias`) serves it
+    prompt_cache_key: str | None = None  # session affinity across replicas (core/dispatch/)
     admission_checked: bool = False  # admission already passed (choosing among fallbacks): not again
 
     def fail(self, status: int, code: str | None) -> None:

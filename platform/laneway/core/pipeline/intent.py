@@ -24,6 +24,9 @@ class GenerationIntent:
     priority: int = 0
     user: str | None = None  # the request's `user`: the end user behind the tenant
     client_request_id: str | None = None  # the client's X-Request-Id, when sane
+    # OpenAI's prompt_cache_key (checked by the API): keeps a conversation on the replica that
+    # holds its prefix while load allows (core/dispatch/).
+    prompt_cache_key: str | None = None
     prompt: str | None = None  # completions
     messages: Sequence[ChatTurn] | None = None  # chat and Responses
     max_tokens: int | None = None

@@ -132,6 +132,7 @@ class Preparer:
             end_user=intent.user[:200] if intent.user else None,
             client_request_id=intent.client_request_id,
             needs=needs,
+            prompt_cache_key=intent.prompt_cache_key,
         )
 
     def accessible(
