@@ -288,6 +288,7 @@ def scale_out(seconds: float, work: Path) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--only", choices=("a", "bc"), help="run only part (a), or only (b) and (c)")
     ap.add_argument("--load", help=argparse.SUPPRESS)  # internal: run background clients
     args = ap.parse_args()
     if args.load:
@@ -296,10 +297,12 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="lw-scaleout-"))
     print(f"# bench/scaleout.py on {platform.node()} ({os.cpu_count()} CPUs, Python {platform.python_version()}), "
           f"{args.seconds:g} s per measurement")  # fmt: skip
-    print("\n(a) fair admission: tenant B while tenant F floods the interactive lane")
-    print("\n".join(fair_admission(args.seconds, work)))
-    print()
-    print("\n".join(scale_out(args.seconds, work)))
+    if args.only != "bc":
+        print("\n(a) fair admission: tenant B while tenant F floods the interactive lane")
+        print("\n".join(fair_admission(args.seconds, work)))
+        print()
+    if args.only != "a":
+        print("\n".join(scale_out(args.seconds, work)))
 
 
 if __name__ == "__main__":

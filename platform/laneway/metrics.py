@@ -93,6 +93,21 @@ class GatewayMetrics:
             ("alias",),
             registry=self.registry,
         )
+        self.routing = Counter(
+            "laneway_routing_decisions_total",
+            "Requests placed on a replica of an alias with several, by alias, replica and what decided "
+            "it: prefix (it held the prompt's prefix), session (its prompt_cache_key), load, hash (a tie), "
+            "or the routing setting's name for a baseline that binds at arrival.",
+            ("alias", "deployment", "reason"),
+            registry=self.registry,
+        )
+        self.prefix_tokens = Counter(
+            "laneway_routing_prefix_tokens_total",
+            "Prompt tokens of requests placed by dispatch (kind=prompt) and of those the replica was "
+            "estimated to hold cached (kind=estimated): their ratio is the routing's estimated hit rate.",
+            ("alias", "deployment", "kind"),
+            registry=self.registry,
+        )
         self._children: dict[tuple[str, ...], _Bound] = {}
         self._statuses: dict[tuple[tuple[str, ...], int], Any] = {}
         self._refusals: dict[tuple[str, int, str, str, str], Any] = {}
@@ -136,6 +151,8 @@ class GatewayMetrics:
         m.e2e.observe(now - outcome.started)
         if outcome.dispatched_at is None:
             return  # never reached the engine
+        if outcome.route_reason is not None:
+            self._routed(outcome)
         m.queue_wait.observe(outcome.dispatched_at - outcome.started)
         m.prompt_tokens.inc(outcome.prompt_tokens)
         m.completion_tokens.inc(outcome.completion_tokens)
@@ -146,6 +163,13 @@ class GatewayMetrics:
             m.decode.observe(decode)
             if outcome.completion_tokens > 1:
                 m.tpot.observe(decode / (outcome.completion_tokens - 1))
+
+    def _routed(self, outcome: Outcome) -> None:
+        key = (outcome.model, outcome.deployment)
+        self.routing.labels(*key, outcome.route_reason).inc()
+        self.prefix_tokens.labels(*key, "prompt").inc(outcome.prompt_tokens)
+        if outcome.cached_estimate:
+            self.prefix_tokens.labels(*key, "estimated").inc(outcome.cached_estimate)
 
     def refused(self, endpoint: str, status: int, code: str | None, method: str = "", path: str = "") -> None:
         """One error answer to a request that never held a lease. `endpoint` is a route's path

@@ -97,9 +97,9 @@ class Settings:
     routing_session_weight: float = 0.5
     routing_load_weight: float = 1.0
     routing_imbalance: float = 0.5
-    # The approximate prefix index: characters of rendered prompt per hashed block, and blocks
+    # The approximate prefix index: bytes of rendered prompt per hashed block, and blocks
     # remembered per replica (0: from the engine's KV capacity, max_model_len x slots).
-    routing_block_chars: int = 256
+    routing_block_bytes: int = 256
     routing_index_blocks: int = 0
     # First start with no admin: create "admin" with this password (or use `laneway admin create`).
     admin_password: str | None = None

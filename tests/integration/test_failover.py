@@ -6,10 +6,6 @@ empty 200 stream. Real processes on loopback; one is SIGKILLed mid-run."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,39 +15,8 @@ import openai
 import pytest
 from laneway.embedded import EmbeddedServer
 from standins.vllm_server import VLLMStandIn
-from support import free_port, start_gateway, until, wait_for
-
-STANDIN = Path(__file__).resolve().parents[1] / "standins" / "vllm_process.py"
-
-
-class StandInProcess:
-    """The vLLM stand-in in a process of its own, so a test can SIGKILL it."""
-
-    def __init__(self, token_delay_s: float = 0.002) -> None:
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, str(STANDIN), str(self.port), str(token_delay_s)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        wait_for(self._up, what=f"the stand-in on port {self.port}", within=30)
-
-    def _up(self) -> bool:
-        try:
-            return httpx.get(self.base_url + "/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def kill(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.kill()
-
-
-def deployment(name: str, base_url: str, **config: Any) -> dict[str, Any]:
-    config = {"base_url": base_url, "model": "m", "metrics_poll_s": 0.05, "shared_slots": False, **config}
-    return {"name": name, "engine_kind": "vllm", "max_model_len": 4096, "config": config}
+from support import StandInProcess, start_gateway, until
+from support import stand_in_deployment as deployment
 
 
 def metric(gw: Any, name: str, **labels: str) -> float:
@@ -141,6 +106,9 @@ def two_replica_gateway(tmp_path: Path, first: VLLMStandIn, second: VLLMStandIn,
     models = {"m": [deployment("m-a", first.base_url, **settings.pop("first_config", {})),
                     deployment("m-b", second.base_url)]}  # fmt: skip
     seed_with = {"models": models, "tenants": {"acme": {}}}
+    # Bound at arrival to the replica with the fewest requests, the first listed on a tie: these
+    # tests send a request to the failing replica first on purpose (failover, not placement).
+    settings.setdefault("routing", "least_outstanding")
     return start_gateway(tmp_path, seed_with=seed_with, usage_flush_interval_s=0.05, **settings)
 
 

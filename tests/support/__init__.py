@@ -28,6 +28,7 @@ from support.services import (
     require_service,
     unavailable,
 )
+from support.standin_process import StandInProcess, stand_in_deployment
 from support.usage import usage_rows
 from support.waiting import until, wait_for
 
@@ -40,6 +41,7 @@ __all__ = [
     "PrivatePostgres",
     "PrivateRedis",
     "ServerThread",
+    "StandInProcess",
     "closed_by_server",
     "free_port",
     "in_process_settings",
@@ -48,6 +50,7 @@ __all__ = [
     "seed",
     "serve",
     "sim_model",
+    "stand_in_deployment",
     "start_gateway",
     "stop_all",
     "unavailable",

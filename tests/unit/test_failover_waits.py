@@ -28,7 +28,9 @@ async def test_a_client_leaving_while_its_request_waits_on_the_second_replica_le
     registry = EngineRegistry()
     # m-0 fails before its first token; m-1 has one slot, held by a long request.
     await registry.load([spec(0, fault_after_tokens=0), spec(1)])
-    gw = Gateway(registry, PolicyStore(None), sinks=[UsageRecorder(None, interval_s=60)])  # type: ignore[arg-type]
+    # Bound at arrival (least_outstanding), so the test can pin the holder to m-1.
+    gw = Gateway(registry, PolicyStore(None), sinks=[UsageRecorder(None, interval_s=60)],  # type: ignore[arg-type]
+                 routing="least_outstanding")  # fmt: skip
     first, second = registry.deployments()
     try:
         holder_call = await gw.prepare(TENANT, GenerationIntent(endpoint="completions", alias="m", stream=False,

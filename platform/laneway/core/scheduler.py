@@ -24,6 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
@@ -39,6 +40,10 @@ class Ticket:
     cost: int  # tokens of work: prompt + max_tokens
     lane: LanePolicy
     enqueued: float = 0.0
+    # Where a request waiting for any replica of its alias goes (core/dispatch/): read by the
+    # dispatcher when the ticket reaches the head of the fair order, set when it is bound.
+    route: Any = None
+    replica: Any = None
     granted: float | None = None
     future: asyncio.Future[None] | None = None
 
@@ -145,6 +150,7 @@ class DeploymentScheduler:
         self.headroom_window_s = headroom_window_s
         self._tenant_running: dict[int, int] = {}
         self._tenant_seen: dict[int, float] = {}  # tenant -> when it last asked for a slot
+        self._weights: dict[int, float] = {}  # running tenant -> its weight, as its last grant said
         self.quantum = quantum
         self.starvation_every = max(1, round(1 / starvation_share)) if starvation_share > 0 else 0
         self._clock = clock
@@ -225,11 +231,19 @@ class DeploymentScheduler:
         if service is None:
             return 0.0  # nothing measured yet: no basis to refuse
         ahead = self.ahead_of(lane, tenant_id, weight)
-        slots = max(1, min(lane.max_concurrency, self.capacity))
+        slots = max(1, self.lane_slots(lane))
         free = min(slots - self.running.get(lane.name, 0), self.capacity - self.running_total)
         if ahead < free:
             return 0.0  # a slot is free for it now
         return (ahead - max(free, 0) + 1) * service / slots
+
+    def lane_slots(self, lane: LanePolicy) -> int:
+        """How many of the lane's requests may run at once here."""
+        return min(lane.max_concurrency, self.capacity)
+
+    def lane_open(self, name: str) -> bool:
+        """Whether the lane may start one more request (its cap per deployment)."""
+        return self.running.get(name, 0) < self._lanes[name].max_concurrency
 
     # ---- the slot protocol ----
     def admit(self, lane: LanePolicy, tenant_id: int, weight: float) -> None:
@@ -294,6 +308,7 @@ class DeploymentScheduler:
             self._tenant_running[ticket.tenant_id] = left
         else:
             self._tenant_running.pop(ticket.tenant_id, None)
+            self._weights.pop(ticket.tenant_id, None)
         name = ticket.lane.name
         self.running[name] -= 1
         self.running_total -= 1
@@ -315,28 +330,54 @@ class DeploymentScheduler:
             return lambda _: True
         return lambda tid: tid not in self._tenant_running
 
+    def has_room(self) -> bool:
+        """Whether one more request may start now."""
+        return self.running_total < self.capacity
+
+    def _place(self, ticket: Ticket) -> None:
+        """Called for each ticket as it is granted (an alias's dispatcher binds it to a replica)."""
+
     def _dispatch(self) -> None:
-        while self.running_total < self.capacity:
+        while self.has_room():
             eligible = self._eligible()
             lane = self._choose_lane(eligible)
             if lane is None:
                 return
-            ticket = self._queues[lane].pop(self.quantum, eligible)
+            queue = self._queues[lane]
+            under = self._under_share(queue, eligible)
+            ticket = queue.pop(self.quantum, under.__contains__ if under else eligible)
+            self._place(ticket)
             ticket.granted = self._clock()
             self._granted.add(ticket)
             self._tenant_running[ticket.tenant_id] = self._tenant_running.get(ticket.tenant_id, 0) + 1
+            self._weights[ticket.tenant_id] = max(ticket.weight, 0.01)
             self.running[lane] = self.running.get(lane, 0) + 1
             self.running_total += 1
             assert ticket.future is not None
             if not ticket.future.done():
                 ticket.future.set_result(None)
 
+    def _under_share(self, queue: _LaneQueue, eligible: Callable[[int], bool]) -> set[int]:
+        """The lane's waiting tenants running fewer requests than their weight's share of the
+        slots, among every tenant running or waiting here: they get the next slot before the
+        fair order's turn comes round, so a tenant arriving under a flood waits for the next
+        slot that frees, not for its turn behind the flood's queued requests."""
+        if not self._tenant_running or len(queue.active) + len(self._tenant_running) < 2:
+            return set()
+        weights = {tid: max(t.weight, 0.01) for tid, t in queue.tenants.items()}
+        for tid in self._tenant_running:
+            weights.setdefault(tid, self._weights.get(tid, 1.0))
+        if len(weights) < 2:
+            return set()
+        per_weight = self.capacity / sum(weights.values())
+        return {
+            tid
+            for tid in queue.active
+            if eligible(tid) and self._tenant_running.get(tid, 0) < per_weight * weights[tid]
+        }
+
     def _choose_lane(self, eligible: Callable[[int], bool]) -> str | None:
-        ready = [
-            name
-            for name, q in self._queues.items()
-            if q.size and self.running.get(name, 0) < self._lanes[name].max_concurrency and q.ready(eligible)
-        ]
+        ready = [name for name, q in self._queues.items() if q.size and self.lane_open(name) and q.ready(eligible)]
         if not ready:
             return None
         ready.sort(key=lambda n: self._lanes[n].priority)

@@ -7,6 +7,7 @@ engine-side slot (stop decoding, abort the remote request) when that happens.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -92,6 +93,25 @@ class PrefixReusingEngine(Protocol):
     @property
     def prefix_tokens_reused(self) -> int:
         """Prompt tokens those requests did not compute."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """What an engine reports of its own load (vLLM's /metrics): sequences running and waiting
+    in the engine, whoever sent them, and the share of its KV cache in use (0..1)."""
+
+    running: float
+    waiting: float
+    kv_usage: float
+
+
+@runtime_checkable
+class LoadReportingEngine(Protocol):
+    """An engine that reports its load (a remote engine that other gateways may also feed)."""
+
+    def reported_load(self) -> EngineLoad | None:
+        """The last reading, or None before the first (or when it is too old to trust)."""
         ...
 
 

@@ -290,6 +290,10 @@ class EngineRegistry:
     def aliases(self) -> list[str]:
         return sorted(self._by_alias)
 
+    def replicas(self, alias: str) -> list[LiveDeployment]:
+        """The alias's live deployments (none when it is not served)."""
+        return list(self._by_alias.get(alias, ()))
+
     def deployments(self) -> list[LiveDeployment]:
         return [d for ds in self._by_alias.values() for d in ds]
 

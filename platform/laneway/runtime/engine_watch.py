@@ -28,10 +28,12 @@ async def watch_engines(
     health: DependencyHealth,
     *,
     after_sync: Callable[[], None] = lambda: None,
+    after_health: Callable[[], None] = lambda: None,
 ) -> None:
     """Live engine changes and health: apply deployment edits from the database (a model
     alias swapped to another engine, with no restart) and re-check ejected deployments.
-    `after_sync` runs after each sync (the lane-cap check: policies are polled at this pace too)."""
+    `after_sync` runs after each sync (the lane-cap check: policies are polled at this pace too),
+    `after_health` after each health check (dispatch again: a replica may be back)."""
     while True:
         await asyncio.sleep(every_s)
         try:
@@ -44,5 +46,6 @@ async def watch_engines(
                 log.exception("engine sync failed; will retry")
         try:
             await registry.check_health()  # needs no database: runs through an outage too
+            after_health()
         except Exception:
             log.exception("engine health check failed; will retry")

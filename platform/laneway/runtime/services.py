@@ -34,6 +34,7 @@ from laneway.bootstrap import admin_password_file, bootstrap_admin, bootstrap_de
 from laneway.core.auth import KeyAuthenticator
 from laneway.core.config_watch import ConfigChanges
 from laneway.core.dependencies import DependencyHealth
+from laneway.core.dispatch import RoutingParams
 from laneway.core.lane_caps import LaneCapLog, seats
 from laneway.core.load_shedding import LoadShedder
 from laneway.core.loop_lag import LoopLagMonitor
@@ -209,6 +210,8 @@ class Runtime:
             retry_budget=RetryBudget(
                 settings.retry_budget_ratio, settings.retry_budget_min, settings.retry_budget_window_s
             ),
+            routing=settings.routing,
+            routing_params=RoutingParams.from_settings(settings),
         )
         self.metrics.watch_queues(gateway.queue_stats)
         # Long ticks while no API request arrives and none is in flight; the shedder wakes it.
@@ -226,12 +229,20 @@ class Runtime:
             await policies.reload()
             await registry.sync(lambda: enabled_deployments(sessions))
             check_lane_caps()
+            gateway.waiting.dispatch.kick()
 
         self.config_changes = changes = ConfigChanges(db, apply_config)
         await changes.start()
         steps.started_step("config changes", changes.stop)
         watcher = asyncio.create_task(
-            watch_engines(registry, sessions, settings.policy_poll_interval_s, health, after_sync=check_lane_caps),
+            watch_engines(
+                registry,
+                sessions,
+                settings.policy_poll_interval_s,
+                health,
+                after_sync=check_lane_caps,
+                after_health=gateway.waiting.dispatch.kick,
+            ),
             name="engine-watch",
         )
         steps.started_step("engine watch", lambda: cancelled(watcher))

@@ -74,6 +74,8 @@ class Call:
     retry_denied: str | None = None  # why it could not move on ("budget"), when that ended it
     asked_alias: str | None = None  # the alias the client asked for, when a fallback (`alias`) serves it
     prompt_cache_key: str | None = None  # session affinity across replicas (core/dispatch/)
+    route_reason: str | None = None  # what placed it on its replica (core/dispatch/picker.py)
+    cached_estimate: int = 0  # prompt tokens its replica most likely held (the prefix index)
     admission_checked: bool = False  # admission already passed (choosing among fallbacks): not again
 
     def fail(self, status: int, code: str | None) -> None:

@@ -20,13 +20,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar, overload
 
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError, shutting_down
 from laneway.core import load_shedding
+from laneway.core.dispatch import RoutingParams
 from laneway.core.pipeline.answers import Client, Completed, Embedded, Streaming
 from laneway.core.pipeline.call import CLIENT_CLOSED, Call
 from laneway.core.pipeline.failover import EarlyEngineFailure, Failover, RetryBudget
@@ -35,18 +35,17 @@ from laneway.core.pipeline.intent import EmbeddingIntent, GenerationIntent, Inte
 from laneway.core.pipeline.lease import Lease
 from laneway.core.pipeline.outcome import Outcome, OutcomeSink
 from laneway.core.pipeline.prepare import Preparer
-from laneway.core.pipeline.queues import queue_stats
+from laneway.core.pipeline.waiting import Scheduler, Waiting
 from laneway.core.policy import PolicyStore
 from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, Reservation
-from laneway.core.scheduler import DeploymentScheduler, Ticket
-from laneway.core.shared_slots import SharedScheduler, SharedSlots
+from laneway.core.scheduler import Ticket
+from laneway.core.shared_slots import SharedSlots
 from laneway.engines.base import EngineError
 from laneway.engines.registry import EngineRegistry, LiveDeployment
 from laneway.types import Delta, Embeddings, TenantSnapshot
 
 log = logging.getLogger("laneway.pipeline")
 T = TypeVar("T")
-Scheduler = DeploymentScheduler | SharedScheduler
 
 
 class Gateway:
@@ -64,6 +63,8 @@ class Gateway:
         shared_slots: SharedSlots | None = None,
         max_tries: int = 2,
         retry_budget: RetryBudget | None = None,
+        routing: str = "cache_aware",
+        routing_params: RoutingParams | None = None,
     ) -> None:
         self.registry = registry
         self.shared_slots = shared_slots
@@ -72,12 +73,8 @@ class Gateway:
         self.sinks = tuple(sinks)
         self.preparer = Preparer(registry, policies, default_max_tokens=default_max_tokens)
         self.failover = Failover(registry, max_tries=max_tries, budget=retry_budget)
-        self._quantum = quantum
-        self._starvation_share = starvation_share
-        self._headroom = headroom
-        # Keyed by the live deployment itself: a swapped-in replacement gets its own scheduler,
-        # and a retired one's goes with it.
-        self._schedulers: weakref.WeakKeyDictionary[LiveDeployment, Scheduler] = weakref.WeakKeyDictionary()
+        self.waiting = Waiting(registry, shared_slots=shared_slots, routing=routing, routing_params=routing_params,
+                               quantum=quantum, starvation_share=starvation_share, headroom=headroom)  # fmt: skip
         self._background: set[asyncio.Task[Any]] = set()
         self._leases: set[Lease] = set()  # opened and not yet released
         self._leases_opened = 0
@@ -155,7 +152,7 @@ class Gateway:
         if not call.deployment.healthy:
             return False
         try:
-            self.scheduler(call.deployment).admit(call.lane, call.tenant.id, call.tenant.weight)
+            self.waiting.admit(call, self.waiting.late(call))
         except GatewayError:
             return False
         call.admission_checked = True
@@ -166,12 +163,14 @@ class Gateway:
 
     def lease(self, call: Call) -> Lease:
         """Open the call's lease (no await: from here its owner's `finally` releases it)."""
-        lease = Lease(self, call)
+        lease = Lease(self, call, late=self.waiting.late(call))
         self._leases.add(lease)
         self._leases_opened += 1
         self._idle.clear()
-        call.deployment.outstanding += 1  # queued counts too: least-outstanding routing sees the backlog
-        lease.holds_deployment = True
+        if not lease.late:  # bound now: queued counts too, so least-outstanding routing sees the backlog
+            self.waiting.bind_early(call)
+            call.deployment.outstanding += 1
+            lease.holds_deployment = True
         return lease
 
     async def acquire(self, lease: Lease) -> None:
@@ -187,14 +186,10 @@ class Gateway:
                 lease.reservation = await self._reserve(call, tokens)
             if self.draining:
                 raise shutting_down()
-            scheduler = self.scheduler(call.deployment)
             if not call.admission_checked:
-                scheduler.admit(call.lane, call.tenant.id, call.tenant.weight)
-            lease.ticket = Ticket(request_id=call.request_id, tenant_id=call.tenant.id, weight=call.tenant.weight,
-                                  cost=tokens, lane=call.lane)  # fmt: skip
+                self.waiting.admit(call, lease.late)
             load_shedding.queued()  # from here it waits for the engine, not for this loop
-            await scheduler.acquire(lease.ticket)
-            call.dispatched_at = time.perf_counter()
+            await self.waiting.acquire(lease, tokens)
         except BaseException as exc:
             call.fail(*self.outcome_of(exc))
             raise
@@ -303,8 +298,8 @@ class Gateway:
         return 500, ErrorCode.INTERNAL_ERROR
 
     # ---- what a lease gives back (LeaseOwner) ----
-    def release_slot(self, call: Call, ticket: Ticket) -> None:
-        self.scheduler(call.deployment).release(ticket)
+    def release_slot(self, call: Call, ticket: Ticket | None, placement: Ticket | None) -> None:
+        self.waiting.release(call, ticket, placement)
 
     def settle(self, reservation: Reservation, tokens: int) -> None:
         self.limiter.settle(reservation, tokens)
@@ -334,27 +329,12 @@ class Gateway:
         return [a for a in self.registry.aliases() if tenant.may_use(a)]
 
     def scheduler(self, deployment: LiveDeployment) -> Scheduler:
-        """The deployment's scheduler: in this process for an engine only this replica uses (one
-        running in-process, or no Redis to share through), in Redis for a remote engine that
-        several replicas front (core/shared_slots/)."""
-        s = self._schedulers.get(deployment)
-        if s is None:
-            capacity = deployment.engine.info.max_concurrency
-            local: dict[str, Any] = {
-                "quantum": self._quantum,
-                "starvation_share": self._starvation_share,
-                "headroom": self._headroom,
-            }
-            if self.shared_slots is not None and deployment.shared:
-                s = self.shared_slots.scheduler(deployment.spec.name, capacity, **local)
-            else:
-                s = DeploymentScheduler(capacity, **local)
-            self._schedulers[deployment] = s
-        return s
+        """The deployment's own scheduler (core/pipeline/waiting.py)."""
+        return self.waiting.scheduler(deployment)
 
     def queue_stats(self) -> list[tuple[dict[str, str], int, int]]:
-        """Waiting and running requests per deployment and lane (core/pipeline/queues.py)."""
-        return queue_stats(self.registry.deployments(), self.policies.current.lanes, self.scheduler)
+        """Waiting and running requests per deployment and lane (core/pipeline/waiting.py)."""
+        return self.waiting.stats(self.policies.current.lanes)
 
     @property
     def in_flight(self) -> int:
@@ -371,8 +351,7 @@ class Gateway:
         let running ones finish for up to timeout_s, then interrupt them (an error event for a
         stream) and wait for each to release its lease (its usage row is then queued)."""
         self.draining = True
-        for scheduler in list(self._schedulers.values()):
-            scheduler.reject_waiting(shutting_down)
+        self.waiting.reject_waiting(shutting_down)
         if self._leases:
             log.info("draining %d requests for up to %.0f s", len(self._leases), timeout_s)
             try:

@@ -15,7 +15,7 @@ from laneway.core.scheduler import Ticket
 class LeaseOwner(Protocol):
     """What a lease gives back its resources to (the Gateway)."""
 
-    def release_slot(self, call: Call, ticket: Ticket) -> None: ...
+    def release_slot(self, call: Call, ticket: Ticket | None, placement: Ticket | None) -> None: ...
     def settle(self, reservation: Reservation, tokens: int) -> None: ...
     def account(self, call: Call) -> None: ...
     def forget(self, lease: Lease) -> None: ...
@@ -31,7 +31,10 @@ class Lease:
     owner: LeaseOwner
     call: Call
     reservation: Reservation | None = None
-    ticket: Ticket | None = None
+    ticket: Ticket | None = None  # the replica's slot
+    # Waiting for any replica of the alias, then bound to one (core/dispatch/): its place there.
+    placement: Ticket | None = None
+    late: bool = False
     holds_deployment: bool = False
     released: bool = False
     # How to end the generation early (shutdown): set by whoever is running it.
@@ -51,8 +54,8 @@ class Lease:
             self.call.trace.engine_ended(self.call)
         if self.holds_deployment:
             self.call.deployment.outstanding -= 1
-        if self.ticket is not None:
-            self.owner.release_slot(self.call, self.ticket)
+        if self.ticket is not None or self.placement is not None:
+            self.owner.release_slot(self.call, self.ticket, self.placement)
 
     def reopen_generation(self) -> None:
         """The call moved to another replica (failover): its next end gives that one back."""

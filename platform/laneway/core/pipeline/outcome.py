@@ -44,6 +44,10 @@ class Outcome:
     # Replicas that failed the request before its first byte, in order; `deployment` served it.
     failed_tries: tuple[FailedTry, ...] = ()
     retry_denied: str | None = None  # "budget": a failover the retry budget refused
+    # How dispatch chose its replica (core/dispatch/), and the prompt tokens it estimated the
+    # replica held; None when the alias has one replica (nothing was chosen).
+    route_reason: str | None = None
+    cached_estimate: int = 0
 
     @property
     def moves(self) -> tuple[FailedTry, ...]:
@@ -98,6 +102,8 @@ class Outcome:
             ended=ended,
             failed_tries=tuple(call.failed_tries),
             retry_denied=call.retry_denied,
+            route_reason=call.route_reason,
+            cached_estimate=call.cached_estimate,
         )
 
 

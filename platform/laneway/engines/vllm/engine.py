@@ -33,13 +33,14 @@ import contextlib
 import dataclasses
 import logging
 import ssl
+import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 import msgspec
 import numpy as np
 
-from laneway.engines.base import EngineError, run_embedding_warmup, run_warmup, unit_rows
+from laneway.engines.base import EngineError, EngineLoad, run_embedding_warmup, run_warmup, unit_rows
 from laneway.engines.config import VLLMConfig, parse_config
 from laneway.engines.http1 import Http1Pool, UpstreamError
 from laneway.engines.vllm.answers import answer_deltas, decode_chunk, decode_embeddings, refused, stream_deltas
@@ -113,6 +114,8 @@ class VLLMEngine:
         self.tokenize_calls = 0  # /tokenize round trips (tests, and a hot-path check)
         self.waiting = 0.0  # vllm:num_requests_waiting at the last poll
         self.kv_cache_usage = 0.0
+        self.running = 0.0  # vllm:num_requests_running at the last poll
+        self._polled_at: float | None = None  # monotonic time of the last good poll
 
     async def start(self) -> None:
         headers = [("Authorization", f"Bearer {self.api_key}")] if self.api_key else []
@@ -160,6 +163,12 @@ class VLLMEngine:
     def overloaded(self) -> bool:
         return self.waiting > self.max_waiting or self.kv_cache_usage > self.max_kv_usage
 
+    def reported_load(self) -> EngineLoad | None:
+        """The last /metrics reading, while it is fresher than three polls."""
+        if self._polled_at is None or time.monotonic() - self._polled_at > 3 * self.metrics_poll_s:
+            return None
+        return EngineLoad(running=self.running, waiting=self.waiting, kv_usage=self.kv_cache_usage)
+
     def _http(self) -> Http1Pool:
         if self._session is None:
             raise EngineError(f"deployment for {self.alias} is not started")
@@ -188,6 +197,8 @@ class VLLMEngine:
                 self.kv_cache_usage = values.get(
                     "vllm:kv_cache_usage_perc", values.get("vllm:gpu_cache_usage_perc", 0.0)
                 )
+                self.running = values.get("vllm:num_requests_running", 0.0)
+                self._polled_at = time.monotonic()
             except (UpstreamError, TimeoutError) as exc:
                 log.warning("reading %s/metrics failed: %s", self.base_url, exc)
             await asyncio.sleep(self.metrics_poll_s)

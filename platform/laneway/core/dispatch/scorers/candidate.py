@@ -1,0 +1,13 @@
+"""What the scorers see of one replica, measured once per placement."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    name: str
+    load: float  # 0 idle, 1 every slot busy, above 1 a queue (see LoadScorer.load_of)
+    cached_share: float  # of the prompt's blocks, the share this replica most likely holds
+    session: bool  # it served the request's prompt_cache_key last

@@ -1,0 +1,30 @@
+"""Load: a busier replica serves later. Counted in slots' worth, so replicas of different sizes
+compare: this gateway's requests bound there, or what the engine itself reports when that is
+more (other gateways' traffic, its own queue), plus half its KV-cache use where it reports it
+(a full cache preempts and recomputes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from laneway.core.dispatch.scorers.candidate import Candidate
+from laneway.engines.base import EngineLoad
+
+KV_USAGE_WEIGHT = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class LoadScorer:
+    weight: float = 1.0
+
+    def score(self, c: Candidate) -> float:
+        return -self.weight * c.load
+
+    @staticmethod
+    def load_of(outstanding: int, capacity: int, reported: EngineLoad | None) -> float:
+        busy = float(outstanding)
+        kv = 0.0
+        if reported is not None:
+            busy = max(busy, reported.running + reported.waiting)
+            kv = KV_USAGE_WEIGHT * reported.kv_usage
+        return busy / max(capacity, 1) + kv

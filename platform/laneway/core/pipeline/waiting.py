@@ -1,0 +1,126 @@
+"""Where a request waits for an engine slot, and how it is bound to a replica.
+
+Every deployment has its scheduler (in this process, or in Redis for a remote engine several
+gateway replicas share: core/shared_slots/). A request of an alias with several replicas
+first waits in the alias's queue and is bound to a replica when dispatch takes it
+(core/dispatch/, routing "cache_aware"); it then takes that replica's slot, which dispatch
+only chose once the replica had room (or chose to queue there, see alias_scheduler.py).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from laneway.core.dispatch import Dispatcher, RoutingParams
+from laneway.core.pipeline.call import Call
+from laneway.core.pipeline.lease import Lease
+from laneway.core.pipeline.queues import queue_stats
+from laneway.core.policy import LanePolicy
+from laneway.core.scheduler import DeploymentScheduler, Ticket
+from laneway.core.shared_slots import SharedScheduler, SharedSlots
+from laneway.engines.registry import EngineRegistry, LiveDeployment
+
+Scheduler = DeploymentScheduler | SharedScheduler
+
+
+class Waiting:
+    def __init__(
+        self,
+        registry: EngineRegistry,
+        *,
+        shared_slots: SharedSlots | None,
+        routing: str,
+        routing_params: RoutingParams | None,
+        **scheduling: Any,
+    ) -> None:
+        self.registry = registry
+        self.shared_slots = shared_slots
+        self._scheduling = scheduling
+        # Keyed by the live deployment itself: a swapped-in replacement gets its own scheduler,
+        # and a retired one's goes with it.
+        self._schedulers: weakref.WeakKeyDictionary[LiveDeployment, Scheduler] = weakref.WeakKeyDictionary()
+        self.dispatch = Dispatcher(registry, self._capacity, routing=routing, params=routing_params, **scheduling)
+
+    def _capacity(self, deployment: LiveDeployment) -> int:
+        return self.scheduler(deployment).capacity
+
+    def scheduler(self, deployment: LiveDeployment) -> Scheduler:
+        """The deployment's scheduler: in this process for an engine only this replica uses (one
+        running in-process, or no Redis to share through), in Redis for a remote engine that
+        several replicas front (core/shared_slots/). Behind an alias's dispatch, the alias
+        keeps the headroom for newcomers: the replica's own would hold it back twice."""
+        s = self._schedulers.get(deployment)
+        if s is None:
+            local = dict(self._scheduling)
+            if self.dispatch.late(deployment.spec.alias, False):
+                local["headroom"] = 0
+            capacity = deployment.engine.info.max_concurrency
+            if self.shared_slots is not None and deployment.shared:
+                s = self.shared_slots.scheduler(deployment.spec.name, capacity, **local)
+            else:
+                s = DeploymentScheduler(capacity, **local)
+            self._schedulers[deployment] = s
+        return s
+
+    def late(self, call: Call) -> bool:
+        return self.dispatch.late(call.alias, call.embedding is not None)
+
+    def admit(self, call: Call, late: bool) -> None:
+        """Admission against the queue the call would wait in (raises 503 GatewayError)."""
+        queue = self.dispatch.alias_scheduler(call.alias) if late else self.scheduler(call.deployment)
+        queue.admit(call.lane, call.tenant.id, call.tenant.weight)
+
+    def bind_early(self, call: Call) -> None:
+        """round_robin's choice at arrival (the others keep prepare's)."""
+        if call.embedding is None:
+            call.deployment = self.dispatch.in_turn(call.alias, call.deployment, call.lane.name, call.needs)
+
+    async def acquire(self, lease: Lease, cost: int) -> None:
+        """Wait for a slot; on return the lease holds the replica's slot and outstanding count."""
+        call = lease.call
+        if lease.late:
+            queue = self.dispatch.alias_scheduler(call.alias)
+            gen = call.generation
+            route = self.dispatch.ticket_route(gen.prompt, gen.cache_salt, call.prompt_cache_key, call.needs,
+                                               gen.prompt_tokens)  # fmt: skip
+            placement = Ticket(request_id=call.request_id, tenant_id=call.tenant.id, weight=call.tenant.weight,
+                               cost=cost, lane=call.lane, route=route)  # fmt: skip
+            lease.placement = placement
+            await queue.acquire(placement)
+            queue.taken(placement)  # no await since the grant: the lease owns it from here
+            call.deployment = placement.replica
+            lease.holds_deployment = True
+            chosen = placement.route.placement
+            call.route_reason, call.cached_estimate = chosen.reason, chosen.cached_tokens
+        elif call.embedding is None and len(self.registry.replicas(call.alias)) > 1:
+            call.route_reason = self.dispatch.routing  # a baseline's choice, made at arrival
+        lease.ticket = Ticket(request_id=call.request_id, tenant_id=call.tenant.id, weight=call.tenant.weight,
+                              cost=cost, lane=call.lane)  # fmt: skip
+        await self.scheduler(call.deployment).acquire(lease.ticket)
+        call.dispatched_at = time.perf_counter()
+
+    def release(self, call: Call, ticket: Ticket | None, placement: Ticket | None) -> None:
+        if ticket is not None:
+            self.scheduler(call.deployment).release(ticket)
+        if placement is not None:
+            self.dispatch.alias_scheduler(call.alias).release(placement)
+
+    def reject_waiting(self, error: Callable[[], BaseException]) -> None:
+        for s in self.dispatch.alias_schedulers():
+            s.reject_waiting(error)
+        for scheduler in list(self._schedulers.values()):
+            scheduler.reject_waiting(error)
+
+    def stats(self, lanes: Sequence[LanePolicy]) -> list[tuple[dict[str, str], int, int]]:
+        """Waiting and running requests per deployment and lane; requests waiting for any
+        replica of an alias are listed under deployment "" (not bound yet)."""
+        out = queue_stats(self.registry.deployments(), lanes, self.scheduler)
+        for s in self.dispatch.alias_schedulers():
+            for lane, waiting, _ in s.lane_stats():
+                if waiting:
+                    base = {"deployment": "", "model": s.alias, "quantization": "", "gpu_type": "", "engine": ""}
+                    out.append(({**base, "lane": lane}, waiting, 0))
+        return out

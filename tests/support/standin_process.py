@@ -1,0 +1,59 @@
+"""The vLLM stand-in (tests/standins/vllm_server.py) as a process of its own on loopback: a
+replica a test can SIGKILL, steer through POST /_control, and count requests of."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from support.ports import free_port
+from support.waiting import wait_for
+
+STANDIN = Path(__file__).resolve().parents[1] / "standins" / "vllm_process.py"
+
+
+class StandInProcess:
+    """The vLLM stand-in in a process of its own, so a test can SIGKILL it."""
+
+    def __init__(self, token_delay_s: float = 0.002) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, str(STANDIN), str(self.port), str(token_delay_s)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        wait_for(self._up, what=f"the stand-in on port {self.port}", within=30)
+
+    def _up(self) -> bool:
+        try:
+            return httpx.get(self.base_url + "/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def control(self, **switches: Any) -> dict[str, Any]:
+        """Set switches (fail_generation, fail_status, healthy); returns them and the count of
+        requests received."""
+        answer: dict[str, Any] = httpx.post(self.base_url + "/_control", json=switches, timeout=5).json()
+        return answer
+
+    @property
+    def received(self) -> int:
+        return int(self.control()["requests"])
+
+    def kill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.kill()
+
+
+def stand_in_deployment(name: str, base_url: str, **config: Any) -> dict[str, Any]:
+    """A vllm-kind deployment of alias "m" on a stand-in (no shared slots unless asked)."""
+    config = {"base_url": base_url, "model": "m", "metrics_poll_s": 0.05, "shared_slots": False, **config}
+    return {"name": name, "engine_kind": "vllm", "max_model_len": 4096, "config": config}
