@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from support import StandInProcess, require_service, stand_in_deployment, start_gateway
@@ -27,13 +29,25 @@ def trio() -> Iterator[list[StandInProcess]]:
         r.stop()
 
 
+PASSWORD = "correct horse battery"
+
+
 def gateway(tmp_path: Path, trio: list[StandInProcess], *, slots: int = 4, **settings: Any) -> Any:
     models = {"m": [stand_in_deployment(f"m-{i}", r.base_url, max_concurrency=slots, **settings.pop("config", {}))
                     for i, r in enumerate(trio)]}  # fmt: skip
     lanes = [{"name": "standard", "max_concurrency": slots, "max_queue_depth": 500, "queue_timeout_s": 30,
               "max_unacked_tokens": 100_000}]  # fmt: skip
     return start_gateway(tmp_path, seed_with={"models": models, "lanes": lanes, "tenants": {"acme": {}, "beta": {}}},
-                         usage_flush_interval_s=0.05, **settings)  # fmt: skip
+                         usage_flush_interval_s=0.05, admin_password=PASSWORD, **settings)  # fmt: skip
+
+
+def models_page(gw: Any) -> str:
+    browser = httpx.Client(base_url=gw.base_url)
+    login = browser.get("/admin/login").text
+    csrf = login.split('name="csrf_token" value="')[1].split('"')[0]
+    form = {"csrf_token": csrf, "username": "admin", "password": PASSWORD}
+    assert browser.post("/admin/login", data=form).status_code == 303
+    return browser.get("/admin/models").text
 
 
 def counts(trio: list[StandInProcess]) -> list[int]:
@@ -76,9 +90,15 @@ async def test_a_second_turn_and_a_prompt_cache_key_go_back_to_their_replica(
             await ask(client, [{"role": "user", "content": prompt}], prompt_cache_key="session-42")
             homes.update(where(before, counts(trio)))
         assert len(homes) == 1
-        metrics = await asyncio.to_thread(lambda: __import__("httpx").get(gw.base_url + "/metrics").text)
+        metrics = await asyncio.to_thread(lambda: httpx.get(gw.base_url + "/metrics").text)
         assert 'laneway_routing_decisions_total{alias="m",deployment="m-' in metrics
         assert 'reason="prefix"' in metrics and 'reason="session"' in metrics
+        assert 'laneway_routing_prefix_tokens_total{alias="m",deployment="m-' in metrics
+        # The models page shows each replica's state, load and estimated hit rate.
+        page = await asyncio.to_thread(models_page, gw)
+        assert page.count('class="health-healthy"') == 3 and "0 / 4" in page
+        assert re.search(r"<td>\d+% of \d+ requests</td>", page), "no hit rate shown"
+        assert "running," in page and "waiting, KV" in page  # the stand-ins' reported load
     finally:
         await asyncio.to_thread(gw.stop)
 
@@ -100,7 +120,9 @@ async def test_a_hot_prefix_spreads_once_its_replica_is_saturated(tmp_path: Path
         await asyncio.to_thread(gw.stop)
 
 
-async def test_two_gateways_sharing_redis_route_a_conversation_alike(tmp_path: Path, trio: list[StandInProcess]) -> None:
+async def test_two_gateways_sharing_redis_route_a_conversation_alike(
+    tmp_path: Path, trio: list[StandInProcess]
+) -> None:
     require_service("Redis", "127.0.0.1", 6379)
     shared = {"redis_url": REDIS_URL, "redis_prefix": f"lwtest:{uuid.uuid4().hex}:"}
     (tmp_path / "one").mkdir()

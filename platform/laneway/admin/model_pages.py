@@ -12,11 +12,12 @@ from litestar.di import NamedDependency
 from litestar.response import Template
 
 from laneway.admin import fallbacks
-from laneway.admin.dependencies import Registry
+from laneway.admin.dependencies import Registry, Routing, RoutingFigures
 from laneway.admin.deployments import ModelIn, put_model
 from laneway.admin.fallbacks import FallbacksIn, split_aliases
 from laneway.admin.forms import form_of
 from laneway.admin.guards import AdminRequest, AdminSession, NotLoggedIn
+from laneway.admin.presentation import replica_state
 from laneway.admin.service import AdminService
 from laneway.admin.ui import Page, to_login
 from laneway.admin.validation import convert
@@ -36,6 +37,7 @@ class ModelPages(Controller):
         self,
         svc: AdminService,
         registry: EngineRegistry,
+        figures: RoutingFigures,
         current: AdminSession,
         status: int | None = None,
         **extra: Any,
@@ -43,10 +45,13 @@ class ModelPages(Controller):
         async with svc.sessions() as session:
             specs = await ModelRepository(session).enabled_deployments()
             graph = await ModelRepository(session).fallback_graph()
+        live = {d.spec.name: d for d in registry.deployments()}
+        figures_now = figures()
         deployments = [
             {"alias": s.alias, "name": s.name, "engine": s.engine_kind, "quantization": s.quantization,
              "gpu_type": s.gpu_type, "max_model_len": s.max_model_len,
-             "state": "failed" if s.name in registry.failed else "warm" if s.name in registry.warm else "starting"}
+             "state": "failed" if s.name in registry.failed else "warm" if s.name in registry.warm else "starting",
+             **replica_state(live.get(s.name), figures_now.get(s.name))}
             for s in specs
         ]  # fmt: skip
         capped: dict[str, list[str]] = {}
@@ -61,19 +66,27 @@ class ModelPages(Controller):
 
     @get("/models")
     async def models(
-        self, request: AdminRequest, admin_service: NamedDependency[AdminService], registry: Registry
+        self,
+        request: AdminRequest,
+        admin_service: NamedDependency[AdminService],
+        registry: Registry,
+        routing_figures: Routing,
     ) -> Page:
-        return await self._models_page(admin_service, registry, request.user)
+        return await self._models_page(admin_service, registry, routing_figures, request.user)
 
     @post("/models")
     async def set_model(
-        self, request: AdminRequest, admin_service: NamedDependency[AdminService], registry: Registry
+        self,
+        request: AdminRequest,
+        admin_service: NamedDependency[AdminService],
+        registry: Registry,
+        routing_figures: Routing,
     ) -> Page:
         current, form = request.user, await form_of(request)
         try:
             config = msgspec.json.decode(form.get("config") or "{}")
         except msgspec.DecodeError:
-            return await self._models_page(admin_service, registry, current,
+            return await self._models_page(admin_service, registry, routing_figures, current,
                                            error="config must be a JSON object, e.g. {}.")  # fmt: skip
         deployment = {"name": form.get("name", "").strip(), "engine_kind": form.get("engine_kind", ""),
                       "config": config, "max_model_len": form.get("max_model_len", "").strip() or 2048}  # fmt: skip
@@ -82,13 +95,21 @@ class ModelPages(Controller):
             data = convert({"deployments": [deployment]}, ModelIn, strict=False)
             result = await put_model(admin_service, current.username, alias, data)
         except GatewayError as exc:  # shown on the page; nothing was changed
-            return await self._models_page(admin_service, registry, current, error=exc.message, status=exc.status)
+            return await self._models_page(
+                admin_service, registry, routing_figures, current, error=exc.message, status=exc.status
+            )
         served = ", ".join(result["deployments"]) or "nothing (see failures)"
-        return await self._models_page(admin_service, registry, current, notice=f"{alias} is served by {served}.")
+        return await self._models_page(
+            admin_service, registry, routing_figures, current, notice=f"{alias} is served by {served}."
+        )
 
     @post("/models/fallbacks")
     async def save_fallbacks(
-        self, request: AdminRequest, admin_service: NamedDependency[AdminService], registry: Registry
+        self,
+        request: AdminRequest,
+        admin_service: NamedDependency[AdminService],
+        registry: Registry,
+        routing_figures: Routing,
     ) -> Page:
         current, form = request.user, await form_of(request)
         alias = form.get("alias", "").strip()
@@ -96,7 +117,10 @@ class ModelPages(Controller):
             data = convert({"fallbacks": split_aliases(form.get("fallbacks", ""))}, FallbacksIn)
             result = await fallbacks.set_fallbacks(admin_service, current.username, alias, data)
         except GatewayError as exc:  # shown on the page; nothing was changed
-            return await self._models_page(admin_service, registry, current, error=exc.message, status=exc.status,
-                                           typed_alias=alias, typed_fallbacks=form.get("fallbacks", ""))  # fmt: skip
+            return await self._models_page(admin_service, registry, routing_figures, current, error=exc.message,
+                                           status=exc.status, typed_alias=alias,
+                                           typed_fallbacks=form.get("fallbacks", ""))  # fmt: skip
         listed = ", ".join(result["fallbacks"]) or "none"
-        return await self._models_page(admin_service, registry, current, notice=f"{alias} falls back to {listed}.")
+        return await self._models_page(
+            admin_service, registry, routing_figures, current, notice=f"{alias} falls back to {listed}."
+        )

@@ -13,6 +13,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from laneway.admin.validation import INT32_MAX
+from laneway.core.dispatch import ReplicaFigures
+from laneway.engines.base import LoadReportingEngine
+from laneway.engines.registry import LiveDeployment
 
 
 @dataclass(frozen=True)
@@ -105,3 +108,19 @@ def audit_changes(before: dict[str, Any] | None, after: dict[str, Any] | None) -
     fields = list(dict.fromkeys([*old, *new]))
     return [(f, _shown(old.get(f)) if before is not None else "", _shown(new.get(f)) if after is not None else "")
             for f in fields if f != "id" and (before is None or after is None or old.get(f) != new.get(f))]  # fmt: skip
+
+
+def replica_state(live: LiveDeployment | None, figures: ReplicaFigures | None) -> dict[str, str]:
+    """One replica's live state for the models page: health, requests in flight against its
+    slots, the load its engine reports, and dispatch's estimated prefix hit rate."""
+    if live is None:
+        return {"health": "-", "in_flight": "-", "engine_load": "-", "hit_rate": "-"}
+    health = "healthy" if live.healthy and not live.probing else "probing" if live.healthy else "ejected"
+    engine = live.engine
+    reported = engine.reported_load() if isinstance(engine, LoadReportingEngine) else None
+    load = "-" if reported is None else (
+        f"{reported.running:g} running, {reported.waiting:g} waiting, KV {reported.kv_usage:.0%}")  # fmt: skip
+    rate = figures.hit_rate if figures is not None else None
+    hit = "-" if rate is None or figures is None else f"{rate:.0%} of {figures.placed} requests"
+    return {"health": health, "in_flight": f"{live.outstanding} / {engine.info.max_concurrency}",
+            "engine_load": load, "hit_rate": hit}  # fmt: skip

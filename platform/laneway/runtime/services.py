@@ -24,7 +24,7 @@ from litestar.di import Provide
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from laneway.admin.api import Logins
-from laneway.admin.dependencies import QueueStats
+from laneway.admin.dependencies import QueueStats, RoutingFigures
 from laneway.admin.guards import AdminGuards
 from laneway.admin.live import LiveFigures
 from laneway.admin.service import AdminService
@@ -326,6 +326,9 @@ class Runtime:
     def provide_queue_stats(self) -> QueueStats:
         return self.gateway.queue_stats
 
+    def provide_routing_figures(self) -> RoutingFigures:
+        return self.gateway.waiting.dispatch.replica_figures
+
     def dependencies(self) -> dict[str, Provide]:
         """The app-level providers; a handler gets the ones it names as parameters."""
         return {
@@ -338,5 +341,6 @@ class Runtime:
             "limiter": Provide(self.provide_limiter, sync_to_thread=False),
             "registry": Provide(self.provide_registry, sync_to_thread=False),
             "queue_stats": Provide(self.provide_queue_stats, sync_to_thread=False),
+            "routing_figures": Provide(self.provide_routing_figures, sync_to_thread=False),
             "details_allowed": Provide(self.health_access.details_allowed),
         }

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from laneway.core.dispatch.alias_scheduler import AliasScheduler
-from laneway.core.dispatch.picker import Picker, Placement, RoutingParams
+from laneway.core.dispatch.picker import Picker, Placement, ReplicaFigures, RoutingParams
 from laneway.core.dispatch.prefix_index import PrefixIndex, Route, anchor, prompt_blocks
 from laneway.core.scheduler import Ticket
 from laneway.engines.registry import EngineRegistry, LiveDeployment
@@ -101,6 +101,10 @@ class Dispatcher:
             return chosen
         turn = next(self._turns.setdefault(alias, itertools.count()))
         return same[turn % len(same)]
+
+    def replica_figures(self) -> dict[str, ReplicaFigures]:
+        """Per replica: requests placed by dispatch, their prompt tokens and the estimated cached ones."""
+        return dict(self.picker.figures)
 
     def kick(self) -> None:
         """Dispatch again everywhere (after a health check: a replica may be back)."""

@@ -46,6 +46,19 @@ class Placement:
     cached_tokens: int  # prompt tokens the replica most likely holds (estimated)
 
 
+@dataclass(slots=True)
+class ReplicaFigures:
+    """What dispatch placed on one replica since start (the admin's models page)."""
+
+    placed: int = 0
+    prompt_tokens: float = 0.0
+    cached_tokens: float = 0.0  # estimated by the index
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
+
+
 def _rendezvous(anchor: bytes, name: str) -> float:
     digest = hashlib.blake2b(anchor + name.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
@@ -58,6 +71,7 @@ class Picker:
         self.prefix = PrefixScorer(params.prefix_weight)
         self.session = SessionScorer(params.session_weight)
         self.load = LoadScorer(params.load_weight)
+        self.figures: dict[str, ReplicaFigures] = {}
 
     def index_capacity(self, replica: LiveDeployment) -> int:
         """Blocks remembered for a replica: as many as its KV cache holds (4 bytes a token)."""
@@ -105,4 +119,8 @@ class Picker:
         if route.session_key is not None:
             self.index.remember_session(route.session_key, name)
         cached_tokens = round(c.cached_share * len(route.blocks) * route.block_tokens)
+        figures = self.figures.get(name) or self.figures.setdefault(name, ReplicaFigures())
+        figures.placed += 1
+        figures.prompt_tokens += max(len(route.blocks), 1) * route.block_tokens
+        figures.cached_tokens += cached_tokens
         return Placement(chosen, best_reason, cached_tokens)
