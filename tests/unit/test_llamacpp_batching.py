@@ -1,7 +1,8 @@
 """llama.cpp with continuous batching (engines/llamacpp/batch_decoder.py): one model and one context of
 `parallel` sequences; each step decodes every running sequence's next token together with a
-chunk of a waiting prompt; a cancelled sequence leaves between steps with its cells cleared; a
-warmed system prompt's cells are copied into a sequence whose prompt starts with it."""
+chunk of a waiting prompt; a cancelled sequence leaves between steps, its slot keeping the
+cells of the steps that completed; a warmed system prompt's cells are copied into a sequence
+whose prompt starts with it (the slot cache itself: test_llamacpp_prefix_cache.py)."""
 
 from __future__ import annotations
 
@@ -111,14 +112,22 @@ async def test_a_short_prompt_behind_a_long_one_is_fed_first(batched: LlamaCppEn
     await task
 
 
-async def test_a_cancelled_sequence_leaves_with_its_cells_cleared_and_its_slot_back(batched: LlamaCppEngine) -> None:
-    stream = batched.generate(await request(batched, max_tokens=400))
+async def test_a_cancelled_sequence_leaves_with_its_slot_back_holding_only_what_the_cache_says(
+    batched: LlamaCppEngine,
+) -> None:
+    r = await request(batched, max_tokens=400)
+    stream = batched.generate(r)
     got = [await stream.__anext__() for _ in range(3)]
     assert all(d.finish_reason is None for d in got)
     await stream.aclose()
     await idle(batched)
-    ctx = batched._batch_ctx
-    assert ctx is not None and all(ctx.last_position(s) == -1 for s in range(4))  # no cell left behind
+    ctx, gen = batched._batch_ctx, batched._batched
+    assert ctx is not None and gen is not None
+    kept = [gen.cache.kept(s).tokens.tolist() for s in range(4)]
+    held = [s for s in range(4) if kept[s]]
+    assert len(held) == 1 and kept[held[0]][: r.prompt_tokens] == list(r.prompt_ids or ())
+    assert len(kept[held[0]]) > r.prompt_tokens  # and the tokens decoded before it left
+    assert [ctx.last_position(s) for s in range(4)] == [len(k) - 1 for k in kept]  # no cell beyond
     again = await run(batched, await request(batched, max_tokens=5))
     assert sum(d.tokens for d in again) == 5
 
@@ -227,12 +236,13 @@ async def test_a_warmed_system_prompt_is_reused_and_decodes_what_the_cold_prompt
     await cold.start()
     try:
         warm_ids = (await warmed.measure(messages=system_prompt_chat(SYSTEM))).ids
-        for kw in ({"seed": 11, "temperature": 0.9}, {"temperature": 0}, {"seed": 2, "n": 2}):
-            r = await chat(warmed, "how many people see the world", **kw)
+        # each in a cache partition of its own: only the warm-up prefix is shared
+        for i, kw in enumerate(({"seed": 11, "temperature": 0.9}, {"temperature": 0}, {"seed": 2, "n": 2})):
+            r = await chat(warmed, "how many people see the world", cache_salt=f"t{i}", **kw)
             shared = next(i for i, (a, b) in enumerate(zip(warm_ids, r.prompt_ids or (), strict=False)) if a != b)
             before = warmed.prefix_tokens_reused
             a = await run(warmed, r)
-            b = await run(cold, await chat(cold, "how many people see the world", **kw))
+            b = await run(cold, await chat(cold, "how many people see the world", cache_salt=f"t{i}", **kw))
             assert [(d.index, d.text, d.finish_reason) for d in a] == [(d.index, d.text, d.finish_reason) for d in b]
             assert warmed.prefix_tokens_reused - before == shared > 40  # the system turn and the user marker
         assert warmed.prefix_hits == 3 and cold.prefix_hits == 0
@@ -263,15 +273,14 @@ async def test_cancelling_a_sequence_that_reused_the_prefix_leaves_the_prefix_fo
     prefix_end = ctx.last_position(4)
     assert prefix_end == len((await warmed.measure(messages=system_prompt_chat(SYSTEM))).ids) - 1
     first = text(await run(warmed, await chat(warmed, "what time is it")))
-    stream = warmed.generate(await chat(warmed, "what time is it", max_tokens=400))
+    stream = warmed.generate(await chat(warmed, "what time is it", max_tokens=400, cache_salt="cancelled"))
     got = [await stream.__anext__() for _ in range(3)]
     assert all(d.finish_reason is None for d in got)
     await stream.aclose()
     await idle(warmed)
-    assert all(ctx.last_position(s) == -1 for s in range(4))  # its own cells: gone
     assert ctx.last_position(4) == prefix_end  # the shared prefix: whole
-    again = text(await run(warmed, await chat(warmed, "what time is it")))
-    assert again == first and warmed.prefix_hits == 3
+    again = text(await run(warmed, await chat(warmed, "what time is it", cache_salt="other")))
+    assert again == first and warmed.prefix_hits == 3  # another partition: from the warm-up prefix
 
 
 async def test_warm_up_itself_runs_the_system_prompts_chat_from_the_prefix(demo_model_path: Path) -> None:

@@ -77,22 +77,28 @@ class EmbeddingEngine(Engine, Protocol):
 
 @runtime_checkable
 class PrefixReusingEngine(Protocol):
-    """An engine that keeps its deployment's warm-up system prompts computed and starts later
-    prompts from them (llama.cpp batched); it publishes what that saved, for /metrics."""
+    """An engine that keeps computed KV cells (earlier requests', its deployment's warm-up
+    system prompts') and starts later prompts from them (llama.cpp); it publishes what that
+    saved, for /metrics."""
 
     @property
-    def system_prompts(self) -> Sequence[str]:
-        """The prompts kept computed (empty: nothing is reused, nothing to report)."""
+    def reuses_prefixes(self) -> bool:
+        """Whether it keeps cells at all (False: nothing to report)."""
         ...
 
     @property
     def prefix_hits(self) -> int:
-        """Requests that started from a kept prompt's cells."""
+        """Requests that started from kept cells."""
         ...
 
     @property
     def prefix_tokens_reused(self) -> int:
         """Prompt tokens those requests did not compute."""
+        ...
+
+    @property
+    def prompt_tokens_computed(self) -> int:
+        """Prompt tokens requests started without kept cells for."""
         ...
 
 

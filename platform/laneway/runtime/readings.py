@@ -56,12 +56,16 @@ def runtime_readings(
     for d in gateway.registry.deployments():
         out.append(("laneway_engine_active_slots", "Sequences holding a slot inside the engine adapter.", "gauge",
                     {"deployment": d.spec.name}, d.engine.active_slots))  # fmt: skip
-        if isinstance(d.engine, PrefixReusingEngine) and d.engine.system_prompts:
-            out.append(("laneway_engine_prefix_hits_total", "Requests that started from a warmed system prompt's "
-                        "KV cells.", "counter", {"deployment": d.spec.name}, d.engine.prefix_hits))  # fmt: skip
-            out.append(("laneway_engine_prefix_tokens_reused_total", "Prompt tokens copied from warmed system "
-                        "prompts' KV cells instead of computed.", "counter", {"deployment": d.spec.name},
+        if isinstance(d.engine, PrefixReusingEngine) and d.engine.reuses_prefixes:
+            out.append(("laneway_engine_prefix_hits_total", "Requests that started from cached KV cells (a "
+                        "warm-up system prompt's, or an earlier request's of the same cache partition).",
+                        "counter", {"deployment": d.spec.name}, d.engine.prefix_hits))  # fmt: skip
+            out.append(("laneway_engine_prefix_tokens_reused_total", "Prompt tokens started from cached KV "
+                        "cells instead of computed.", "counter", {"deployment": d.spec.name},
                         d.engine.prefix_tokens_reused))  # fmt: skip
+            out.append(("laneway_engine_prompt_tokens_computed_total", "Prompt tokens started without cached "
+                        "KV cells (the prefix cache's misses).", "counter", {"deployment": d.spec.name},
+                        d.engine.prompt_tokens_computed))  # fmt: skip
     limits = limiter.readings()
     out.append(("laneway_ratelimit_local_holders", "Concurrency holders kept in this process's memory.", "gauge",
                 {}, limits.local_holders))  # fmt: skip

@@ -17,17 +17,21 @@ the decoding sequences' tokens (those always go in), never fewer than MIN_STEP_P
 dominate) and never more than `n_batch` (fast hardware keeps full chunks). The budget holds
 for every step, a lone prompt's too: the step in flight when a short prompt arrives was
 sized before it came. Sequences join between steps; a cancelled one leaves before the
-next step and its KV cells are cleared. A request's n choices run one after another in its
-sequence, keeping the prompt's KV cells: only the prompt's last token is decoded again.
+next step. A request's n choices run one after another in its sequence, keeping the prompt's
+KV cells: only the prompt's last token is decoded again.
 
-Prefix reuse: the deployment's warm-up system prompts are computed once into reserved
-sequences (ids after the user sequences'; a "reserve" sequence is prefill only and keeps its
-cells). A joining sequence whose prompt's token ids start with one of them gets that
-sequence's cells copied into its own (llama_memory_seq_cp) and prefills only the rest; at
-least its last prompt token is decoded, for the logits of its first sample. Each sequence has
-its own stream of cells (llama.cpp's default, non-unified KV), so the copy is of the whole
-stream's buffer, the cells beyond the shared tokens are then dropped, and clearing a user
-sequence can never touch a reserved one.
+Prefix reuse (prefix_cache.py decides, on the event loop, where a sequence starts): a joining
+sequence keeps its slot's cells up to the tokens its prompt shares with them (the slot's last
+request's, of the same cache partition) and drops the rest (llama_memory_seq_rm), or gets a
+warm-up system prompt's cells copied in from its reserved sequence (llama_memory_seq_cp; ids
+after the user sequences'; a "reserve" sequence is prefill only and keeps its cells), then
+prefills only the rest; at least its last prompt token is decoded, for the logits of its first
+sample. Each sequence has its own stream of cells (llama.cpp's default, non-unified KV), so a
+copy is of the whole stream's buffer, and dropping a user sequence's cells can never touch a
+reserved one. A sequence that leaves, finished or cancelled, keeps its cells and says which
+token ids they hold (BatchSequence.kept): its prompt's fed tokens and the generated tokens
+decoded so far, all from steps that completed (a cancel is seen between steps only). A failed
+step, or stopping, clears them instead.
 
 The llama.cpp calls go through lowlevel.py (the fence around llama-cpp-python's private API);
 ChoiceText (choice_text.py) turns each choice's tokens into deltas.
@@ -53,10 +57,6 @@ from laneway.types import GenerationRequest, TokenLogprob
 log = logging.getLogger("laneway.engines.llamacpp")
 
 PENALTY_LAST_N = 64  # tokens the presence/frequency penalties look back over (llama.cpp's default)
-# Fewer shared tokens than this are computed, not copied: a copy moves the whole stream's
-# buffer (n_ctx cells), which outweighs prefilling a handful of tokens (every chat shares its
-# first few: BOS and the template's opening marker).
-MIN_PREFIX_REUSE = 16
 # The fewest prompt tokens a step carries under the time budget (when n_batch has room): where
 # a token costs more than the budget allows, prefill still moves, at a cost: llama.cpp's CPU
 # kernels are slower a token on small batches. 32 keeps the hold behind a step near a short
@@ -93,8 +93,10 @@ class BatchSequence:
     plan: DecodePlan
     prompt: list[int]
     emit: Callable[[Any], None]  # a Delta or an exception, to the request's queue
-    on_exit: Callable[[], None]  # the decoder is done with the sequence (its KV cells are free)
+    on_exit: Callable[[], None]  # the decoder is done with the sequence (`kept` is set)
     cancel: threading.Event = field(default_factory=threading.Event)
+    reuse: int = 0  # leading prompt tokens whose cells it starts from (prefix_cache.Start)
+    copy_from: int | None = None  # the reserved sequence those cells are copied from, if any
     index: int = 0  # the choice being decoded
     fed: int = 0  # prompt tokens in the KV cells
     cut: bool = False  # its prompt was fed in parts (a whole short one is never split later)
@@ -103,21 +105,8 @@ class BatchSequence:
     sampler: Sampler | None = None
     choice: ChoiceText | None = None
     reserve: bool = False  # prefill only, and its cells are kept as a shared prefix (warm-up)
-
-
-@dataclass(frozen=True, eq=False)
-class Prefix:
-    """A warmed prompt prefix: its cells stay in a reserved sequence for the context's life."""
-
-    seq_id: int
-    tokens: np.ndarray  # the token ids in those cells
-
-
-def shared_tokens(prefix: np.ndarray, prompt: np.ndarray) -> int:
-    """How many leading token ids the two have in common."""
-    n = min(len(prefix), len(prompt))
-    differ = np.flatnonzero(prefix[:n] != prompt[:n])
-    return int(differ[0]) if len(differ) else n
+    decoded: list[int] = field(default_factory=list)  # the choice's generated tokens in the cells
+    kept: np.ndarray | None = None  # on exit: the token ids its cells hold (None: cleared)
 
 
 class BatchDecoder:
@@ -136,9 +125,9 @@ class BatchDecoder:
         self.steps = 0  # llama_decode calls (tests: sequences really share them)
         self.max_batched_sequences = 0  # the most sequences one step ever carried
         self.mixed_steps = 0  # steps that carried a prompt chunk beside other sequences' decode tokens
-        self.prefixes: list[Prefix] = []  # the decoder thread's alone
-        self.prefix_hits = 0  # sequences that started from a warmed prefix's cells
-        self.prefix_tokens_reused = 0  # prompt tokens those copies saved computing
+        self.prefix_hits = 0  # sequences that started from cached cells
+        self.prefix_tokens_reused = 0  # prompt tokens they did not compute
+        self.prompt_tokens_computed = 0  # prompt tokens sequences started without cached cells
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -172,7 +161,7 @@ class BatchDecoder:
                     break
                 for seq in self._incoming:
                     if not seq.reserve:
-                        self._reuse_prefix(seq)
+                        self._start(seq)
                         self._begin_choice(seq, 0)
                 self._running += self._incoming
                 self._incoming = []
@@ -182,9 +171,9 @@ class BatchDecoder:
                 log.exception("llama.cpp batch step failed")
                 for seq in list(self._running):
                     seq.emit(exc)
-                    self._retire(seq)
+                    self._retire(seq, keep=False)  # what its cells hold is not known
         for seq in leaving:
-            self._retire(seq)
+            self._retire(seq, keep=False)
 
     def _begin_choice(self, seq: BatchSequence, index: int) -> None:
         req, plan = seq.req, seq.plan
@@ -207,41 +196,44 @@ class BatchDecoder:
         seq.index = index
         seq.choice = ChoiceText(req, plan.mode, plan.tools, index, seq.emit)
         seq.next_token = None
+        seq.decoded = []
         if index > 0:  # the prompt's cells stay; its last token is decoded again for fresh logits
             keep = max(0, len(seq.prompt) - 1)
             self.ctx.drop(seq.seq_id, keep)
             seq.fed = seq.pos = keep
 
-    def _reuse_prefix(self, seq: BatchSequence) -> None:
-        """Start the sequence from the warmed prefix sharing the most leading tokens with its
-        prompt, when that saves at least MIN_PREFIX_REUSE tokens."""
-        if not self.prefixes:
-            return
-        prompt = np.asarray(seq.prompt[:-1], dtype=np.int32)  # the last token is always decoded
-        best, reuse = None, MIN_PREFIX_REUSE - 1
-        for prefix in self.prefixes:
-            shared = shared_tokens(prefix.tokens, prompt)
-            if shared > reuse:
-                best, reuse = prefix, shared
-        if best is None:
-            return
-        # Across streams llama.cpp copies only whole buffers; the cells past the shared tokens go.
-        self.ctx.copy(best.seq_id, seq.seq_id)
-        self.ctx.drop(seq.seq_id, reuse)
+    def _start(self, seq: BatchSequence) -> None:
+        """Its slot's cells past the tokens it reuses go (after a warm-up prefix's are copied in:
+        across streams llama.cpp copies only whole buffers)."""
+        reuse = seq.reuse
+        if seq.copy_from is not None:
+            self.ctx.copy(seq.copy_from, seq.seq_id)
+        if not self.ctx.drop(seq.seq_id, reuse):  # a model whose cells cannot be cut (recurrent)
+            self.ctx.drop(seq.seq_id)
+            reuse = 0
         seq.fed = seq.pos = reuse
-        self.prefix_hits += 1
-        self.prefix_tokens_reused += reuse
+        self.prompt_tokens_computed += len(seq.prompt) - reuse
+        if reuse:
+            self.prefix_hits += 1
+            self.prefix_tokens_reused += reuse
 
     def _keep_prefix(self, seq: BatchSequence) -> None:
         """A reserve sequence is computed: its cells become a prefix for later sequences."""
         self._running.remove(seq)
-        self.prefixes.append(Prefix(seq.seq_id, np.asarray(seq.prompt, dtype=np.int32)))
+        seq.kept = np.asarray(seq.prompt, dtype=np.int32)
         seq.on_exit()
 
-    def _retire(self, seq: BatchSequence) -> None:
+    def _retire(self, seq: BatchSequence, *, keep: bool = True) -> None:
+        """The sequence leaves between steps. A user sequence's cells stay (kept: the token ids
+        they hold, for the next request in its slot); a reserve one's, or any when `keep` is
+        False, are cleared."""
         if seq in self._running:
             self._running.remove(seq)
-        self.ctx.drop(seq.seq_id)
+        if keep and not seq.reserve:
+            seq.kept = np.asarray(seq.prompt[: seq.fed] + seq.decoded, dtype=np.int32)
+        else:
+            self.ctx.drop(seq.seq_id)
+            seq.kept = None
         seq.sampler = None
         seq.on_exit()
 
@@ -256,6 +248,7 @@ class BatchDecoder:
         for seq in self._running:  # every decoding sequence's next token
             if seq.next_token is not None:
                 self.ctx.add(n, seq.next_token, seq.pos, seq.seq_id, True)
+                seq.decoded.append(seq.next_token)  # in the cells once this step completes
                 sampled.append((seq, n))
                 seq.pos += 1
                 n += 1

@@ -1,7 +1,8 @@
 """The event loop's side of continuous batching: each request is a sequence of the batch
-context (its id is the slot, given back when the decoder thread has cleared its cells,
-however the stream ends), and each warm-up system prompt is computed once into a reserved
-sequence whose cells later prompts starting with the same tokens reuse."""
+context (its id is the slot, chosen by the prefix cache and given back, with what its cells
+then hold, when the decoder thread is done with it, however the stream ends), and each warm-up
+system prompt is computed once into a reserved sequence whose cells later prompts starting
+with the same tokens reuse (prefix_cache.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from laneway.engines.base import EngineError
 from laneway.engines.llamacpp.batch_decoder import BatchDecoder, BatchSequence
 from laneway.engines.llamacpp.deltas import DONE, queued_deltas
 from laneway.engines.llamacpp.plan import DecodePlan
+from laneway.engines.llamacpp.prefix_cache import Prefix, SlotCache
 from laneway.engines.slots import SlotPool
 from laneway.types import Delta, GenerationRequest
 
@@ -22,20 +24,24 @@ class BatchedGeneration:
 
     def __init__(self, decoder: BatchDecoder, parallel: int) -> None:
         self.decoder = decoder
-        self._free = SlotPool(list(range(parallel)))
+        self.cache = SlotCache(parallel)
+        # A ticket a slot: holding one, a request may take an idle slot (which: the cache says).
+        self._free: SlotPool[None] = SlotPool([None] * parallel)
         self.active = 0
 
     async def generate(
         self, req: GenerationRequest, plan: DecodePlan, prompt: list[int]
     ) -> AsyncGenerator[Delta, None]:
         loop = asyncio.get_running_loop()
-        seq_id = await self._free.acquire()
+        await self._free.acquire()
+        start = self.cache.take(prompt, req.cache_salt)
         self.active += 1
         out: asyncio.Queue[Any] = asyncio.Queue()
 
         def exited() -> None:  # on the loop
             self.active -= 1
-            self._free.release(seq_id)
+            self.cache.give_back(start.slot, seq.kept, req.cache_salt)
+            self._free.release(None)
             out.put_nowait(DONE)
 
         def emit(item: Any) -> None:  # from the decoder thread
@@ -44,7 +50,8 @@ class BatchedGeneration:
         def on_exit() -> None:  # from the decoder thread
             loop.call_soon_threadsafe(exited)
 
-        seq = BatchSequence(seq_id, req, plan, prompt, emit=emit, on_exit=on_exit)
+        seq = BatchSequence(start.slot, req, plan, prompt, emit=emit, on_exit=on_exit, reuse=start.reuse,
+                            copy_from=start.copy_from)  # fmt: skip
         try:
             self.decoder.submit(seq)
         except BaseException:
@@ -85,3 +92,5 @@ class BatchedGeneration:
             seq.cancel.set()
             self.decoder.wake()
             raise
+        if seq.kept is not None:  # not when the decoder stopped before computing it
+            self.cache.prefixes.append(Prefix(seq_id, seq.kept))

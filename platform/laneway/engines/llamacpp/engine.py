@@ -6,6 +6,9 @@ package's modules say how each works):
 - one context per slot (`batching: false`), each decoding one request in a worker thread
   (per_slot.py);
 - embeddings only (`embedding: true`; embedding.py).
+
+Both generating modes keep each slot's cells when its request ends and start a request of the
+same cache partition from them when its prompt begins with the same tokens (prefix_cache.py).
 """
 
 from __future__ import annotations
@@ -229,14 +232,29 @@ class LlamaCppEngine:
         await self._batched.warm_prefix(seq_id, req, self._plan(req), ids)
 
     @property
+    def reuses_prefixes(self) -> bool:
+        """Whether it keeps KV cells for later prompts (every generating mode)."""
+        return not self.embedding
+
+    @property
     def prefix_hits(self) -> int:
-        """Requests that started from a warmed system prompt's cells."""
-        return self._decoder.prefix_hits if self._decoder is not None else 0
+        """Requests that started from cached cells: a warm-up system prompt's, or an earlier
+        request's of the same cache partition."""
+        mode = self._decoder or self._slots
+        return mode.prefix_hits if mode is not None else 0
 
     @property
     def prefix_tokens_reused(self) -> int:
         """Prompt tokens those requests did not compute."""
-        return self._decoder.prefix_tokens_reused if self._decoder is not None else 0
+        mode = self._decoder or self._slots
+        return mode.prefix_tokens_reused if mode is not None else 0
+
+    @property
+    def prompt_tokens_computed(self) -> int:
+        """Prompt tokens requests started without cached cells for (reused / (reused + these):
+        the hit rate)."""
+        mode = self._decoder or self._slots
+        return mode.prompt_tokens_computed if mode is not None else 0
 
     async def measure_inputs(self, inputs: Sequence[str]) -> list[int]:
         if sum(len(t) for t in inputs) > OFF_LOOP_PROMPT_CHARS:
@@ -264,17 +282,17 @@ class LlamaCppEngine:
         # Checked before a slot is taken: a bad token id or schema is the client's error. A
         # schema's grammar is built off the loop (its first conversion costs milliseconds).
         plan = await asyncio.to_thread(self._plan, req) if req.tools or req.response_format else self._plan(req)
+        if req.prompt_ids is not None:
+            prompt = list(req.prompt_ids)
+        elif len(req.prompt) > OFF_LOOP_PROMPT_CHARS:
+            prompt = await asyncio.to_thread(self._tokenize, req.prompt)
+        else:
+            prompt = self._tokenize(req.prompt)
         if self._batched is not None:
-            if req.prompt_ids is not None:
-                prompt = list(req.prompt_ids)
-            elif len(req.prompt) > OFF_LOOP_PROMPT_CHARS:
-                prompt = await asyncio.to_thread(self._tokenize, req.prompt)
-            else:
-                prompt = self._tokenize(req.prompt)
             stream = self._batched.generate(req, plan, prompt)
         else:
             assert self._slots is not None
-            stream = self._slots.generate(req, plan)
+            stream = self._slots.generate(req, plan, prompt)
         try:
             async for delta in stream:
                 yield delta

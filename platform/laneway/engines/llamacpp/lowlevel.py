@@ -108,9 +108,10 @@ class BatchContext:
         """A token's text, as bytes (special tokens give none)."""
         return bytes(self._model.detokenize([token], special=False))
 
-    def drop(self, seq_id: int, start: int = -1) -> None:
-        """Clear sequence `seq_id`'s cells from position `start` on (-1: all of them)."""
-        self._ctx.kv_cache_seq_rm(seq_id, start, -1)
+    def drop(self, seq_id: int, start: int = -1) -> bool:
+        """Clear sequence `seq_id`'s cells from position `start` on (-1 or 0: all of them);
+        False when the memory cannot drop part of a sequence (a recurrent model's)."""
+        return bool(self._ctx.kv_cache_seq_rm(seq_id, start, -1))
 
     def copy(self, src: int, dst: int) -> None:
         """Copy every cell of sequence `src` into sequence `dst`."""
