@@ -1,8 +1,8 @@
 """Fair admission under a flood, and one engine's slots shared by 1, 2 and 3 gateway replicas.
 
-(a) Fair admission (one `laneway serve`, the sim engine: 4 sequences, 2 ms a decode step;
-    interactive lane of depth 64, 2 s queue timeout). Tenant B sends one short stream at a
-    time (8 tokens); tenant F keeps 100 short streams (40 tokens) in flight. B's time to first
+(a) Fair admission (one `laneway serve`, the sim engine: 4 sequences, then 8, 2 ms a decode
+    step; interactive lane of depth 64, 2 s queue timeout). Tenant B sends one short stream at
+    a time (8 tokens); tenant F keeps 100 short streams (40 tokens, then 64) in flight. B's time to first
     token, unloaded (F idle) and during F's flood, in the same run; B's refusals.
     Goal: loaded p50/p99 <= 1.5x unloaded, 0 refused.
 (b) Shared slots (1, 2, 3 `laneway serve` replicas on one Redis, in front of one remote engine:
@@ -135,18 +135,18 @@ def run_load(spec: dict[str, Any]) -> None:
 # ---- (a) fair admission ---------------------------------------------------------------------
 
 
-def fair_admission(seconds: float, work: Path) -> list[str]:
-    url = f"sqlite+aiosqlite:///{work / 'fair.db'}"
-    model = sim_model("sim", max_concurrency=4, decode_ms_base=2.0, decode_ms_per_seq=0.0)
-    lanes = [{**INTERACTIVE, "max_concurrency": 4}, STANDARD]
+def fair_admission(seconds: float, work: Path, slots: int = 4, flood_tokens: int = 40) -> list[str]:
+    url = f"sqlite+aiosqlite:///{work / f'fair-{slots}.db'}"
+    model = sim_model("sim", max_concurrency=slots, decode_ms_base=2.0, decode_ms_per_seq=0.0)
+    lanes = [{**INTERACTIVE, "max_concurrency": slots}, STANDARD]
     keys = asyncio.run(seed(url, models={"sim": model}, lanes=lanes, tenants={"f": {}, "b": {}}))
-    env = {**os.environ, "LANEWAY_DATA_DIR": str(work / "fair"), "LANEWAY_DATABASE_URL": url,
+    env = {**os.environ, "LANEWAY_DATA_DIR": str(work / f"fair-{slots}"), "LANEWAY_DATABASE_URL": url,
            "LANEWAY_BOOTSTRAP_DEMO": "false", "LANEWAY_LOG_LEVEL": "error"}  # fmt: skip
     proc, port = serve(env)
     base = f"http://127.0.0.1:{port}/v1/completions"
 
     body_b = {"model": "sim", "prompt": "hello", "max_tokens": 8, "stream": True}
-    body_f = {"model": "sim", "prompt": "flood", "max_tokens": 40, "stream": True}
+    body_f = {"model": "sim", "prompt": "flood", "max_tokens": flood_tokens, "stream": True}
 
     async def b_for(duration: float) -> tuple[list[float], Counter[str]]:
         ttfts: list[float] = []
@@ -298,8 +298,10 @@ def main() -> None:
     print(f"# bench/scaleout.py on {platform.node()} ({os.cpu_count()} CPUs, Python {platform.python_version()}), "
           f"{args.seconds:g} s per measurement")  # fmt: skip
     if args.only != "bc":
-        print("\n(a) fair admission: tenant B while tenant F floods the interactive lane")
-        print("\n".join(fair_admission(args.seconds, work)))
+        for slots, tokens in ((4, 40), (8, 64)):
+            print(f"\n(a) fair admission: tenant B while tenant F floods the interactive lane "
+                  f"({slots} slots, F's streams {tokens} tokens)")  # fmt: skip
+            print("\n".join(fair_admission(args.seconds, work, slots, tokens)))
         print()
     if args.only != "a":
         print("\n".join(scale_out(args.seconds, work)))
