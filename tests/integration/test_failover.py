@@ -6,10 +6,6 @@ empty 200 stream. Real processes on loopback; one is SIGKILLed mid-run."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,34 +15,7 @@ import openai
 import pytest
 from laneway.embedded import EmbeddedServer
 from standins.vllm_server import VLLMStandIn
-from support import free_port, start_gateway, until, wait_for
-
-STANDIN = Path(__file__).resolve().parents[1] / "standins" / "vllm_process.py"
-
-
-class StandInProcess:
-    """The vLLM stand-in in a process of its own, so a test can SIGKILL it."""
-
-    def __init__(self, token_delay_s: float = 0.002) -> None:
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, str(STANDIN), str(self.port), str(token_delay_s)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        wait_for(self._up, what=f"the stand-in on port {self.port}", within=30)
-
-    def _up(self) -> bool:
-        try:
-            return httpx.get(self.base_url + "/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def kill(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.kill()
+from support import StandInProcess, start_gateway, until
 
 
 def deployment(name: str, base_url: str, **config: Any) -> dict[str, Any]:

@@ -133,6 +133,9 @@ class _SamplingFields(_Extensions, kw_only=True):
     # OpenAI's cache-affinity key (checked in api/request.py): the conversation goes back to the
     # replica that served it while load allows. Legacy completions take it too, in the body.
     prompt_cache_key: str | None = None
+    # vLLM's prefix-cache salt: the gateway sets its own per tenant (core/pipeline/prepare.py),
+    # so a client's, whatever it holds, is dropped unread: never passed on, never a 400.
+    cache_salt: Any = None
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True, forbid_unknown_fields=True):
