@@ -6,7 +6,9 @@
 Serves on 127.0.0.1:PORT until killed. POST /_control {"fail_generation": true} (or
 "fail_status", "healthy") sets the stand-in's switches from outside, as a test in the same
 process sets the attributes: a bench makes one replica answer 500 for a while. The answer
-gives the switches and how many requests the stand-in has received."""
+gives the switches and how many requests the stand-in has received; with {"bodies": true},
+also every request body it received (as VLLMStandIn.requests records them), so a test can
+see what the gateway sent this replica."""
 
 from __future__ import annotations
 
@@ -30,7 +32,10 @@ def with_control(standin: VLLMStandIn) -> None:
         for name in SWITCHES:
             if name in data:
                 setattr(standin, name, data[name])
-        return {**{name: getattr(standin, name) for name in SWITCHES}, "requests": len(standin.requests)}
+        answer = {**{name: getattr(standin, name) for name in SWITCHES}, "requests": len(standin.requests)}
+        if data.get("bodies"):
+            answer["bodies"] = standin.requests
+        return answer
 
     standin.app.register(control)
 

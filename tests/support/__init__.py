@@ -1,7 +1,8 @@
 """What the tests share: seeding (seeding), waiting with a deadline (waiting), free ports
 (ports), the server factory and the Gateway handle (servers), external services and private
-instances of them (services), and the real engines (engines_real). The stand-in engines live
-in tests/standins; their fixtures in tests/integration/conftest.py.
+instances of them (services), the real engines (engines_real) and the vLLM stand-in as a
+process (standin_process). The stand-in engines live in tests/standins; their in-process
+fixtures in tests/integration/conftest.py.
 
 Test modules import from here (`from support import seed, start_gateway, wait_for`);
 pyproject puts tests/ on the path, so the package is `support`."""

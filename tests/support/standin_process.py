@@ -1,5 +1,5 @@
-"""The vLLM stand-in (tests/standins/vllm_server.py) as a process of its own on loopback: a
-replica a test can SIGKILL, steer through POST /_control, and count requests of."""
+"""The vLLM stand-in (tests/standins/vllm_process.py) as a process of its own on a loopback
+port: a test can SIGKILL it, flip its switches and read the bodies it received."""
 
 from __future__ import annotations
 
@@ -35,14 +35,19 @@ class StandInProcess:
             return False
 
     def control(self, **switches: Any) -> dict[str, Any]:
-        """Set switches (fail_generation, fail_status, healthy); returns them and the count of
-        requests received."""
+        """POST /_control: set its switches (fail_generation, fail_status, healthy); the answer
+        (the switches and the count of requests received)."""
         answer: dict[str, Any] = httpx.post(self.base_url + "/_control", json=switches, timeout=5).json()
         return answer
 
     @property
     def received(self) -> int:
         return int(self.control()["requests"])
+
+    def bodies(self) -> list[dict[str, Any]]:
+        """Every request body it has received, in order (with "_path" and "_request_id")."""
+        bodies: list[dict[str, Any]] = self.control(bodies=True)["bodies"]
+        return bodies
 
     def kill(self) -> None:
         os.kill(self.proc.pid, signal.SIGKILL)

@@ -130,13 +130,20 @@ class _SamplingFields(_Extensions, kw_only=True):
     frequency_penalty: Penalty | None = None
     metadata: dict[str, str] | None = None
     logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
+    # OpenAI's cache-affinity key (checked in api/request.py): the conversation goes back to the
+    # replica that served it while load allows. Legacy completions take it too, in the body.
+    prompt_cache_key: str | None = None
+    # vLLM's prefix-cache salt: the gateway sets its own per tenant (core/pipeline/prepare.py),
+    # so a client's, whatever it holds, is dropped unread: never passed on, never a 400.
+    cache_salt: Any = None
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True, forbid_unknown_fields=True):
     """Every parameter OpenAI's API takes is declared: an unknown one is a 400 (as OpenAI
     answers it), one that would change the output and cannot be honoured is refused by name
     (api/request.py), and those that change nothing in the answer (store, service_tier,
-    prompt_cache_key, safety_identifier, prediction) are accepted and have no effect."""
+    safety_identifier, prediction) are accepted and have no effect; prompt_cache_key routes
+    the request (see _SamplingFields)."""
 
     messages: Annotated[list[ChatMessageIn], Meta(min_length=1)]
     max_completion_tokens: PositiveInt | None = None
@@ -158,7 +165,6 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True, forbid_unknown_fields
     # Accepted, with no effect on the answer: hints for OpenAI's own storage, billing and caching.
     store: bool | None = None
     service_tier: str | None = None
-    prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     prediction: dict[str, Any] | None = None  # predicted output only speeds OpenAI up
 

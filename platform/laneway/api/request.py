@@ -215,11 +215,33 @@ class _Hinted(Protocol):
     def metadata(self) -> dict[str, str] | None: ...
     @property
     def user(self) -> str | None: ...
+    @property
+    def prompt_cache_key(self) -> str | None: ...
 
 
 def hints(request: Incoming, req: _Hinted) -> dict[str, Any]:
     """The intent's routing fields of a body with metadata (chat, completions, responses)."""
-    return routing(request, req.metadata, req.user)
+    return {**routing(request, req.metadata, req.user), "prompt_cache_key": cache_key(req.prompt_cache_key)}
+
+
+CACHE_KEY_MAX = 256
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def cache_key(value: str | None) -> str | None:
+    """OpenAI's prompt_cache_key, checked: it keys which replica served the conversation, a
+    record gateway replicas may share through Redis, so it is bounded and plain text."""
+    if value is None:
+        return None
+    problem = (
+        "must not be empty" if not value
+        else f"must be at most {CACHE_KEY_MAX} characters (got {len(value)})" if len(value) > CACHE_KEY_MAX
+        else "must not contain NUL or other control characters" if _CONTROL.search(value)
+        else None
+    )  # fmt: skip
+    if problem is not None:
+        raise invalid_request(f"`prompt_cache_key` {problem}.", param="prompt_cache_key")
+    return value
 
 
 def routing(request: Incoming, metadata: dict[str, str] | None, user: str | None) -> dict[str, Any]:

@@ -99,13 +99,17 @@ class ResponsesRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     truncation: Literal["auto", "disabled"] | None = None
     moderation: Any = None
     context_management: list[Any] | None = None
+    # OpenAI's cache-affinity key (checked as chat's is): the conversation goes back to the
+    # replica that served it while load allows.
+    prompt_cache_key: str | None = None
+    # vLLM's prefix-cache salt: the gateway sets the tenant's own, so a client's is dropped unread.
+    cache_salt: Any = None
     # Accepted, with no effect on the output here: caching, routing and accounting hints of
     # OpenAI's own service, and a cap on built-in tools (laneway has none).
     stream_options: dict[str, Any] | None = None
     max_tool_calls: int | None = None
     service_tier: str | None = None
     safety_identifier: str | None = None
-    prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
     prompt_cache_options: dict[str, Any] | None = None
     background_options: dict[str, Any] | None = None

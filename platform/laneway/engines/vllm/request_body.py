@@ -45,7 +45,8 @@ def streams_from_vllm(req: GenerationRequest) -> bool:
 
 def generation_body(req: GenerationRequest, model: str, extra_body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The path and body of a generation: chat to /v1/chat/completions (vLLM applies the
-    model's own template), a prompt to /v1/completions."""
+    model's own template), a prompt to /v1/completions. The request's cache_salt goes as vLLM's
+    `cache_salt`, so vLLM reuses cached prompt blocks only between requests of one tenant."""
     stream = streams_from_vllm(req)
     body: dict[str, Any] = {
         "model": model,
@@ -73,6 +74,8 @@ def generation_body(req: GenerationRequest, model: str, extra_body: dict[str, An
         body["logit_bias"] = {str(k): v for k, v in req.logit_bias.items()}
     if req.extensions is not None:
         body.update(req.extensions.body())
+    if req.cache_salt is not None:  # the tenant's prefix-cache partition: after extra_body, so it wins
+        body["cache_salt"] = req.cache_salt
     if req.messages is not None:
         body["messages"] = [chat_message(m) for m in req.messages]
         if req.tools:
