@@ -125,3 +125,50 @@ async def put_model(svc: AdminService, actor: str, alias: str, data: ModelIn) ->
     await svc.config_changes.notify()
     live = [d.spec.name for d in registry.deployments() if d.spec.alias == alias]
     return {"alias": alias, "deployments": live}
+
+
+# ---- one replica at a time (the CLI's `laneway model replica add/remove`) ----
+
+MAX_REPLICAS = 64  # ModelIn's bound on an alias's deployments
+
+
+async def replicas(svc: AdminService, alias: str) -> list[DeploymentIn]:
+    """The alias's deployments as put_model takes them; [] for an alias with none or no row."""
+    async with svc.sessions() as session:
+        model = await ModelRepository(session).get(alias)
+        rows = sorted(model.deployments, key=lambda d: d.id) if model is not None else []
+        return [DeploymentIn(name=d.name, engine_kind=d.engine_kind, config=dict(d.config or {}),
+                             quantization=d.quantization, gpu_type=d.gpu_type, max_model_len=d.max_model_len)
+                for d in rows]  # fmt: skip
+
+
+async def add_replica(svc: AdminService, actor: str, alias: str, replica: DeploymentIn) -> dict[str, Any]:
+    """Add one deployment to the alias's replicas (the alias is made if new), keeping the
+    others as they are: put_model with one more, so the same checks, all or nothing, one audit
+    row with the before and after, and the NOTIFY."""
+    current = await replicas(svc, alias)
+    if any(d.name == replica.name for d in current):
+        raise GatewayError(ErrorCode.CONFLICT, f"'{replica.name}' is already a replica of '{alias}'; remove it "
+                           "first to change it.", param="name")  # fmt: skip
+    if len(current) >= MAX_REPLICAS:
+        raise GatewayError(ErrorCode.INVALID_REQUEST, f"'{alias}' has {len(current)} replicas, the most an alias "
+                           "may have.", param="name")  # fmt: skip
+    return await put_model(svc, actor, alias, ModelIn(deployments=[*current, replica]))
+
+
+async def remove_replica(svc: AdminService, actor: str, alias: str, name: str) -> dict[str, Any]:
+    """Take one deployment out of the alias's replicas, keeping the others (put_model with one
+    fewer); its engine finishes what it serves. The last one stays: an alias with no replica
+    could serve nothing."""
+    current = await replicas(svc, alias)
+    if not current:
+        raise GatewayError(ErrorCode.NOT_FOUND, f"No model named '{alias}'.", param="alias")
+    kept = [d for d in current if d.name != name]
+    if len(kept) == len(current):
+        names = ", ".join(d.name for d in current)
+        raise GatewayError(ErrorCode.NOT_FOUND, f"'{alias}' has no replica '{name}' (it has {names}).", param="name")
+    if not kept:
+        raise GatewayError(ErrorCode.CONFLICT, f"'{name}' is the last replica of '{alias}'; an alias needs one. "
+                           "Add another first, or point the alias elsewhere with `laneway model set`.",
+                           param="name")  # fmt: skip
+    return await put_model(svc, actor, alias, ModelIn(deployments=kept))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from laneway.cli.flags import (
     KEY_UNSET,
@@ -77,24 +77,63 @@ async def key_revoke(svc: AdminService, actor: str, args: argparse.Namespace) ->
     print(f"revoked key {key['id']} ({key['prefix']}...)")
 
 
-async def model_set(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
-    from laneway.admin import deployments
+def _deployment(args: argparse.Namespace, name: str) -> dict[str, Any]:
+    """A deployment's fields from the engine flags (`model set`, `model replica add`)."""
     from laneway.contracts.errors import invalid_request
 
     try:
         config = json.loads(args.config)
     except ValueError as exc:
         raise invalid_request(f"--config is not JSON: {exc}") from None
-    deployment = {
-        "name": args.deployment or f"{args.alias}-{args.engine}",
+    return {
+        "name": name,
         "engine_kind": args.engine,
         "config": config,
         "quantization": args.quantization,
         "gpu_type": args.gpu_type,
         "max_model_len": args.max_model_len,
     }
+
+
+async def model_set(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
+    from laneway.admin import deployments
+
+    deployment = _deployment(args, args.deployment or f"{args.alias}-{args.engine}")
     await deployments.put_model(svc, actor, args.alias, valid({"deployments": [deployment]}, deployments.ModelIn))
     print(f"model {args.alias} -> {args.engine}")
+
+
+def _said_replicas(alias: str, names: list[str]) -> str:
+    return f"model {alias} has {len(names)} replica{'s' * (len(names) != 1)}: {', '.join(names)}"
+
+
+async def model_replica_add(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
+    from laneway.admin import deployments
+
+    replica = valid(_deployment(args, args.name), deployments.DeploymentIn)
+    result = await deployments.add_replica(svc, actor, args.alias, replica)
+    print(_said_replicas(args.alias, result["deployments"]))
+
+
+async def model_replica_remove(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
+    from laneway.admin import deployments
+
+    result = await deployments.remove_replica(svc, actor, args.alias, args.name)
+    print(_said_replicas(args.alias, result["deployments"]))
+
+
+async def model_replica_list(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
+    """One line per replica; not the config, which may hold an engine's API key."""
+    from laneway.admin import deployments
+
+    del actor  # reads only: nothing to audit
+    found = await deployments.replicas(svc, args.alias)
+    if not found:
+        from laneway.contracts.errors import GatewayError
+
+        raise GatewayError(ErrorCode.NOT_FOUND, f"No model named '{args.alias}'.")
+    for d in found:
+        print(f"{d.name}\t{d.engine_kind}\tmax_model_len {d.max_model_len}\t{d.quantization}\t{d.gpu_type}")
 
 
 async def model_fallbacks(svc: AdminService, actor: str, args: argparse.Namespace) -> None:

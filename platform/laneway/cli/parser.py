@@ -11,6 +11,9 @@ from laneway.cli.manage import (
     key_revoke,
     key_set,
     model_fallbacks,
+    model_replica_add,
+    model_replica_list,
+    model_replica_remove,
     model_set,
     tenant_create,
     tenant_set,
@@ -44,6 +47,15 @@ def _key_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--tpm", metavar="N", help="the key's tokens per minute ('none': the tenant's)")
     s.add_argument("--max-concurrency", metavar="N", help="the key's requests in flight ('none': the tenant's)")
     s.add_argument("--models", help="comma-separated aliases the key may use ('all': every one its tenant may)")
+
+
+def _deployment_arguments(s: argparse.ArgumentParser) -> None:
+    """One deployment's engine and its config (`model set`, `model replica add`)."""
+    s.add_argument("--engine", required=True, choices=["llamacpp", "sim", "vllm", "trtllm"])
+    s.add_argument("--config", default="{}", help="engine config as JSON")
+    s.add_argument("--quantization", default="unknown")
+    s.add_argument("--gpu-type", default="none")
+    s.add_argument("--max-model-len", type=int, default=2048)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,16 +123,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     model = sub.add_parser("model", help="manage model aliases").add_subparsers(dest="action", required=True)
     s = model.add_parser(
-        "set", help="point an alias at one deployment (the serving replicas start it when they hear of the change)"
+        "set",
+        help="point an alias at one deployment, in place of any it had (the serving replicas start it when "
+        "they hear of the change)",
     )
     s.add_argument("alias")
-    s.add_argument("--engine", required=True, choices=["llamacpp", "sim", "vllm", "trtllm"])
-    s.add_argument("--config", default="{}", help="engine config as JSON")
-    s.add_argument("--deployment")
-    s.add_argument("--quantization", default="unknown")
-    s.add_argument("--gpu-type", default="none")
-    s.add_argument("--max-model-len", type=int, default=2048)
+    _deployment_arguments(s)
+    s.add_argument("--deployment", help="the deployment's name (default: ALIAS-ENGINE)")
     s.set_defaults(fn=with_service(model_set))
+    replica = model.add_parser(
+        "replica", help="add, remove or list one alias's replicas (deployments), one at a time"
+    ).add_subparsers(dest="replica_action", required=True)
+    s = replica.add_parser("add", help="add a deployment to the alias's replicas (the alias is made if new)")
+    s.add_argument("alias")
+    s.add_argument("name", help="the deployment's name, unique across all aliases")
+    _deployment_arguments(s)
+    s.set_defaults(fn=with_service(model_replica_add))
+    s = replica.add_parser("remove", help="take a deployment out of the alias's replicas (never the last one)")
+    s.add_argument("alias")
+    s.add_argument("name")
+    s.set_defaults(fn=with_service(model_replica_remove))
+    s = replica.add_parser("list", help="the alias's replicas: name, engine, context, quantization, GPU")
+    s.add_argument("alias")
+    s.set_defaults(fn=with_service(model_replica_list))
     s = model.add_parser("fallbacks", help="give an alias the aliases that serve its requests when it cannot, in order")
     s.add_argument("alias")
     s.add_argument("fallbacks", help="comma-separated aliases, tried in order ('none': no fallbacks)")
