@@ -9,10 +9,11 @@ import contextlib
 from dataclasses import replace
 
 import pytest
+from laneway.contracts.errors import GatewayError
 from laneway.core.dispatch import Dispatcher, RoutingParams
 from laneway.core.pipeline import Gateway, GenerationIntent
 from laneway.core.pipeline.lease import Lease
-from laneway.core.policy import PolicyStore
+from laneway.core.policy import LanePolicy, PolicySnapshot, PolicyStore
 from laneway.engines.registry import EngineRegistry, LiveDeployment
 from laneway.types import DeploymentSpec, TenantSnapshot
 from support import until
@@ -195,6 +196,29 @@ async def test_baselines_bind_at_arrival(replicas: EngineRegistry) -> None:
     held.release()
     with pytest.raises(ValueError, match="routing must be one of"):
         Dispatcher(replicas, lambda d: 1, routing="random")
+
+
+async def test_the_alias_queue_holds_as_many_as_its_replicas_queues_would(replicas: EngineRegistry) -> None:
+    lane = LanePolicy("standard", max_queue_depth=2, max_concurrency=2, queue_timeout_s=30)
+    gw = Gateway(replicas, PolicyStore(None, PolicySnapshot(lanes=(lane,))))  # type: ignore[arg-type]
+    held = [await hold(gw, ACME, f"filler {i}") for i in range(6)]
+    waiting = []
+    for i in range(6):  # 3 replicas x a depth of 2
+        lease = gw.lease(await gw.prepare(ACME, chat(f"queued {i}")))
+        waiting.append((lease, asyncio.ensure_future(gw.acquire(lease))))
+    await asyncio.sleep(0.01)
+    assert not any(task.done() for _, task in waiting)
+    with pytest.raises(GatewayError) as refused:
+        await gw.admit(await gw.prepare(ACME, chat("one too many")))
+    assert refused.value.code == "queue_full"
+    for lease, task in waiting:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        lease.release()
+    for h in held:
+        h.release()
+    assert [d.outstanding for d in replicas.deployments()] == [0, 0, 0]
 
 
 def test_routing_params_come_from_settings() -> None:

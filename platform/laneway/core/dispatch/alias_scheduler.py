@@ -16,6 +16,7 @@ the replicas' slots).
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -76,6 +77,15 @@ class AliasScheduler(DeploymentScheduler):
         if not self._alias_headroom or self.capacity < 4 or free > self._alias_headroom or not self._several_tenants():
             return lambda _: True
         return lambda tid: tid not in self._tenant_running
+
+    def admit(self, lane: LanePolicy, tenant_id: int, weight: float) -> None:
+        """Admission over the alias's queue: a lane's depth limit is per replica, as it is for a
+        replica's own queue, so the alias's queue holds as many as its replicas' would."""
+        self.has_room()  # the alias's capacity as it is now (replicas come and go)
+        replicas = max(len(self.usable()), 1)
+        if replicas > 1:
+            lane = dataclasses.replace(lane, max_queue_depth=lane.max_queue_depth * replicas)
+        super().admit(lane, tenant_id, weight)
 
     # ---- binding ----
     def candidates(self, ticket: Ticket) -> list[LiveDeployment]:
