@@ -252,3 +252,22 @@ async def test_the_engine_exposes_the_index_only_when_configured_and_names_the_e
     assert str(missing.value) == (
         "vLLM KV events (kv_events_endpoint) need `pip install laneway[vllm]` (zmq is not installed)"
     )
+
+
+async def test_a_replay_endpoint_that_does_not_answer_is_no_history_and_a_gap_forgets(
+    publisher: FakePublisher,
+) -> None:
+    silent = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
+    consumer = await started(KVEventsConsumer(publisher.endpoint, replay_endpoint=silent, topic="kv",
+                                              replay_timeout_s=0.2))  # fmt: skip
+    try:
+        await publisher.joined()
+        await asyncio.sleep(0.4)  # past the start-up replay's timeout
+        assert consumer.cached_prefix_tokens(A, None) is None  # no answer is not "nothing published"
+        await publisher.send(0, batch(stored(A)))
+        await publisher.send(2, batch(stored(B)))  # 1 lost, and nobody to ask for it
+        await until(lambda: consumer.seq == 2, what="the batch after the gap")
+        assert [consumer.cached_prefix_tokens(p, None) for p in (A, B)] == [0, 8]
+        assert (consumer.gaps, consumer.replayed, consumer.resets) == (1, 0, 1)
+    finally:
+        await consumer.close()

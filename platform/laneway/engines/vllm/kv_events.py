@@ -107,7 +107,7 @@ class KVEventsConsumer:
 
     async def _run(self) -> None:
         try:
-            if self.replay_endpoint is not None and not await self._replay(0):
+            if self.replay_endpoint is not None and await self._replay(0) == []:
                 self._synced = True  # vLLM has published nothing yet: its cache is empty
             while True:
                 frames = await self._sub.recv_multipart()
@@ -134,7 +134,7 @@ class KVEventsConsumer:
         if start >= until:
             return
         self._synced = False
-        got = await self._replay(start) if self.replay_endpoint is not None else []
+        got = (await self._replay(start) if self.replay_endpoint is not None else None) or []
         got = [(s, p) for s, p in got if start <= s < until]
         if (not got or got[0][0] != start) and self.seq is not None:  # before the first batch: nothing to forget
             self._forget()
@@ -143,8 +143,8 @@ class KVEventsConsumer:
             self._apply(s, payload)
             self.replayed += 1
 
-    async def _replay(self, start: int) -> list[tuple[int, bytes]]:
-        """What the replay endpoint buffers from `start` on ([] if it does not answer in time)."""
+    async def _replay(self, start: int) -> list[tuple[int, bytes]] | None:
+        """What the replay endpoint buffers from `start` on; None if it does not answer in time."""
         zmq = self._zmq
         dealer = self._ctx.socket(zmq.DEALER)  # one per request: a late answer to an old one is dropped with it
         dealer.setsockopt(zmq.LINGER, 0)
@@ -163,7 +163,7 @@ class KVEventsConsumer:
                     out.append((seq, frames[3]))
         except (TimeoutError, zmq.ZMQError) as exc:
             log.warning("%s: KV events replay at %s did not answer (%r)", self.name, self.replay_endpoint, exc)
-            return []
+            return None
         finally:
             dealer.close(linger=0)
 
