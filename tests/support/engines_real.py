@@ -254,15 +254,22 @@ class RealVLLM:
     and at most 8 sequences run at once; 1 GiB of KV cache (VLLM_CPU_KVCACHE_SPACE). It loads
     in 2-3 minutes on 2 busy cores and takes ~750 MB of memory. Its log names each request
     (`Received request cmpl-<X-Request-Id>-0: params: SamplingParams(...)`) and each abort
-    (`Request cmpl-<X-Request-Id>-0 aborted.`): what the tests read to see what it was sent."""
+    (`Request cmpl-<X-Request-Id>-0 aborted.`): what the tests read to see what it was sent.
+
+    With `kv_events`, prefix caching publishes KV events (topic "kv"): vLLM binds its PUB at
+    `kv_events_endpoint` (ipc, in the workdir) and its replay ROUTER at
+    `kv_events_replay_endpoint`; dev mode is on, for POST /reset_prefix_cache."""
 
     MAX_MODEL_LEN = 1024
     MAX_NUM_SEQS = 8
 
-    def __init__(self, workdir: Path, *, model: str = "tiny") -> None:
+    def __init__(self, workdir: Path, *, model: str = "tiny", kv_events: bool = False) -> None:
         ensure_installed("vllm", "real vLLM")
         self.workdir = workdir
         self.model = model
+        self.kv_events = kv_events
+        self.kv_events_endpoint = f"ipc://{workdir / 'kv-events'}"
+        self.kv_events_replay_endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.log_path = workdir / "vllm.log"
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -282,6 +289,10 @@ class RealVLLM:
             "--max-num-seqs", str(self.MAX_NUM_SEQS), "--scheduling-policy", "priority",
             "--enable-log-requests",  # each request's id and sampling parameters, and each abort, in the log
         ]  # fmt: skip
+        if self.kv_events:
+            events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": self.kv_events_endpoint,
+                      "replay_endpoint": self.kv_events_replay_endpoint, "topic": "kv"}  # fmt: skip
+            cmd += ["--enable-prefix-caching", "--kv-events-config", json.dumps(events)]
         env = {
             **os.environ,
             "HF_HUB_OFFLINE": "1",  # no hub, ever: the model is a local folder
@@ -291,6 +302,7 @@ class RealVLLM:
             "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; the default takes a share of the machine's memory
             "HF_HOME": str(self.workdir / "hf"),
             "VLLM_CACHE_ROOT": str(self.workdir / "vllm-cache"),
+            **({"VLLM_SERVER_DEV_MODE": "1"} if self.kv_events else {}),
         }
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -81,6 +81,13 @@ class VLLMConfig(RemoteEngineConfig, kw_only=True):
     extra_body: dict[str, Any] = {}
     embeddings: bool = False
     tool_calling: bool = False  # vLLM runs with --enable-auto-tool-choice and a parser
+    # The precise prefix index (engines/vllm/kv_events.py): vLLM run with --enable-prefix-caching
+    # and --kv-events-config (publisher "zmq"). None: off. The endpoint as laneway reaches it;
+    # `kv_events_bind` when vLLM's endpoint is not a wildcard (vLLM connects, laneway binds).
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
+    kv_events_topic: str = ""
+    kv_events_bind: bool = False
 
 
 class TritonConfig(RemoteEngineConfig, kw_only=True):

