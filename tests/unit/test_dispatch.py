@@ -221,6 +221,26 @@ async def test_the_alias_queue_holds_as_many_as_its_replicas_queues_would(replic
     assert [d.outstanding for d in replicas.deployments()] == [0, 0, 0]
 
 
+async def test_an_engine_that_knows_its_cache_is_believed_over_the_index(replicas: EngineRegistry) -> None:
+    gw = gateway(replicas)
+    asked: list[str | None] = []
+    knowing = replicas.deployments()[2]
+
+    def cached_prefix_tokens(token_ids: tuple[int, ...], salt: str | None) -> int:
+        asked.append(salt)
+        return len(token_ids) // 2  # as vLLM's KV events would tell: half of it is cached there
+
+    knowing.engine.cached_prefix_tokens = cached_prefix_tokens  # type: ignore[attr-defined]
+    for d in replicas.deployments()[:2]:
+        d.engine.cached_prefix_tokens = lambda ids, salt: None  # type: ignore[attr-defined]  # unknown: the index decides
+    call = await gw.prepare(ACME, chat("a prompt nobody has placed yet"))
+    call.generation.prompt_ids = tuple(range(64))
+    lease = await gw.admit(call)
+    lease.release()
+    assert (call.deployment, call.route_reason, call.cached_estimate) == (knowing, "prefix", 32)
+    assert asked == [call.generation.cache_salt]
+
+
 def test_routing_params_come_from_settings() -> None:
     from laneway.settings import Settings
 

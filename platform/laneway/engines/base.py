@@ -121,6 +121,15 @@ class LoadReportingEngine(Protocol):
         ...
 
 
+@runtime_checkable
+class PrefixTrackingEngine(Protocol):
+    """An engine whose prefix cache laneway follows exactly (vLLM with KV events)."""
+
+    def cached_prefix_tokens(self, token_ids: Sequence[int], cache_salt: str | None) -> int | None:
+        """Leading tokens of the prompt the engine holds cached, or None when not known."""
+        ...
+
+
 def unit_rows(vectors: NDArray[np.float32]) -> NDArray[np.float32]:
     """Each row scaled to unit length, as OpenAI's embeddings are (so a dot product is the
     cosine similarity); an all-zero row stays zero."""

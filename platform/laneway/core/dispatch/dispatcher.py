@@ -83,12 +83,13 @@ class Dispatcher:
         return list(self._aliases.values())
 
     def ticket_route(self, prompt: str, salt: str | None, key: str | None, needs: frozenset[str],
-                     prompt_tokens: int) -> TicketRoute:  # fmt: skip
+                     prompt_tokens: int, token_ids: tuple[int, ...] | None = None) -> TicketRoute:  # fmt: skip
         size = self.params.block_bytes
         blocks = prompt_blocks(prompt, salt, size)
         session = None if key is None else f"{salt or ''}\0{key}"
         tokens_per_block = prompt_tokens * size / max(len(prompt.encode("utf-8", "surrogatepass")), 1)
-        return TicketRoute(Route(blocks, anchor(prompt, salt, key, blocks, size), session, tokens_per_block), needs)
+        route = Route(blocks, anchor(prompt, salt, key, blocks, size), session, tokens_per_block, token_ids, salt)
+        return TicketRoute(route, needs)
 
     def in_turn(self, alias: str, chosen: LiveDeployment, lane: str, needs: frozenset[str]) -> LiveDeployment:
         """round_robin: the next healthy replica of the alias in turn that serves the lane and

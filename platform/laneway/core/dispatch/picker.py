@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from laneway.core.dispatch.prefix_index import PrefixIndex, Route
 from laneway.core.dispatch.scorers import Candidate, LoadScorer, PrefixScorer, SessionScorer
-from laneway.engines.base import LoadReportingEngine
+from laneway.engines.base import LoadReportingEngine, PrefixTrackingEngine
 from laneway.engines.registry import LiveDeployment
 
 HASH_WEIGHT = 1e-3  # below any real score difference: it only breaks ties
@@ -84,11 +84,17 @@ class Picker:
         engine = replica.engine
         reported = engine.reported_load() if isinstance(engine, LoadReportingEngine) else None
         name = replica.spec.name
-        cached = self.index.cached(name, route.blocks) if route.blocks else 0
+        precise = None
+        if route.token_ids and isinstance(engine, PrefixTrackingEngine):
+            precise = engine.cached_prefix_tokens(route.token_ids, route.salt)
+        if precise is not None:  # the engine's own account of its cache
+            share = precise / len(route.token_ids) if route.token_ids else 0.0
+        else:
+            share = self.index.cached(name, route.blocks) / len(route.blocks) if route.blocks else 0.0
         return Candidate(
             name=name,
             load=LoadScorer.load_of(replica.outstanding, capacity(replica), reported),
-            cached_share=cached / len(route.blocks) if route.blocks else 0.0,
+            cached_share=share,
             session=route.session_key is not None and self.index.session(route.session_key) == name,
         )
 
@@ -118,9 +124,10 @@ class Picker:
             self.index.record(name, route.blocks, self.index_capacity(chosen))
         if route.session_key is not None:
             self.index.remember_session(route.session_key, name)
-        cached_tokens = round(c.cached_share * len(route.blocks) * route.block_tokens)
+        prompt_tokens = len(route.token_ids) if route.token_ids else len(route.blocks) * route.block_tokens
+        cached_tokens = round(c.cached_share * prompt_tokens)
         figures = self.figures.get(name) or self.figures.setdefault(name, ReplicaFigures())
         figures.placed += 1
-        figures.prompt_tokens += max(len(route.blocks), 1) * route.block_tokens
+        figures.prompt_tokens += max(prompt_tokens, route.block_tokens)
         figures.cached_tokens += cached_tokens
         return Placement(chosen, best_reason, cached_tokens)

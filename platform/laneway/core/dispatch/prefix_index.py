@@ -56,6 +56,10 @@ class Route:
     anchor: bytes
     session_key: str | None  # the tenant's salt and prompt_cache_key, when it sent one
     block_tokens: float  # estimated prompt tokens per block
+    # The prompt's token ids as the engine counts them, when measuring produced them: an engine
+    # whose cache laneway follows exactly (vLLM's KV events) is asked about these instead.
+    token_ids: tuple[int, ...] | None = None
+    salt: str | None = None
 
 
 class PrefixIndex:

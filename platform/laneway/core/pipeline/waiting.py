@@ -85,7 +85,7 @@ class Waiting:
             queue = self.dispatch.alias_scheduler(call.alias)
             gen = call.generation
             route = self.dispatch.ticket_route(gen.prompt, gen.cache_salt, call.prompt_cache_key, call.needs,
-                                               gen.prompt_tokens)  # fmt: skip
+                                               gen.prompt_tokens, gen.prompt_ids)  # fmt: skip
             placement = Ticket(request_id=call.request_id, tenant_id=call.tenant.id, weight=call.tenant.weight,
                                cost=cost, lane=call.lane, route=route)  # fmt: skip
             lease.placement = placement

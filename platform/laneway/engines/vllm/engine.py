@@ -255,10 +255,13 @@ class VLLMEngine:
             status, answer = await self._call("POST", "/tokenize", encode(body), timeout_s=10.0, headers=JSON_HEADERS)
             if status != 200:
                 raise EngineError(f"vLLM /tokenize answered {status}")
-            count = int(msgspec.json.decode(answer)["count"])
+            decoded = msgspec.json.decode(answer)
+            count = int(decoded["count"])
         except (UpstreamError, TimeoutError, KeyError, ValueError, TypeError, msgspec.DecodeError) as exc:
             raise EngineError(f"vLLM /tokenize failed: {exc}") from exc
-        return PromptMeasure(text=text, tokens=count)
+        # vLLM's own ids of the rendered prompt: what its KV events' block hashes are made of.
+        ids = decoded.get("tokens") if self.kv_events is not None else None
+        return PromptMeasure(text=text, tokens=count, ids=tuple(ids) if isinstance(ids, list) else None)
 
     async def warmup(self, prompts: Sequence[str]) -> None:
         if self.embeddings:
