@@ -19,14 +19,19 @@ same times):
 (a) shared prefix: G groups, each a distinct ~1024-token system prompt; a short question;
 (b) multi-turn sessions: a session's next turn is sent when its previous answer has arrived,
     its history growing; sessions arrive at random and interleave (prompt_cache_key = session);
-(c) nothing shared: every prompt differs from its first word.
+(c) nothing shared: every request has a system prompt of its own (the template's default
+    system prompt, shared by all, would otherwise be used).
 Reported per row: TTFT p50/p99 and end-to-end p50 (from each request's scheduled time), output
 tokens a second over the row, the prefix hit rate (prompt tokens served from the replicas'
 caches over prompt tokens, from their /metrics), requests per replica, failures; and ratios
 to the laneway least_outstanding row of the same run.
 
 Run: PYTHONPATH=platform .venv/bin/python bench/routing.py [--quick] [--rows ...] [--workloads ...]
-The defaults take about 20 minutes on a 2-core machine; --quick a few for a smoke check.
+[--rounds N]. The defaults take about 20 minutes on a 2-core machine, --quick a few (a smoke
+check). The replicas share the machine's cores with the router, the load generator and
+whatever else runs there, and a workload offers tens of requests: rows of the same routing
+can differ by 2x on a busy machine. --rounds N runs the rows again, interleaved, and pools
+their samples.
 """
 
 from __future__ import annotations
@@ -56,8 +61,8 @@ LANEWAY_ROWS = ("cache_aware", "least_outstanding", "round_robin")
 ROWS = (*LANEWAY_ROWS, "vllm-router", "sglang-router")
 WORKLOADS = {"shared": "(a) shared prefix", "sessions": "(b) multi-turn sessions", "unique": "(c) nothing shared"}
 BASE = "least_outstanding"
-QUICK = Sizes(groups=3, prefix_tokens=256, shared_rate=0.5, shared_s=12, sessions_rate=0.3, sessions_s=8,
-              session_system_tokens=128, turns=3, unique_rate=0.5, unique_s=8, unique_tokens=128,
+QUICK = Sizes(groups=3, prefix_tokens=256, shared_rate=0.6, shared_s=8, sessions_rate=0.4, sessions_s=5,
+              session_system_tokens=128, turns=3, unique_rate=0.6, unique_s=5, unique_tokens=128,
               max_tokens=16)  # fmt: skip
 
 
@@ -73,13 +78,29 @@ class Cell:
     sent: int = 0
     failed: int = 0
     errors: dict[str, int] = field(default_factory=dict)
-    hit_rate: float | None = None
+    hits: float = 0.0  # prompt tokens served from the replicas' caches
+    queries: float = 0.0  # prompt tokens
     split: list[int] = field(default_factory=list)
     late_ms: float = 0.0
 
     @property
     def tok_s(self) -> float:
         return self.tokens / self.span_s if self.span_s > 0 else 0.0
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.hits / self.queries if self.queries else None
+
+    def pool(self, other: Cell) -> Cell:
+        """This round's samples and another's together (--rounds)."""
+        if self.note or other.note:
+            return self if self.note else other
+        errors = {k: self.errors.get(k, 0) + other.errors.get(k, 0) for k in {*self.errors, *other.errors}}
+        split = [a + b for a, b in zip(self.split, other.split, strict=True)]
+        return Cell("", self.ttft + other.ttft, self.e2e + other.e2e, self.tokens + other.tokens,
+                    self.span_s + other.span_s, self.sent + other.sent, self.failed + other.failed, errors,
+                    self.hits + other.hits, self.queries + other.queries, split,
+                    max(self.late_ms, other.late_ms))  # fmt: skip
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -146,8 +167,8 @@ def run_workload(front: Front, spec: dict[str, Any], replicas: Replicas, work: P
     def delta(metric: str) -> list[float]:
         return [a.get(metric, 0.0) - b.get(metric, 0.0) for a, b in zip(after, before, strict=True)]
 
-    queries = sum(delta("vllm:prefix_cache_queries_total"))
-    cell.hit_rate = sum(delta("vllm:prefix_cache_hits_total")) / queries if queries else None
+    cell.queries = sum(delta("vllm:prefix_cache_queries_total"))
+    cell.hits = sum(delta("vllm:prefix_cache_hits_total"))
     cell.split = [int(x) for x in delta("vllm:request_success_total")]
     return cell
 
@@ -211,9 +232,10 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="llama.cpp threads per replica")
-    ap.add_argument("--n-ctx", type=int, help="the replicas' context (default 2048, quick 1024)")
+    ap.add_argument("--n-ctx", type=int, help="the replicas' context (default 2048, quick 512)")
     ap.add_argument("--cache-entries", type=int, help="group states a replica's cache holds (default: groups / 3)")
     ap.add_argument("--laneway-slots", type=int, default=2, help="each deployment's max_concurrency in laneway")
+    ap.add_argument("--rounds", type=int, default=1, help="rows run again, interleaved; samples pooled")
     ap.add_argument("--drain", type=float, default=90.0, help="seconds a workload's last requests may take")
     for f in fields(Sizes):
         ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None)
@@ -231,12 +253,34 @@ def replicas_of(args: argparse.Namespace, work: Path) -> Iterator[Replicas]:
 
     cache = Path(os.environ.get("LANEWAY_TEST_MODEL_CACHE") or Path.home() / ".cache" / "laneway" / "models")
     model = fetch_model(SMOLLM2, cache)
-    n_ctx = args.n_ctx or (1024 if args.quick else 2048)  # laneway warms each replica with half of it
+    n_ctx = args.n_ctx or (512 if args.quick else 2048)  # laneway warms each replica with half of it
     replicas = Replicas(model, args.replicas, work, n_ctx=n_ctx, threads=args.threads, cache_bytes=1 << 30)
     try:
         yield replicas
     finally:
         replicas.stop()
+
+
+def run_row(row: str, args: argparse.Namespace, work: Path, replicas: Replicas,
+            specs: dict[str, Callable[[], dict[str, Any]]], seconds: dict[str, float],
+            round_: str) -> dict[str, Cell]:  # fmt: skip
+    """One router in front of the replicas, every workload through it; a router that does not
+    install or start gets its reason in each of its cells."""
+    started, cells = time.monotonic(), {}
+    try:
+        with front_for(row, work, replicas, args.laneway_slots) as front:
+            probe(front)
+            for w in args.workloads:
+                cell = run_workload(front, specs[w](), replicas, work, f"{row}-{w}-{round_}", seconds[w], args.drain)
+                cells[w] = cell
+                hit = "-" if cell.hit_rate is None else f"{cell.hit_rate:.0%}"
+                print(f"  {row} {w}: {cell.sent} sent, {cell.failed} failed, hit rate {hit}", flush=True)
+    except Exception as exc:
+        reason = f"not run: {type(exc).__name__}: {str(exc)[:200]}"
+        print(f"  {row}: {reason}", flush=True)
+        cells.update({w: Cell(note=reason) for w in args.workloads if w not in cells})
+    print(f"  {row}: {time.monotonic() - started:.0f} s", flush=True)
+    return cells
 
 
 def main() -> None:
@@ -267,35 +311,24 @@ def main() -> None:
         )
         print(
             f"- (b) sessions: {sizes.sessions_rate} new/s for {sizes.sessions_s:.0f} s, {sizes.turns} turns each, "
-            f"a ~{sizes.session_system_tokens}-token system prompt, ~35-token turns, max_tokens {sizes.max_tokens}"
+            f"a ~{sizes.session_system_tokens}-token system prompt, ~35-token turns, max_tokens {sizes.max_tokens}, "
+            "prompt_cache_key = the session's id"
         )
         print(
-            f"- (c) nothing shared: ~{sizes.unique_tokens}-token prompts, {sizes.unique_rate}/s for "
-            f"{sizes.unique_s:.0f} s, max_tokens {sizes.max_tokens}"
+            f"- (c) nothing shared: a ~{sizes.unique_tokens}-token system prompt of its own and a question, "
+            f"{sizes.unique_rate}/s for {sizes.unique_s:.0f} s, max_tokens {sizes.max_tokens}"
         )
         print(
             f"- laneway: each deployment max_concurrency {args.laneway_slots}, metrics_poll_s 0.25, loop-delay "
-            f"shedding off; drain {args.drain:.0f} s after a workload's last arrival\n",
+            f"shedding off; drain {args.drain:.0f} s after a workload's last arrival; {args.rounds} round(s), "
+            "rows interleaved, samples pooled; p99 of fewer than 100 requests is their slowest\n",
             flush=True,
         )
         cells: dict[str, dict[str, Cell]] = {w: {} for w in args.workloads}
-        for row in args.rows:
-            try:
-                with front_for(row, work, replicas, args.laneway_slots) as front:
-                    probe(front)
-                    for w in args.workloads:
-                        cell = run_workload(front, specs[w](), replicas, work, f"{row}-{w}", seconds[w], args.drain)
-                        cells[w][row] = cell
-                        print(
-                            f"  {row} {w}: {cell.sent} sent, {cell.failed} failed, hit rate "
-                            f"{'-' if cell.hit_rate is None else f'{cell.hit_rate:.0%}'}",
-                            flush=True,
-                        )
-            except Exception as exc:  # a peer that does not install or start: its reason in its row
-                reason = f"not run: {type(exc).__name__}: {str(exc)[:200]}"
-                print(f"  {row}: {reason}", flush=True)
-                for w in args.workloads:
-                    cells[w].setdefault(row, Cell(note=reason))
+        for n in range(args.rounds):
+            for row in args.rows:
+                for w, cell in run_row(row, args, work, replicas, specs, seconds, f"{n}").items():
+                    cells[w][row] = cells[w][row].pool(cell) if row in cells[w] else cell
         for w in args.workloads:
             print("\n".join(table(WORKLOADS[w], cells[w])))
         late = max((c.late_ms for ws in cells.values() for c in ws.values()), default=0.0)

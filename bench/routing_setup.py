@@ -144,13 +144,13 @@ class Sizes:
     groups: int = 6
     prefix_tokens: int = 1024
     shared_rate: float = 0.25
-    shared_s: float = 80.0
+    shared_s: float = 100.0
     sessions_rate: float = 0.12
     sessions_s: float = 50.0
     session_system_tokens: int = 256
     turns: int = 4
     unique_rate: float = 0.4
-    unique_s: float = 40.0
+    unique_s: float = 30.0
     unique_tokens: int = 256
     max_tokens: int = 32
 
@@ -211,8 +211,9 @@ class Workloads:
         rng, s = random.Random(self.seed + 4), self.sizes
         requests = []
         for i, at in enumerate(arrivals(rng, s.unique_rate, s.unique_s)):
-            body = f"{i} " + text(rng, self._words(s.unique_tokens))  # differs from its first word on
-            messages = [{"role": "user", "content": body + " " + self.question(rng)}]
+            # A system prompt of its own: without one the template adds its default, shared by all.
+            system = f"Note {i}. " + text(rng, self._words(s.unique_tokens))
+            messages = [{"role": "system", "content": system}, {"role": "user", "content": self.question(rng)}]
             requests.append({"at": at, "messages": messages, "max_tokens": s.max_tokens})
         return {"requests": requests}
 
