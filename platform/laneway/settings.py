@@ -95,8 +95,8 @@ class Settings:
     # routing_imbalance loses its cache bonus (a hot prefix cannot pile onto one replica).
     routing_prefix_weight: float = 1.0
     routing_session_weight: float = 0.5
-    routing_load_weight: float = 1.0
-    routing_imbalance: float = 0.5
+    routing_load_weight: float = 0.5
+    routing_imbalance: float = 1.0
     # The approximate prefix index: bytes of rendered prompt per hashed block, and blocks
     # remembered per replica (0: from the engine's KV capacity, max_model_len x slots).
     routing_block_bytes: int = 256

@@ -29,8 +29,8 @@ HASH_WEIGHT = 1e-3  # below any real score difference: it only breaks ties
 class RoutingParams:
     prefix_weight: float = 1.0
     session_weight: float = 0.5
-    load_weight: float = 1.0
-    imbalance: float = 0.5
+    load_weight: float = 0.5
+    imbalance: float = 1.0
     block_bytes: int = 256
     index_blocks: int = 0  # per replica; 0: from the engine's KV capacity
 

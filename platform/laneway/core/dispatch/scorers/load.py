@@ -15,7 +15,7 @@ KV_USAGE_WEIGHT = 0.5
 
 @dataclass(frozen=True, slots=True)
 class LoadScorer:
-    weight: float = 1.0
+    weight: float = 0.5
 
     def score(self, c: Candidate) -> float:
         return -self.weight * c.load
