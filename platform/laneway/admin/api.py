@@ -29,7 +29,7 @@ from laneway.admin.guards import PUBLIC, SESSION_COOKIE, AdminRequest
 from laneway.admin.keys import KEY_FIELDS, KeyIn
 from laneway.admin.limits import KeyLimitsIn, tenant_usage
 from laneway.admin.openapi import ADMIN_CHANGE, ADMIN_SESSION
-from laneway.admin.policies import LANE_FIELDS, LaneIn, TaskIn
+from laneway.admin.policies import LANE_FIELDS, LaneIn, LaneOrderIn, TaskIn
 from laneway.admin.security import new_session_token, token_digest
 from laneway.admin.service import AUDIT_FIELDS, AdminService, get_or_404, row
 from laneway.admin.tenants import TENANT_FIELDS, TenantIn
@@ -177,6 +177,25 @@ class AdminAPI(Controller):
         body = await request.body()
         sent = _sent(body)
         return await policies.put_lane(admin_service, request.user.username, name, _decode(body, LaneIn), sent)
+
+    @delete("/lanes/{name:str}", status_code=200, security=ADMIN_CHANGE)
+    async def delete_lane(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], name: FromPath[str]
+    ) -> dict[str, Any]:
+        """409 while a deployment is dedicated to the lane (its config lists it)."""
+        return await policies.delete_lane(admin_service, request.user.username, name)
+
+    @put("/lanes", security=ADMIN_CHANGE)
+    async def order_lanes(self, request: AdminRequest, admin_service: NamedDependency[AdminService]) -> dict[str, Any]:
+        """{"order": [every lane's name]}: the order their rules are tried in, saved at once."""
+        data = _decode(await request.body(), LaneOrderIn)
+        return {"order": await policies.set_lane_order(admin_service, request.user.username, data)}
+
+    @delete("/tasks/{task:str}", status_code=200, security=ADMIN_CHANGE)
+    async def delete_task(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], task: FromPath[str]
+    ) -> dict[str, Any]:
+        return await policies.delete_task(admin_service, request.user.username, task)
 
     @put("/tasks/{task:str}", security=ADMIN_CHANGE)
     async def put_task(
