@@ -93,7 +93,10 @@ class PolicyPages(Controller):
                    "new_stops": [*typed.get(NEW_TASK, {}).get("stop_list", []), *[""] * EMPTY_STOP_BOXES],
                    **extra}  # fmt: skip
         code = status or (400 if errors or extra.get("error") else 200)
-        return Template("policies.html", context=context, status_code=code)
+        # Whatever form was sent, the address bar shows the page (htmx): a reload reads it, not the form's action.
+        return Template(
+            "policies.html", context=context, status_code=code, headers={"HX-Replace-Url": "/admin/policies"}
+        )
 
     @get("/policies")
     async def policies(self, request: AdminRequest, admin_service: NamedDependency[AdminService]) -> Page:

@@ -186,6 +186,7 @@ class ModelRepository:
                 quantization=d.quantization,
                 gpu_type=d.gpu_type,
                 max_model_len=d.max_model_len,
+                draining=bool(d.draining),
             )
             for d, alias in (await self.session.execute(stmt)).all()
         ]
