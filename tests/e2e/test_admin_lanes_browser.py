@@ -12,6 +12,7 @@ import openai
 import pytest
 from support import Gateway, sim_model, start_gateway, wait_for
 from support.browser import browser_or_skip, chromium_page, doc_shot, log_in, no_csp_violations
+from support.usage import written_rows
 
 PASSWORD = "correct horse battery"
 LANES = [{"name": "interactive", "match_stream": True, "max_concurrency": 4}, {"name": "standard"}]
@@ -39,16 +40,7 @@ def lanes_on(gw: Gateway) -> list[str]:
 
 
 def lanes_used(gw: Gateway) -> list[str | None]:
-    """The lanes of the usage rows `gw` wrote (read on its own loop: Playwright holds this thread's)."""
-    from laneway.db.models import UsageRecord
-    from sqlalchemy import select
-
-    async def read() -> list[str | None]:
-        await gw.server.runtime.recorder.flush()
-        async with gw.server.runtime.sessions() as s:
-            return list((await s.execute(select(UsageRecord.lane).order_by(UsageRecord.id))).scalars())
-
-    return list(gw.server.call(read()))
+    return [r.lane for r in written_rows(gw.server)]
 
 
 def test_a_lane_added_moved_edited_and_deleted_in_the_browser_is_live_on_another_replica(
