@@ -337,7 +337,8 @@ def test_a_rejected_form_keeps_its_values_and_disabling_asks_first(
 
 PHONE_PAGES = [("dashboard", "/admin/dashboard"), ("tenants", "/admin/tenants"), ("tenant", "/admin/tenants/1"),
                ("usage", "/admin/tenants/1/usage"), ("policies", "/admin/policies"), ("models", "/admin/models"),
-               ("audit", "/admin/audit")]  # fmt: skip
+               ("audit", "/admin/audit"), ("model", "/admin/models/alias?name=sim"),
+               ("route", "/admin/route")]  # fmt: skip
 
 
 def test_every_page_fits_a_390px_screen(server: ServerThread, page: object, shots: Path) -> None:
