@@ -21,6 +21,8 @@ from laneway.admin.headers import admin_security_headers
 from laneway.admin.model_pages import ModelPages
 from laneway.admin.openapi import security_schemes as admin_security_schemes
 from laneway.admin.policy_pages import PolicyPages
+from laneway.admin.replica_pages import ReplicaPages
+from laneway.admin.route_pages import RoutePages
 from laneway.admin.tenant_pages import TenantPages
 from laneway.admin.ui import AdminUI
 from laneway.admin.usage_ui import UsagePages
@@ -37,7 +39,17 @@ from laneway.settings import Settings
 from laneway.tracing import build as build_tracing
 
 # The admin web UI's pages, by area (admin/ui.py: the login).
-ADMIN_PAGES = [AdminUI, TenantPages, PolicyPages, ModelPages, DashboardPages, AuditPages, UsagePages]
+ADMIN_PAGES = [
+    AdminUI,
+    TenantPages,
+    PolicyPages,
+    ModelPages,
+    ReplicaPages,
+    RoutePages,
+    DashboardPages,
+    AuditPages,
+    UsagePages,
+]
 
 
 def create_app(settings: Settings | None = None) -> Litestar:

@@ -267,3 +267,6 @@ class DeploymentSpec:
     quantization: str
     gpu_type: str
     max_model_len: int
+    # Takes no new requests (admin drain). Left out of equality: draining a deployment changes
+    # where requests go, not the engine, so a sync flips it in place instead of restarting it.
+    draining: bool = field(default=False, compare=False)

@@ -1,8 +1,8 @@
 """The admin UI in a real headless Chromium (Debian's chromium driven by Playwright): log in,
 create a tenant, issue a key, lower its RPM, and see a request with that key get 429, all
 without restarting the gateway; a tenant's usage page and CSV against requests made with the
-openai SDK; every page at a phone's 390 px. A screenshot of each page lands in the module's
-temporary directory (pytest prints where: screenshots-*)."""
+openai SDK; every page at a phone's 390 px. A screenshot of each page lands in docs/admin/ (the
+ones docs/admin.md shows) or the module's temporary directory (pytest prints where: screenshots-*)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Any
 import openai
 import pytest
 from support import ServerThread, start_gateway, unavailable
+from support.browser import doc_shot
 
 PASSWORD = "correct horse battery"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -79,7 +80,7 @@ def test_admin_lowers_a_tenants_rpm_and_its_next_request_gets_429(
     expect(page).to_have_url(f"{server.base_url}/admin/login")
     # The stylesheet (from /admin/static, not inline) applies under the CSP.
     assert page.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(246, 247, 249)"
-    page.screenshot(path=shots / "login.png", full_page=True)
+    doc_shot(page, "login")
     page.fill("input[name=username]", "admin")
     page.fill("input[name=password]", "wrong password")
     page.click("button[type=submit]")
@@ -116,7 +117,7 @@ def test_admin_lowers_a_tenants_rpm_and_its_next_request_gets_429(
 
     page.goto("/admin/tenants")
     expect(page.locator("#tenants")).to_contain_text("acme")
-    page.screenshot(path=shots / "tenants.png", full_page=True)
+    doc_shot(page, "tenants")
     page.goto("/admin/tenants/1")
     asked: list[str] = []
 
@@ -172,16 +173,21 @@ def test_every_page_renders_and_policy_edits_validate_inline(server: ServerThrea
 
     page.goto("/admin/policies")
     lane = page.locator("#lane-interactive")
+    lane.locator("summary").click()  # the edit form, folded under the lane's summary
+    page.evaluate("document.querySelectorAll('form').forEach(f => f.noValidate = true)")  # the server's check
     lane.locator("input[name=max_concurrency]").fill("0")
-    lane.locator("button").click()
+    lane.get_by_role("button", name="Save interactive").click()
     expect(page.locator("#lane-interactive .error")).to_contain_text("max_concurrency")
-    page.screenshot(path=shots / "policies-invalid.png", full_page=True)
-    page.locator("#lane-interactive input[name=max_concurrency]").fill("6")
-    page.locator("#lane-interactive button").click()
+    page.screenshot(path=shots / "policies-invalid.png", full_page=True, caret="initial")
+    page.locator("#lane-interactive input[name=max_concurrency]").fill("6")  # still open, as typed
+    page.locator("#lane-interactive").get_by_role("button", name="Save interactive").click()
     expect(page.locator("#notice")).to_contain_text("Saved interactive")
     assert server.runtime.policies.current.lane("interactive").max_concurrency == 6  # live, no restart
-    page.locator("#task-chat input[name=stop]").fill("###,END")
-    page.locator("#task-chat button").click()
+    task = page.locator("#task-chat")
+    task.locator("summary").click()
+    task.locator("input[name=stop]").nth(0).fill("###")  # one box per stop sequence
+    task.locator("input[name=stop]").nth(1).fill("END")
+    task.get_by_role("button", name="Save chat").click()
     expect(page.locator("#notice")).to_contain_text("Saved chat")
     assert server.runtime.policies.current.tasks["chat"].stop == ("###", "END")
     page.screenshot(path=shots / "policies.png", full_page=True)
@@ -190,7 +196,7 @@ def test_every_page_renders_and_policy_edits_validate_inline(server: ServerThrea
     expect(page.locator("#queues")).to_contain_text("sim-a")
     expect(page.locator("#ttft")).to_contain_text("p99")
     page.wait_for_selector("#ttft-chart", timeout=10_000)  # requests of the first test, after the 2 s poll
-    page.screenshot(path=shots / "dashboard.png", full_page=True)
+    doc_shot(page, "dashboard")
 
     page.goto("/admin/audit")
     expect(page.locator("#audit")).to_contain_text("update lane interactive")
@@ -235,7 +241,7 @@ def test_usage_page_and_csv_match_requests_made_with_the_sdk(
     assert page.locator("#requests-chart rect.bar").count() >= 2  # successes and errors, stacked
     assert page.locator("#ttft-chart circle").count() >= 1
     expect(page.locator("#usage-errors")).to_contain_text("rate_limit_exceeded")
-    page.screenshot(path=shots / "usage-day.png", full_page=True)
+    doc_shot(page, "usage")
     page.click("#period-hour")
     expect(page.locator("#period-hour")).to_have_attribute("aria-current", "page")
     expect(page.locator("[data-figure=requests]")).to_have_text("7")
@@ -331,7 +337,8 @@ def test_a_rejected_form_keeps_its_values_and_disabling_asks_first(
 
 PHONE_PAGES = [("dashboard", "/admin/dashboard"), ("tenants", "/admin/tenants"), ("tenant", "/admin/tenants/1"),
                ("usage", "/admin/tenants/1/usage"), ("policies", "/admin/policies"), ("models", "/admin/models"),
-               ("audit", "/admin/audit")]  # fmt: skip
+               ("audit", "/admin/audit"), ("model", "/admin/models/alias?name=sim"),
+               ("route", "/admin/route")]  # fmt: skip
 
 
 def test_every_page_fits_a_390px_screen(server: ServerThread, page: object, shots: Path) -> None:
@@ -348,7 +355,7 @@ def test_every_page_fits_a_390px_screen(server: ServerThread, page: object, shot
             assert width <= 390, f"{name} is {width} px wide"
             nav = page.evaluate("document.querySelector('header').scrollWidth")
             assert nav <= 390, f"{name}: the nav is {nav} px wide"
-            page.screenshot(path=shots / f"phone-{name}.png", full_page=True)
+            doc_shot(page, f"phone-{name}")
         page.goto("/admin/login")  # logged in: the login form itself, for the screenshot
         assert page.evaluate("document.documentElement.scrollWidth") <= 390
     finally:
@@ -396,7 +403,7 @@ def test_quotas_and_key_limits_save_and_show_usage(server: ServerThread, page: o
     expect(page.locator("#usage-day .used")).to_have_text(f"{used:,} tokens")
     expect(page.locator("#usage-day")).to_contain_text("1,000 tokens")
     expect(page.locator("#usage-month")).to_contain_text("20,000 tokens")
-    page.screenshot(path=shots / "tenant-quotas.png", full_page=True)
+    doc_shot(page, "tenant")
 
     row = page.locator("#keys tr", has_text="ui-key")
     row.locator("input[name=rpm]").fill("80")  # above the tenant's 50: refused on the row, in words

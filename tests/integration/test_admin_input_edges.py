@@ -6,7 +6,6 @@ a model edit whose engine cannot start changes nothing, and tenants' lane grants
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -250,10 +249,10 @@ def test_a_model_whose_engine_cannot_start_changes_nothing(
     r = admin.put("/models/sim", json=body)
     error = r.json()["error"]
     assert r.status_code == 400 and error["param"] == param.replace("[0]", "[1]") and reason in error["message"], error
-    browser, csrf = ui
-    form = {"csrf_token": csrf, "alias": "sim", "name": deployment["name"], "engine_kind": deployment["engine_kind"],
-            "config": json.dumps(deployment.get("config", {})), "max_model_len": "2048"}  # fmt: skip
-    r = browser.post("/admin/models", data=form)
+    browser, csrf = ui  # the alias page's typed form of the engine kind, one input per config key
+    form = {"csrf_token": csrf, "alias": "sim", "name": deployment["name"], "kind": deployment["engine_kind"],
+            "max_model_len": "2048", **{f"config.{k}": v for k, v in deployment.get("config", {}).items()}}  # fmt: skip
+    r = browser.post("/admin/models/replicas/add", data=form)
     assert r.status_code == 400 and reason.replace("'", "&#39;") in r.text, r.text
     assert _model_rows(gw) == rows  # the database
     assert registry.resolve("sim") is serving  # the engines

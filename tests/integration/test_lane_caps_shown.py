@@ -5,6 +5,7 @@ from both when the lane is raised."""
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import httpx
@@ -44,7 +45,11 @@ def test_a_lane_below_the_engines_sequences_is_logged_at_start_and_shown_until_r
         assert browser.post("/admin/login", data=form).status_code == 303
         models, lanes = browser.get("/admin/models").text, browser.get("/admin/policies").text
         assert "Lanes capped below this engine's\n    8 sequences: interactive 4" in models
-        assert "Caps below the engine's own sequence limit: chat-sim (8 sequences)" in lanes
+        assert re.search(
+            r"<strong>chat-sim</strong> \(chat\):\s+its engine runs 8 sequences; this lane runs at most 4 "
+            r"of them at once,\s+leaving 4 unused",
+            lanes,
+        )
         assert lanes.count('class="notice lane-caps"') == 1  # standard (16) caps nothing
 
         admin = httpx.Client(base_url=gw.base_url + "/admin/api")

@@ -11,3 +11,17 @@ from laneway.usage import UsageRecorder
 def usage_rows(gateway: Gateway) -> list[dict[str, Any]]:
     recorder = next(s for s in gateway.sinks if isinstance(s, UsageRecorder))
     return recorder.queued_rows()
+
+
+def written_rows(server: Any) -> list[Any]:
+    """The usage rows a served gateway (an EmbeddedServer) has written, oldest first, after a
+    flush; read on the server's own loop, so it works where this thread runs one (Playwright)."""
+    from laneway.db.models import UsageRecord
+    from sqlalchemy import select
+
+    async def read() -> list[Any]:
+        await server.runtime.recorder.flush()
+        async with server.runtime.sessions() as s:
+            return list((await s.execute(select(UsageRecord).order_by(UsageRecord.id))).scalars())
+
+    return list(server.call(read()))

@@ -23,13 +23,13 @@ from msgspec import Meta, Struct
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from laneway.admin import deployments, fallbacks, keys, policies, tenants
+from laneway.admin import deployments, fallbacks, keys, policies, replicas, tenants
 from laneway.admin.dependencies import Limiter
 from laneway.admin.guards import PUBLIC, SESSION_COOKIE, AdminRequest
 from laneway.admin.keys import KEY_FIELDS, KeyIn
 from laneway.admin.limits import KeyLimitsIn, tenant_usage
 from laneway.admin.openapi import ADMIN_CHANGE, ADMIN_SESSION
-from laneway.admin.policies import LANE_FIELDS, LaneIn, TaskIn
+from laneway.admin.policies import LANE_FIELDS, LaneIn, LaneOrderIn, TaskIn
 from laneway.admin.security import new_session_token, token_digest
 from laneway.admin.service import AUDIT_FIELDS, AdminService, get_or_404, row
 from laneway.admin.tenants import TENANT_FIELDS, TenantIn
@@ -50,6 +50,11 @@ MAX_PER_PAGE = 200
 class Login(Struct):
     username: Username
     password: Annotated[str, Meta(max_length=1024)]
+
+
+class ReplicaStateIn(Struct, forbid_unknown_fields=True):
+    draining: bool | None = None
+    enabled: bool | None = None
 
 
 def _decode(body: bytes, kind: type[Any]) -> Any:
@@ -178,6 +183,25 @@ class AdminAPI(Controller):
         sent = _sent(body)
         return await policies.put_lane(admin_service, request.user.username, name, _decode(body, LaneIn), sent)
 
+    @delete("/lanes/{name:str}", status_code=200, security=ADMIN_CHANGE)
+    async def delete_lane(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], name: FromPath[str]
+    ) -> dict[str, Any]:
+        """409 while a deployment is dedicated to the lane (its config lists it)."""
+        return await policies.delete_lane(admin_service, request.user.username, name)
+
+    @put("/lanes", security=ADMIN_CHANGE)
+    async def order_lanes(self, request: AdminRequest, admin_service: NamedDependency[AdminService]) -> dict[str, Any]:
+        """{"order": [every lane's name]}: the order their rules are tried in, saved at once."""
+        data = _decode(await request.body(), LaneOrderIn)
+        return {"order": await policies.set_lane_order(admin_service, request.user.username, data)}
+
+    @delete("/tasks/{task:str}", status_code=200, security=ADMIN_CHANGE)
+    async def delete_task(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], task: FromPath[str]
+    ) -> dict[str, Any]:
+        return await policies.delete_task(admin_service, request.user.username, task)
+
     @put("/tasks/{task:str}", security=ADMIN_CHANGE)
     async def put_task(
         self, request: AdminRequest, admin_service: NamedDependency[AdminService], task: FromPath[str]
@@ -193,6 +217,44 @@ class AdminAPI(Controller):
     ) -> dict[str, Any]:
         data = _decode(await request.body(), deployments.ModelIn)
         return await deployments.put_model(admin_service, request.user.username, alias, data)
+
+    @post("/models/{alias:str}/replicas", status_code=200, security=ADMIN_CHANGE)
+    async def add_replica(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], alias: FromPath[str]
+    ) -> dict[str, Any]:
+        """One deployment more for the alias (made if new); started and warm before it serves."""
+        data = _decode(await request.body(), deployments.DeploymentIn)
+        return await deployments.add_replica(admin_service, request.user.username, alias, data)
+
+    @put("/models/{alias:str}/replicas/{name:str}", security=ADMIN_CHANGE)
+    async def swap_replica(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], alias: FromPath[str],
+        name: FromPath[str],
+    ) -> dict[str, Any]:  # fmt: skip
+        """Serve the replica by another engine: the new one warms up before the old one stops."""
+        data = _decode(await request.body(), deployments.DeploymentIn)
+        return await replicas.swap_replica(admin_service, request.user.username, alias, name, data)
+
+    @patch("/models/{alias:str}/replicas/{name:str}", security=ADMIN_CHANGE)
+    async def replica_state(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], alias: FromPath[str],
+        name: FromPath[str],
+    ) -> dict[str, Any]:  # fmt: skip
+        """{"draining": true|false} and/or {"enabled": true|false}."""
+        data = _decode(await request.body(), ReplicaStateIn)
+        actor, out = request.user.username, {"alias": alias, "name": name}
+        if data.draining is not None:
+            out |= await replicas.set_draining(admin_service, actor, alias, name, data.draining)
+        if data.enabled is not None:
+            out |= await replicas.set_enabled(admin_service, actor, alias, name, data.enabled)
+        return out
+
+    @delete("/models/{alias:str}/replicas/{name:str}", status_code=200, security=ADMIN_CHANGE)
+    async def remove_replica(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], alias: FromPath[str],
+        name: FromPath[str],
+    ) -> dict[str, Any]:  # fmt: skip
+        return await deployments.remove_replica(admin_service, request.user.username, alias, name)
 
     @get("/models/{alias:str}/fallbacks", security=ADMIN_SESSION)
     async def model_fallbacks(

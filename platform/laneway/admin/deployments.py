@@ -34,6 +34,8 @@ class DeploymentIn(Struct, forbid_unknown_fields=True):
     quantization: Quantization = "unknown"
     gpu_type: GpuType = "none"
     max_model_len: Positive = 2048
+    enabled: bool = True  # false: the row is kept, nothing is served from it (its engine is stopped)
+    draining: bool = False  # true: it takes no new request; those it runs finish
 
 
 class ModelIn(Struct, forbid_unknown_fields=True):
@@ -41,7 +43,8 @@ class ModelIn(Struct, forbid_unknown_fields=True):
     description: Description = ""
 
 
-DEPLOYMENT_FIELDS = ("name", "engine_kind", "config", "quantization", "gpu_type", "max_model_len", "enabled")
+DEPLOYMENT_FIELDS = ("name", "engine_kind", "config", "quantization", "gpu_type", "max_model_len", "enabled",
+                     "draining")  # fmt: skip
 
 
 async def _commit_model(
@@ -102,7 +105,9 @@ async def put_model(svc: AdminService, actor: str, alias: str, data: ModelIn) ->
                 param=f"deployments[{names.index(name)}].name",
             )
     deployments = [msgspec.structs.asdict(d) for d in data.deployments]
-    specs = [DeploymentSpec(0, alias=alias, **d) for d in deployments]
+    # A disabled deployment keeps its row and serves nothing: it is not started.
+    specs = [DeploymentSpec(0, alias=alias, **{k: v for k, v in d.items() if k != "enabled"})
+             for d in deployments if d["enabled"]]  # fmt: skip
     registry = svc.registry
     if registry is None:  # the CLI: no engines here; the serving replicas start them on NOTIFY
         await _commit_model(svc, actor, alias, data, deployments)
@@ -138,7 +143,8 @@ async def replicas(svc: AdminService, alias: str) -> list[DeploymentIn]:
         model = await ModelRepository(session).get(alias)
         rows = sorted(model.deployments, key=lambda d: d.id) if model is not None else []
         return [DeploymentIn(name=d.name, engine_kind=d.engine_kind, config=dict(d.config or {}),
-                             quantization=d.quantization, gpu_type=d.gpu_type, max_model_len=d.max_model_len)
+                             quantization=d.quantization, gpu_type=d.gpu_type, max_model_len=d.max_model_len,
+                             enabled=bool(d.enabled), draining=bool(d.draining))
                 for d in rows]  # fmt: skip
 
 
@@ -167,8 +173,9 @@ async def remove_replica(svc: AdminService, actor: str, alias: str, name: str) -
     if len(kept) == len(current):
         names = ", ".join(d.name for d in current)
         raise GatewayError(ErrorCode.NOT_FOUND, f"'{alias}' has no replica '{name}' (it has {names}).", param="name")
-    if not kept:
-        raise GatewayError(ErrorCode.CONFLICT, f"'{name}' is the last replica of '{alias}'; an alias needs one. "
+    if not any(d.enabled for d in kept):
+        last = "last replica" if not kept else "last enabled replica"
+        raise GatewayError(ErrorCode.CONFLICT, f"'{name}' is the {last} of '{alias}'; an alias needs one. "
                            "Add another first, or point the alias elsewhere with `laneway model set`.",
                            param="name")  # fmt: skip
     return await put_model(svc, actor, alias, ModelIn(deployments=kept))

@@ -57,18 +57,32 @@ def page_number(raw: str | None) -> int:
         return 1
 
 
-def policy_input(form: dict[str, str], kind: type[Any]) -> tuple[Any, set[str]]:
+async def form_lists(request: Request, *names: str) -> dict[str, list[str]]:  # type: ignore[type-arg]
+    """The inputs sent several times under one name (a list edited as one box per item)."""
+    form = await request.form()
+    return {name: [str(v) for v in form.getall(name)] for name in names if name in form}
+
+
+def policy_input(
+    form: dict[str, str], kind: type[Any], lists: dict[str, list[str]] | None = None
+) -> tuple[Any, set[str]]:
     """Form strings -> a validated LaneIn/TaskIn and the fields the form sent (the policy form
-    sends every field): numbers, true/false, comma lists; an empty input clears the field
+    sends every field): numbers, true/false, comma lists, or a list sent as one input per item
+    (`lists`: empty items dropped, the others kept as typed); an empty input clears the field
     (refused for one that must have a value)."""
     raw: dict[str, Any] = {}
     for field in kind.__struct_fields__:
+        if lists and field in lists:
+            raw[field] = [x for x in lists[field] if x != ""] or None
+            continue
         if field not in form:
             continue
         text = form[field].strip()
         if text == "":
             raw[field] = None
-        elif field in ("match_tasks", "stop"):
+        elif field == "match_tasks":
+            raw[field] = [x.strip() for x in text.split(",") if x.strip()]
+        elif field == "stop":
             raw[field] = [x for x in text.split(",") if x]
         else:
             raw[field] = text

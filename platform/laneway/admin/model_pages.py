@@ -1,19 +1,18 @@
-"""The admin page for model deployments: what is served and in which state (starting, warm,
-failed), the form that points an alias at a deployment, and each alias's fallbacks (an
-ordered, comma-separated list of aliases)."""
+"""The admin Models page: every deployment and its state (starting, warm, failed, draining),
+the way to a new alias (its first replica is added on the alias page, admin/replica_pages.py,
+through its engine's typed form), and each alias's fallbacks (an ordered, comma-separated list
+of aliases)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 from litestar import Controller, get, post
 from litestar.di import NamedDependency
 from litestar.response import Template
 
 from laneway.admin import fallbacks
 from laneway.admin.dependencies import Registry, Routing, RoutingFigures
-from laneway.admin.deployments import ModelIn, put_model
 from laneway.admin.fallbacks import FallbacksIn, split_aliases
 from laneway.admin.forms import form_of
 from laneway.admin.guards import AdminRequest, AdminSession, NotLoggedIn
@@ -49,7 +48,7 @@ class ModelPages(Controller):
         figures_now = figures()
         deployments = [
             {"alias": s.alias, "name": s.name, "engine": s.engine_kind, "quantization": s.quantization,
-             "gpu_type": s.gpu_type, "max_model_len": s.max_model_len,
+             "gpu_type": s.gpu_type, "max_model_len": s.max_model_len, "draining": s.draining,
              "state": "failed" if s.name in registry.failed else "warm" if s.name in registry.warm else "starting",
              **replica_state(live.get(s.name), figures_now.get(s.name))}
             for s in specs
@@ -73,35 +72,6 @@ class ModelPages(Controller):
         routing_figures: Routing,
     ) -> Page:
         return await self._models_page(admin_service, registry, routing_figures, request.user)
-
-    @post("/models")
-    async def set_model(
-        self,
-        request: AdminRequest,
-        admin_service: NamedDependency[AdminService],
-        registry: Registry,
-        routing_figures: Routing,
-    ) -> Page:
-        current, form = request.user, await form_of(request)
-        try:
-            config = msgspec.json.decode(form.get("config") or "{}")
-        except msgspec.DecodeError:
-            return await self._models_page(admin_service, registry, routing_figures, current,
-                                           error="config must be a JSON object, e.g. {}.")  # fmt: skip
-        deployment = {"name": form.get("name", "").strip(), "engine_kind": form.get("engine_kind", ""),
-                      "config": config, "max_model_len": form.get("max_model_len", "").strip() or 2048}  # fmt: skip
-        alias = form.get("alias", "").strip()
-        try:
-            data = convert({"deployments": [deployment]}, ModelIn, strict=False)
-            result = await put_model(admin_service, current.username, alias, data)
-        except GatewayError as exc:  # shown on the page; nothing was changed
-            return await self._models_page(
-                admin_service, registry, routing_figures, current, error=exc.message, status=exc.status
-            )
-        served = ", ".join(result["deployments"]) or "nothing (see failures)"
-        return await self._models_page(
-            admin_service, registry, routing_figures, current, notice=f"{alias} is served by {served}."
-        )
 
     @post("/models/fallbacks")
     async def save_fallbacks(

@@ -1,16 +1,20 @@
 """Admin operations on lanes and task policies: create or update one (PUT sets exactly the
-fields sent), audited, and applied to the next request through the policy snapshot."""
+fields sent), add one that must be new, delete one, put the lanes in a new order; each
+audited, and applied to the next request through the policy snapshot (other replicas: NOTIFY)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from msgspec import Meta, Struct
 
 from laneway.admin.service import AdminService, cannot_clear, row
 from laneway.admin.validation import Int32, LaneName, Positive, check_text
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError
 from laneway.db.models import Lane, TaskPolicy
-from laneway.db.repositories import AuditRepository, PolicyRepository
+from laneway.db.repositories import AuditRepository, ModelRepository, PolicyRepository
 
 
 class LaneIn(Struct, omit_defaults=True, forbid_unknown_fields=True):
@@ -39,6 +43,13 @@ LANE_FIELDS = (
 )  # fmt: skip
 TASK_FIELDS = ("task", "max_tokens", "long_prompt_tokens", "long_prompt_max_tokens", "stop")
 
+
+class LaneOrderIn(Struct, forbid_unknown_fields=True):
+    """Every lane's name, in the order their rules are to be tried."""
+
+    order: Annotated[list[LaneName], Meta(max_length=1000)]
+
+
 # A policy field that is a list clears to [] where its column holds no null.
 _CLEARED_TO: dict[str, Any] = {"stop": []}
 
@@ -60,14 +71,107 @@ def _put_fields(model: type[Any], data: Struct, sent: set[str]) -> dict[str, Any
     return out
 
 
-async def put_lane(svc: AdminService, actor: str, name: str, data: LaneIn, sent: set[str]) -> dict[str, Any]:
+async def put_lane(
+    svc: AdminService, actor: str, name: str, data: LaneIn, sent: set[str], *, new: bool = False
+) -> dict[str, Any]:
+    """Create or update the lane. `new` (the add form): refuse a name that exists, and put the
+    lane last unless a position is given (its rule is tried after every other's until moved up)."""
     check_text("name", name, max_length=60)
-    return await _put_policy(svc, actor, "lane", Lane, LANE_FIELDS, name, data, sent)
+    return await _put_policy(svc, actor, "lane", Lane, LANE_FIELDS, name, data, sent, new=new)
 
 
-async def put_task(svc: AdminService, actor: str, task: str, data: TaskIn, sent: set[str]) -> dict[str, Any]:
+async def put_task(
+    svc: AdminService, actor: str, task: str, data: TaskIn, sent: set[str], *, new: bool = False
+) -> dict[str, Any]:
     check_text("task", task, max_length=60)
-    return await _put_policy(svc, actor, "task", TaskPolicy, TASK_FIELDS, task, data, sent)
+    return await _put_policy(svc, actor, "task", TaskPolicy, TASK_FIELDS, task, data, sent, new=new)
+
+
+async def delete_lane(svc: AdminService, actor: str, name: str) -> dict[str, Any]:
+    """Delete a lane; refused (409, nothing changed) while a deployment is dedicated to it (its
+    config lists the lane): that deployment would lose the traffic it is kept for."""
+    check_text("name", name, max_length=60)
+    async with svc.sessions() as session, session.begin():
+        repo = PolicyRepository(session)
+        lane = await repo.find(Lane, name)
+        if lane is None:
+            raise GatewayError(ErrorCode.NOT_FOUND, f"No lane named '{name}'.", param="name")
+        dedicated = await ModelRepository(session).dedicated_to(name)
+        if dedicated:
+            which = ", ".join(f"'{d}' ({alias})" for alias, d in dedicated)
+            raise GatewayError(ErrorCode.CONFLICT, f"The lane '{name}' cannot be deleted: deployment {which} is "
+                               "dedicated to it. Take the lane out of that deployment's lanes first.",
+                               param="name")  # fmt: skip
+        before = row(lane, LANE_FIELDS)
+        await repo.delete(Lane, name)
+        await AuditRepository(session).add(actor, "delete", "lane", name, before, None)
+    await _applied(svc)
+    return before
+
+
+async def delete_task(svc: AdminService, actor: str, task: str) -> dict[str, Any]:
+    """Delete a task policy: its requests then get the default max_tokens and no task stops."""
+    check_text("task", task, max_length=60)
+    async with svc.sessions() as session, session.begin():
+        repo = PolicyRepository(session)
+        found = await repo.find(TaskPolicy, task)
+        if found is None:
+            raise GatewayError(ErrorCode.NOT_FOUND, f"No task policy for '{task}'.", param="task")
+        before = row(found, TASK_FIELDS)
+        await repo.delete(TaskPolicy, task)
+        await AuditRepository(session).add(actor, "delete", "task", task, before, None)
+    await _applied(svc)
+    return before
+
+
+async def set_lane_order(svc: AdminService, actor: str, data: LaneOrderIn) -> list[str]:
+    """Try the lanes' rules in this order: every lane named once. One transaction over the
+    locked rows, so a request never sees half a reorder and two reorders cannot interleave."""
+
+    def reorder(names: list[str]) -> list[str]:
+        if sorted(data.order) != sorted(names) or len(set(data.order)) != len(data.order):
+            raise GatewayError(ErrorCode.INVALID_REQUEST, "order must name every lane once (the lanes are: "
+                               f"{', '.join(names) or 'none'}).", param="order")  # fmt: skip
+        return list(data.order)
+
+    return await _reorder(svc, actor, reorder)
+
+
+async def move_lane(svc: AdminService, actor: str, name: str, step: int) -> list[str]:
+    """Move a lane one place up (step -1: its rule is tried earlier) or down (+1)."""
+    check_text("name", name, max_length=60)
+
+    def reorder(names: list[str]) -> list[str]:
+        if name not in names:
+            raise GatewayError(ErrorCode.NOT_FOUND, f"No lane named '{name}'.", param="name")
+        i = names.index(name)
+        j = min(max(i + step, 0), len(names) - 1)
+        names[i], names[j] = names[j], names[i]
+        return names
+
+    return await _reorder(svc, actor, reorder)
+
+
+async def _reorder(svc: AdminService, actor: str, reorder: Callable[[list[str]], list[str]]) -> list[str]:
+    async with svc.sessions() as session, session.begin():
+        lanes = await PolicyRepository(session).lanes(lock=True)
+        before = [lane.name for lane in lanes]
+        after = reorder(list(before))
+        positions = {lane.name: lane.position for lane in lanes}
+        wanted = {name: i for i, name in enumerate(after)}
+        if after == before and positions == wanted:
+            return after
+        for lane in lanes:
+            lane.position = wanted[lane.name]
+        await session.flush()
+        await AuditRepository(session).add(actor, "reorder", "lanes", "order", {"order": before}, {"order": after})
+    await _applied(svc)
+    return after
+
+
+async def _applied(svc: AdminService) -> None:
+    await svc.reload_policies()  # the next request routes by it
+    await svc.config_changes.notify()
 
 
 async def _put_policy(
@@ -79,15 +183,21 @@ async def _put_policy(
     key: str,
     data: Struct,
     sent: set[str],
+    *,
+    new: bool = False,
 ) -> dict[str, Any]:
     """Create or update a lane or task policy, audit it, and apply it to the next request."""
     values = _put_fields(model, data, sent)
     async with svc.sessions() as session, session.begin():
         repo = PolicyRepository(session)
         existing = await repo.find(model, key)
+        if existing is not None and new:
+            param = "name" if model is Lane else "task"
+            raise GatewayError(ErrorCode.CONFLICT, f"There is already a {entity} named '{key}'.", param=param)
+        if new and model is Lane and "position" not in values:
+            values["position"] = max((x.position for x in await repo.lanes()), default=-1) + 1
         before = row(existing, fields) if existing else None
         after = row(await repo.upsert(model, key, **values), fields)
         await AuditRepository(session).add(actor, "update" if before else "create", entity, key, before, after)
-    await svc.reload_policies()  # the next request routes by it
-    await svc.config_changes.notify()
+    await _applied(svc)
     return after

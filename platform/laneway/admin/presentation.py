@@ -29,6 +29,8 @@ class FieldHelp:
     min: str = "1"
     max: str = str(INT32_MAX)
     placeholder: str = "unlimited"
+    kind: str = "number"  # number | text | select | list (one input per item) | lines | checkbox
+    choices: tuple[tuple[str, str], ...] = ()  # a select's (value, words)
 
 
 _WHOLE = f"a whole number from 1 to {INT32_MAX:,}"

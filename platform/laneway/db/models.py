@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -83,7 +83,10 @@ class Deployment(Base):
     quantization: Mapped[str] = mapped_column(String(40), default="unknown")
     gpu_type: Mapped[str] = mapped_column(String(60), default="none")
     max_model_len: Mapped[int] = mapped_column(Integer, default=2048)
+    # False: the row is kept, its engine stopped (nothing is served from it).
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    # True: routing sends it no new request; those it runs finish (an admin's drain before removal).
+    draining: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     model: Mapped[Model] = relationship(back_populates="deployments")
 
 

@@ -163,6 +163,12 @@ class ModelRepository:
     async def set_fallbacks(self, alias: str, fallbacks: Sequence[str]) -> None:
         await self.session.execute(update(Model).where(Model.alias == alias).values(fallbacks=list(fallbacks)))
 
+    async def dedicated_to(self, lane: str) -> list[tuple[str, str]]:
+        """(alias, deployment) of every deployment row, enabled or not, whose config lists `lane`
+        among the lanes it serves."""
+        rows = await self.session.execute(select(Model.alias, Deployment.name, Deployment.config).join(Model))
+        return [(alias, name) for alias, name, config in rows.all() if lane in ((config or {}).get("lanes") or ())]
+
     async def enabled_deployments(self) -> list[DeploymentSpec]:
         stmt = (
             select(Deployment, Model.alias)
@@ -180,6 +186,7 @@ class ModelRepository:
                 quantization=d.quantization,
                 gpu_type=d.gpu_type,
                 max_model_len=d.max_model_len,
+                draining=bool(d.draining),
             )
             for d, alias in (await self.session.execute(stmt)).all()
         ]
@@ -193,8 +200,11 @@ class PolicyRepository:
     def __init__(self, session: AsyncSession) -> None:
         self.session = session
 
-    async def lanes(self) -> list[Lane]:
-        return list((await self.session.execute(select(Lane).order_by(Lane.position, Lane.id))).scalars())
+    async def lanes(self, *, lock: bool = False) -> list[Lane]:
+        """The lanes in match order. `lock`: the rows stay locked until the transaction ends
+        (PostgreSQL), so two reorders cannot interleave."""
+        stmt = select(Lane).order_by(Lane.position, Lane.id)
+        return list((await self.session.execute(stmt.with_for_update() if lock else stmt)).scalars())
 
     async def task_policies(self) -> list[TaskPolicy]:
         return list((await self.session.execute(select(TaskPolicy).order_by(TaskPolicy.task))).scalars())
@@ -213,6 +223,12 @@ class PolicyRepository:
             setattr(found, k, v)
         await self.session.flush()
         return found
+
+    async def delete(self, model: type[PolicyRow], key: str) -> None:
+        found = await self.find(model, key)
+        if found is not None:
+            await self.session.delete(found)
+            await self.session.flush()
 
     async def upsert_lane(self, name: str, **fields: Any) -> Lane:
         return await self.upsert(Lane, name, **fields)

@@ -58,6 +58,9 @@ class LiveDeployment:
     # request at a time until one succeeds (a /health that answers while generation still fails
     # would otherwise take a burst of requests that all fail).
     probing: bool = False
+    # Drained by an admin: routing gives it no new request; those it runs finish (spec.draining,
+    # applied in place by sync: the engine is not restarted for it).
+    draining: bool = False
 
     @property
     def overloaded(self) -> bool:
@@ -112,7 +115,7 @@ class EngineRegistry:
         except KeyError as exc:
             raise EngineError(f"{spec.engine_kind} needs config key {exc.args[0]!r}") from exc
         await engine.start()
-        return LiveDeployment(spec=spec, engine=engine)
+        return LiveDeployment(spec=spec, engine=engine, draining=spec.draining)
 
     async def _start_all(self, specs: Sequence[DeploymentSpec]) -> list[LiveDeployment]:
         started = []
@@ -200,11 +203,25 @@ class EngineRegistry:
             for spec in await specs() if callable(specs) else specs:
                 wanted.setdefault(spec.alias, []).append(spec)
             for alias in sorted(set(wanted) | set(self._by_alias)):
+                self._drain(self._by_alias.get(alias, []), wanted.get(alias, []))
                 current = [d.spec for d in self._by_alias.get(alias, [])]
                 if current != wanted.get(alias, []):
                     await self._swap(alias, wanted.get(alias, []))
                     changed.append(alias)
         return changed
+
+    @staticmethod
+    def _drain(live: Sequence[LiveDeployment], specs: Sequence[DeploymentSpec]) -> None:
+        """Draining is no engine change (DeploymentSpec leaves it out of equality): it is
+        flipped on the running deployment, which keeps what it serves."""
+        draining = {spec.name: spec.draining for spec in specs}
+        for d in live:
+            d.draining = draining.get(d.spec.name, d.draining)
+
+    def set_draining(self, name: str, draining: bool) -> None:
+        """Drain (or resume) the live deployment `name` at once (the admin's edit, before NOTIFY)."""
+        for d in self.deployments():
+            d.draining = draining if d.spec.name == name else d.draining
 
     async def swap(self, alias: str, specs: Sequence[DeploymentSpec]) -> None:
         async with self._changing:
@@ -320,7 +337,7 @@ class EngineRegistry:
         Ejected (unhealthy) and overloaded deployments are passed over while another can serve,
         and so are those that lack a capability the request `needs` (tools, json_schema...).
         Deployments named in `exclude` (replicas that already failed the request) never serve:
-        NotServed when no other one is left.
+        NotServed when no other one is left. Draining ones serve only when nothing else can.
         """
         candidates = self._by_alias.get(alias)
         if not candidates:
@@ -333,6 +350,7 @@ class EngineRegistry:
             candidates = [d for d in candidates if d.spec.name not in exclude]
         if not candidates:
             raise NotServed(alias)
+        candidates = [d for d in candidates if not d.draining] or candidates
         if needs:
             candidates = [d for d in candidates if needs <= d.engine.info.capabilities] or candidates
         candidates = [d for d in candidates if d.healthy and not (d.probing and d.outstanding)] or candidates

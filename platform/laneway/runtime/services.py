@@ -24,7 +24,7 @@ from litestar.di import Provide
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from laneway.admin.api import Logins
-from laneway.admin.dependencies import QueueStats, RoutingFigures
+from laneway.admin.dependencies import QueueStats, RoutePlanner, RoutingFigures
 from laneway.admin.guards import AdminGuards
 from laneway.admin.live import LiveFigures
 from laneway.admin.service import AdminService
@@ -52,6 +52,7 @@ from laneway.runtime.engine_watch import enabled_deployments, watch_engines
 from laneway.runtime.health_access import HealthDetailsAccess
 from laneway.runtime.lifecycle import Lifecycle, cancelled
 from laneway.runtime.readings import runtime_readings
+from laneway.runtime.route_preview import RoutePlanner as Planner
 from laneway.settings import Settings
 from laneway.usage import UsageRecorder
 
@@ -329,6 +330,9 @@ class Runtime:
     def provide_routing_figures(self) -> RoutingFigures:
         return self.gateway.waiting.dispatch.replica_figures
 
+    def provide_route_planner(self) -> RoutePlanner:
+        return Planner(self.gateway)
+
     def dependencies(self) -> dict[str, Provide]:
         """The app-level providers; a handler gets the ones it names as parameters."""
         return {
@@ -342,5 +346,6 @@ class Runtime:
             "registry": Provide(self.provide_registry, sync_to_thread=False),
             "queue_stats": Provide(self.provide_queue_stats, sync_to_thread=False),
             "routing_figures": Provide(self.provide_routing_figures, sync_to_thread=False),
+            "route_planner": Provide(self.provide_route_planner, sync_to_thread=False),
             "details_allowed": Provide(self.health_access.details_allowed),
         }

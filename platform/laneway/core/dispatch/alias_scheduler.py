@@ -50,10 +50,11 @@ class AliasScheduler(DeploymentScheduler):
 
     # ---- which replicas, and their room ----
     def usable(self) -> list[LiveDeployment]:
-        """The replicas to place on: healthy ones (a probing replica only while it runs nothing)
-        and not overloaded, else every one (a request never fails here for want of a healthy
-        replica: the engine call then fails it over or reports the error)."""
-        replicas = [r for r in self._replicas() if r.engine.info.generates]
+        """The replicas to place on: not draining, healthy (a probing replica only while it runs
+        nothing) and not overloaded, else every one (a request never fails here for want of a
+        healthy replica: the engine call then fails it over or reports the error)."""
+        generating = [r for r in self._replicas() if r.engine.info.generates]
+        replicas = [r for r in generating if not r.draining] or generating
         healthy = [r for r in replicas if r.healthy and not (r.probing and r.outstanding)] or replicas
         return [r for r in healthy if not r.overloaded] or healthy
 

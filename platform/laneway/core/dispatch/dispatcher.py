@@ -96,7 +96,7 @@ class Dispatcher:
         has the capabilities the request needs; else `chosen` (Registry.resolve's choice)."""
         if self.routing != "round_robin":
             return chosen
-        same = [d for d in self.registry.replicas(alias) if d.engine.info.generates and d.healthy
+        same = [d for d in self.registry.replicas(alias) if d.engine.info.generates and d.healthy and not d.draining
                 and needs <= d.engine.info.capabilities and lane in d.spec.config.get("lanes", (lane,))]  # fmt: skip
         if len(same) < 2:
             return chosen

@@ -99,8 +99,15 @@ class Picker:
         )
 
     def pick(
-        self, route: Route, replicas: Sequence[LiveDeployment], capacity: Callable[[LiveDeployment], int]
+        self,
+        route: Route,
+        replicas: Sequence[LiveDeployment],
+        capacity: Callable[[LiveDeployment], int],
+        *,
+        dry_run: bool = False,
     ) -> Placement:
+        """The replica to place `route` on. `dry_run` (the admin's route tester): the same choice,
+        recording nothing (no prefix index, session or figures update)."""
         candidates = [self.candidate(r, route, capacity) for r in replicas]
         least = min(c.load for c in candidates)
         best_i, best_score, best_reason = 0, float("-inf"), "hash"
@@ -120,12 +127,14 @@ class Picker:
         elif any(abs(o.load - c.load) > 1e-9 for o in candidates):
             best_reason = "load"
         name = chosen.spec.name
+        prompt_tokens = len(route.token_ids) if route.token_ids else len(route.blocks) * route.block_tokens
+        cached_tokens = round(c.cached_share * prompt_tokens)
+        if dry_run:
+            return Placement(chosen, best_reason, cached_tokens)
         if route.blocks:
             self.index.record(name, route.blocks, self.index_capacity(chosen))
         if route.session_key is not None:
             self.index.remember_session(route.session_key, name)
-        prompt_tokens = len(route.token_ids) if route.token_ids else len(route.blocks) * route.block_tokens
-        cached_tokens = round(c.cached_share * prompt_tokens)
         figures = self.figures.get(name) or self.figures.setdefault(name, ReplicaFigures())
         figures.placed += 1
         figures.prompt_tokens += max(prompt_tokens, route.block_tokens)

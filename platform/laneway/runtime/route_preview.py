@@ -1,0 +1,70 @@
+"""The admin route tester's planner: a request body read as the API reads it (api/request.py:
+the same decoding, checks and headers), then prepared as the pipeline prepares it (the
+Preparer: resolve, measure, policy, lane; a fallback alias when the alias has no healthy
+replica), and, for an alias that binds late, the replica dispatch would pick now, asked of
+the picker in a dry run. Nothing is taken or recorded: no rate limit, no admission, no
+queue, no prefix index. Composed here, where the API and the pipeline may both be reached
+(the admin pages get it through the `route_planner` dependency)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from laneway.admin.dependencies import RoutePlan
+from laneway.api import protocol as p
+from laneway.api.request import chat_intent, completion_intent, decode
+from laneway.contracts.errors import invalid_request
+from laneway.core.pipeline import Gateway
+from laneway.core.scheduler import Ticket
+from laneway.types import TenantSnapshot
+
+
+class _Body:
+    """An API request that is only its body and headers (api/request.py's Incoming)."""
+
+    def __init__(self, body: bytes, headers: Mapping[str, str]) -> None:
+        self._body = body
+        self.headers = {k.lower(): v for k, v in headers.items()}
+        self.scope: dict[str, Any] = {}
+
+    @property
+    def receive(self) -> Callable[[], Awaitable[Any]]:
+        raise NotImplementedError("a planned request is never read from a connection")
+
+    async def body(self) -> bytes:
+        return self._body
+
+
+class RoutePlanner:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    async def __call__(
+        self, tenant: TenantSnapshot, endpoint: str, body: bytes, headers: Mapping[str, str]
+    ) -> RoutePlan:
+        request = _Body(body, headers)
+        if endpoint == "chat":
+            intent = chat_intent(request, await decode(request, p.ChatCompletionRequest))
+        elif endpoint == "completions":
+            intent = completion_intent(request, await decode(request, p.CompletionRequest))
+        else:
+            raise invalid_request(f"Unknown endpoint '{endpoint}' (chat or completions).", param="endpoint")
+        gateway = self.gateway
+        # The pipeline's own prepare; a fallback is chosen for an unhealthy replica, as serving
+        # would (whether its queue would admit it depends on the moment: not asked).
+        call = await gateway.preparer.serving(tenant, intent, lambda c: c.deployment.healthy)
+        waiting = gateway.waiting
+        replicas, pick = [call.deployment], None
+        if waiting.late(call):
+            gen = call.generation
+            route = waiting.dispatch.ticket_route(gen.prompt, gen.cache_salt, call.prompt_cache_key, call.needs,
+                                                  gen.prompt_tokens)  # fmt: skip
+            ticket = Ticket(request_id=call.request_id, tenant_id=tenant.id, weight=tenant.weight, cost=0,
+                            lane=call.lane, route=route)  # fmt: skip
+            replicas = waiting.dispatch.alias_scheduler(call.alias).candidates(ticket)
+            pick = waiting.dispatch.picker.pick(route.route, replicas, lambda d: waiting.scheduler(d).capacity,
+                                                dry_run=True)  # fmt: skip
+        return RoutePlan(call=call, policies=gateway.policies.current, requested_max_tokens=intent.max_tokens,
+                         default_max_tokens=gateway.preparer.default_max_tokens, replicas=replicas, pick=pick,
+                         explicit_lane=intent.lane)  # fmt: skip
