@@ -64,6 +64,14 @@ CONFIG_HELP: dict[str, _H] = {
                    "to the engine."),
     "embeddings": ("Serves embeddings", "", "The model answers POST /v1/embeddings."),
     "tool_calling": ("Tool calling", "", "vLLM runs with --enable-auto-tool-choice and a tool parser."),
+    "kv_events_endpoint": ("KV events endpoint", "zmq address", "Where vLLM publishes its KV-cache events "
+                           "(--kv-events-config), e.g. tcp://vllm-1:5557: routing then knows exactly what it "
+                           "caches. Blank = off."),
+    "kv_events_replay_endpoint": ("KV events replay endpoint", "zmq address", "vLLM's replay socket, to fill a "
+                                  "gap in the events. Blank = a gap resets what laneway knows."),
+    "kv_events_topic": ("KV events topic", "", "The topic vLLM publishes under (blank: all)."),
+    "kv_events_bind": ("Bind for KV events", "", "vLLM connects to this gateway (its endpoint is a plain "
+                       "tcp://host:port) instead of this gateway connecting to vLLM."),
     # trtllm
     "url": ("gRPC address", "host:port", "Triton's gRPC endpoint."),
     "end_id": ("End token id", "", "The model's end-of-sequence token. Blank = Triton's default."),
