@@ -107,6 +107,12 @@ def test_json_end_finds_the_same_end_whatever_the_deltas() -> None:
     assert cut_text(JsonEnd(), ['{"a": "\\', '"}', '"}', " x"]) == '{"a": "\\"}"}'
 
 
+def test_json_end_waits_for_text_after_a_value_that_ends_a_delta() -> None:
+    rule = JsonEnd()
+    assert rule.feed('{"a": 1}') is None  # the engine may end right here: not cut
+    assert rule.feed("\n") == 0  # it did not: cut before what followed
+
+
 def test_json_end_leaves_alone_an_answer_that_is_not_an_object_or_array() -> None:
     assert cut_text(JsonEnd(), ["Sure! ", '{"a": 1}', " more"]) is None
     assert cut_text(JsonEnd(), ['"a string"', " more"]) is None
@@ -155,6 +161,7 @@ async def gateway(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Gateway]:
         spec("loop", {"head": ["Hello", ",", " I", " am"], "loop": [" so", " very", " happy", " here", "."]}),
         spec("json", {"head": ['{"a', '": "}', '\\"",', ' "b": [1', ", 2]", "}\n"], "loop": ["\n", " "]}),
         spec("ends", {"head": ["Fine", "."], "loop": [" Yes", "."], "finish_after": 4}),
+        spec("json-ends", {"head": ['{"a"', ": 1", "}"], "loop": [" "], "finish_after": 3}),
     ])  # fmt: skip
     metrics = GatewayMetrics()
     recorder = UsageRecorder(None, interval_s=60)  # type: ignore[arg-type]
@@ -233,6 +240,10 @@ async def test_an_answer_the_engine_ends_itself_is_not_an_early_stop(gateway: Ga
     text, call = await answer(gateway, "ends")
     assert text == "Fine. Yes." and call.finish_reason == "stop" and call.early_stop is None
     assert engine(gateway, "ends").cancelled == 0 and saved(gateway) == {}
+    # A JSON value the engine ends with (a grammar's end): nothing cut, nothing claimed.
+    text, call = await answer(gateway, "json-ends", response_format={"type": "json_object"})
+    assert text == '{"a": 1}' and call.finish_reason == "stop" and call.early_stop is None
+    assert engine(gateway, "json-ends").cancelled == 0 and saved(gateway) == {}
 
 
 async def test_each_choice_is_cut_and_the_engine_is_cancelled_when_all_are(gateway: Gateway) -> None:

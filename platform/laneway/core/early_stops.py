@@ -5,6 +5,8 @@
   units of the text have appeared `count` times in this answer.
 - JSON: in the JSON modes, the answer is done when its top-level object or array closes,
   whatever the engine decodes after it (whitespace, or more text when nothing constrains it).
+  It fires on the first text after the closing bracket (in the same delta or the next): an
+  engine that ends right there (a grammar's end) is not cut, and claims no saving.
 
 Both read the text as the client gets it (after the stop strings), incrementally: each piece
 of text is scanned once, and the repetition rule does O(ngram) work per unit. Units are words
@@ -86,8 +88,8 @@ class RepetitionStop:
 
 
 class JsonEnd:
-    """Fires where the top-level object or array closes (strings and escapes understood).
-    An answer that does not begin with one (after whitespace) is left alone."""
+    """Cuts where the top-level object or array closed (strings and escapes understood), once
+    text follows it. An answer that does not begin with one (after whitespace) is left alone."""
 
     reason = JSON_COMPLETE
 
@@ -96,8 +98,11 @@ class JsonEnd:
         self._in_string = False
         self._escaped = False
         self._off = False
+        self._complete = False  # the value closed at the end of the text so far
 
     def feed(self, text: str) -> int | None:
+        if self._complete:
+            return 0
         if self._off:
             return None
         i, end = 0, len(text)
@@ -134,8 +139,10 @@ class JsonEnd:
             else:
                 self._depth -= 1
                 if self._depth == 0:
-                    self._off = True
-                    return i
+                    if i < end:
+                        return i
+                    self._complete = True
+                    return None
         return None
 
 
