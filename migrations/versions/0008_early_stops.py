@@ -18,7 +18,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    # Rows from before: repetition off (null) until an admin or `laneway policies import` sets it.
+    # Rows from before: repetition off (null) until an admin or `laneway import-policies` sets it.
     with op.batch_alter_table("task_policies") as batch:
         batch.add_column(sa.Column("repetition_ngram", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("repetition_count", sa.Integer(), nullable=False, server_default="3"))
