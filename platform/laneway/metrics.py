@@ -108,6 +108,20 @@ class GatewayMetrics:
             ("alias", "deployment", "kind"),
             registry=self.registry,
         )
+        self.early_stops = Counter(
+            "laneway_early_stops_total",
+            "Answers whose decoding laneway ended early (core/early_stops.py), by lane, model and rule: "
+            "repetition, json_complete.",
+            ("lane", "model", "reason"),
+            registry=self.registry,
+        )
+        self.tokens_saved = Counter(
+            "laneway_decode_tokens_saved_total",
+            "Decode tokens those early stops saved, estimated against max_tokens (an upper bound: an "
+            "answer might have ended sooner on its own).",
+            ("lane", "model", "reason"),
+            registry=self.registry,
+        )
         self._children: dict[tuple[str, ...], _Bound] = {}
         self._statuses: dict[tuple[tuple[str, ...], int], Any] = {}
         self._refusals: dict[tuple[str, int, str, str, str], Any] = {}
@@ -149,6 +163,9 @@ class GatewayMetrics:
             if outcome.retry_denied == "budget":
                 self.retry_budget_exhausted.labels(outcome.model).inc()
         m.e2e.observe(now - outcome.started)
+        if outcome.early_stop is not None:  # per stop, unlike the hot path's: it saved far more
+            self.early_stops.labels(outcome.lane, outcome.model, outcome.early_stop).inc()
+            self.tokens_saved.labels(outcome.lane, outcome.model, outcome.early_stop).inc(outcome.tokens_saved)
         if outcome.dispatched_at is None:
             return  # never reached the engine
         if outcome.route_reason is not None:

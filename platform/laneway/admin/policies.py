@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from msgspec import Meta, Struct
 
 from laneway.admin.service import AdminService, cannot_clear, row
-from laneway.admin.validation import Int32, LaneName, Positive, check_text
+from laneway.admin.validation import MAX_REPETITION_NGRAM, Int32, LaneName, Positive, check_text
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.db.models import Lane, TaskPolicy
@@ -35,13 +35,18 @@ class TaskIn(Struct, omit_defaults=True, forbid_unknown_fields=True):
     long_prompt_tokens: Positive | None = None
     long_prompt_max_tokens: Positive | None = None
     stop: Annotated[list[Annotated[str, Meta(min_length=1, max_length=200)]], Meta(max_length=16)] | None = None
+    # Early stops (core/early_stops.py): null n-gram turns the repetition rule off.
+    repetition_ngram: Annotated[int, Meta(ge=1, le=MAX_REPETITION_NGRAM)] | None = None
+    repetition_count: Annotated[int, Meta(ge=2, le=1000)] | None = None
+    json_stop: bool | None = None
 
 
 LANE_FIELDS = (
     "name", "position", "priority", "match_max_prompt_tokens", "match_stream", "match_tasks", "max_queue_depth",
     "queue_timeout_s", "max_concurrency", "max_unacked_tokens", "retry_after_s",
 )  # fmt: skip
-TASK_FIELDS = ("task", "max_tokens", "long_prompt_tokens", "long_prompt_max_tokens", "stop")
+TASK_FIELDS = ("task", "max_tokens", "long_prompt_tokens", "long_prompt_max_tokens", "stop", "repetition_ngram",
+               "repetition_count", "json_stop")  # fmt: skip
 
 
 class LaneOrderIn(Struct, forbid_unknown_fields=True):

@@ -70,6 +70,15 @@ TASK_FIELDS_HELP: dict[str, FieldHelp] = {
         FieldHelp("long_prompt_max_tokens", "Max tokens for a long prompt", "tokens",
                   "The cap for a long prompt (never above Max tokens). Blank = Max tokens.", "",
                   placeholder="max tokens"),
+        FieldHelp("repetition_ngram", "Stop a loop of", "words",
+                  "Ends an answer (finish_reason stop, its engine slot freed) once its last this-many words have "
+                  "appeared Repeats times: a small model stuck in a loop. Blank = off, for tasks that repeat on "
+                  "purpose.", "", placeholder="off"),
+        FieldHelp("repetition_count", "Repeats", "times",
+                  "How many times those words must appear before the answer is ended.", "", placeholder="3"),
+        FieldHelp("json_stop", "End JSON when complete", "",
+                  "In the JSON modes, the answer ends where its top-level value ends, when the engine would go "
+                  "on.", "", kind="select", choices=(("true", "Yes"), ("false", "No"))),
         FieldHelp("stop", "Stop sequences", "one per box",
                   "Generation ends at any of these, merged with the request's own and the model's defaults. "
                   "Empty a box to remove it; save to get more empty boxes.", "", kind="list"),

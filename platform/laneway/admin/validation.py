@@ -42,6 +42,9 @@ TokenQuota = Annotated[int, Meta(ge=1, le=MAX_TOKEN_QUOTA)]
 MAX_EXPIRES_DAYS = 36_500  # 100 years; beyond, the expiry date overflows
 ExpiresDays = Annotated[float, Meta(gt=0, le=MAX_EXPIRES_DAYS)]
 
+# The repetition rule keeps its last n-gram as a tuple per unit (core/early_stops.py).
+MAX_REPETITION_NGRAM = 64
+
 # Fields whose rule is easier said once than derived from msgspec's text.
 FIELD_RULES = {
     "expires_days": f"expires_days must be a number of days greater than 0 (at most {MAX_EXPIRES_DAYS}).",
@@ -51,6 +54,10 @@ FIELD_RULES = {
     "(empty or null: no daily quota).",
     "tokens_per_month": f"tokens_per_month must be a whole number of tokens from 1 to {MAX_TOKEN_QUOTA:,} per "
     "calendar month in UTC (empty or null: no monthly quota).",
+    "repetition_ngram": f"repetition_ngram must be a whole number of words (a punctuation mark counts as one) from "
+    f"1 to {MAX_REPETITION_NGRAM} (empty or null: no repetition stop).",
+    "repetition_count": "repetition_count must be a whole number from 2 to 1000: how many times the n-gram must "
+    "appear.",
 }
 
 

@@ -49,6 +49,12 @@ class TaskPolicy:
     long_prompt_tokens: int | None = None
     long_prompt_max_tokens: int | None = None
     stop: tuple[str, ...] = ()
+    # Early stops (core/early_stops.py): the repetition rule's n-gram (in words and punctuation
+    # marks; None: off) and how many times it must appear; the JSON modes' stop at the end
+    # of the value.
+    repetition_ngram: int | None = None
+    repetition_count: int = 3
+    json_stop: bool = True
 
     def cap(self, prompt_tokens: int) -> int:
         """The task's max_tokens, tightened for long prompts."""
@@ -124,6 +130,9 @@ class PolicyStore:
                     long_prompt_tokens=t.long_prompt_tokens,
                     long_prompt_max_tokens=t.long_prompt_max_tokens,
                     stop=tuple(t.stop or ()),
+                    repetition_ngram=t.repetition_ngram,
+                    repetition_count=t.repetition_count,
+                    json_stop=t.json_stop,
                 )
                 for t in await repo.task_policies()
             }

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, false
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, false, true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -116,6 +116,11 @@ class TaskPolicy(Base):
     long_prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     long_prompt_max_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     stop: Mapped[list[str]] = mapped_column(JSON, default=list)
+    # Early stops (core/early_stops.py, migration 0008): the repetition rule's n-gram (None:
+    # off) and count; whether a JSON-mode answer ends where its value does.
+    repetition_ngram: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    repetition_count: Mapped[int] = mapped_column(Integer, default=3, server_default="3")
+    json_stop: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
 
 
 class UsageRecord(Base):
@@ -143,6 +148,8 @@ class UsageRecord(Base):
     tries: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     failed_deployments: Mapped[str | None] = mapped_column(String(400), nullable=True)
     served_model: Mapped[str | None] = mapped_column(String(200), nullable=True)  # a fallback alias that served it
+    # The early stop that ended its decoding (repetition, json_complete), if one did.
+    early_stop: Mapped[str | None] = mapped_column(String(20), nullable=True)
 
     # A tenant's rows by time (the usage page, the CSV export in (created_at, id) order); on
     # PostgreSQL the aggregated columns ride along, for an index-only scan (migration 0005).

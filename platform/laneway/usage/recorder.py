@@ -98,6 +98,7 @@ class UsageRecorder:
                 "ttft_ms": outcome.ttft_ms,
                 "total_ms": outcome.total_ms,
                 "tries": outcome.tries,
+                "early_stop": outcome.early_stop,
                 "failed_deployments": ",".join(t.deployment for t in outcome.failed_tries)[:400] or None,
             }
         )

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from laneway.core.early_stops import EarlyStopRule
 from laneway.core.policy import LanePolicy
 from laneway.types import EmbeddingRequest, FinishReason, GenerationRequest, TenantSnapshot
 
@@ -77,6 +78,9 @@ class Call:
     route_reason: str | None = None  # what placed it on its replica (core/dispatch/picker.py)
     cached_estimate: int = 0  # prompt tokens its replica most likely held (the prefix index)
     admission_checked: bool = False  # admission already passed (choosing among fallbacks): not again
+    early_rule: EarlyStopRule | None = None  # the task's early stop for its answers (core/early_stops.py)
+    early_stop: str | None = None  # the early stop that ended its decoding, if one did
+    tokens_saved: int = 0  # max_tokens less what the choices it cut had decoded (an estimate)
 
     def fail(self, status: int, code: str | None) -> None:
         """Record why the request did not end well; the first cause stands (a backpressure

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
+from laneway.core.early_stops import AnswerStops
 from laneway.core.pipeline.call import Call
 from laneway.core.pipeline.failover import EarlyEngineFailure, FirstTokenTimeout, failure_reason
 from laneway.core.pipeline.lease import Lease
@@ -42,6 +43,10 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
         # min_tokens: stops are not looked for in a choice's first tokens (as vLLM does).
         unstoppable = (ext.min_tokens or 0) if ext is not None and call.generation.stop else 0
         produced = [0] * n
+        # The task's early stop per choice (core/early_stops.py), read on the text the stop
+        # strings let through; this attempt's alone (a failover starts the answer again).
+        early = AnswerStops(call.early_rule, n) if call.early_rule is not None else None
+        call.early_stop, call.tokens_saved = None, 0
         reasons: list[FinishReason | None] = [None] * n
         left = n
         if call.trace is not None:  # the engine's own spans join the trace (an HTTP engine sends it)
@@ -56,11 +61,15 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
                 if delta.prompt_tokens:
                     call.reported_prompt_tokens = delta.prompt_tokens
                 i = delta.index
-                if not 0 <= i < n or reasons[i] is not None:
-                    continue  # a choice already cut at a stop: the rest of it is not sent
+                if not 0 <= i < n:
+                    continue
+                produced[i] += delta.tokens
+                if reasons[i] is not None:  # a choice already cut at a stop: the rest of it is not sent
+                    if early is not None and delta.finish_reason is not None:
+                        early.engine_ended(i)
+                    continue
                 matcher = matchers[i]
                 if unstoppable:
-                    produced[i] += delta.tokens
                     text = delta.text if produced[i] <= unstoppable else matcher.feed(delta.text)
                 else:
                     text = matcher.feed(delta.text)
@@ -70,6 +79,11 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
                 elif delta.finish_reason is not None:
                     text += matcher.flush()
                     finish = delta.finish_reason
+                elif early is not None and text and (cut := early.cut(i, text)) is not None:
+                    # Done though the engine goes on: the rest of the delta is dropped, and
+                    # the engine is cancelled below once every choice has ended.
+                    text, finish = text[:cut], "stop"
+                    call.early_stop = early.reason
                 if (text or delta.tool_calls) and call.first_token_at is None:
                     call.first_token_at = time.perf_counter()
                 if finish is not None:
@@ -77,6 +91,8 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
                     if left == 0:
                         call.finish_reason = reasons[0]
                         registry.record(deployment, ok=True)
+                        if early is not None and early.stopped:
+                            call.tokens_saved = early.saved(call.generation.max_tokens, produced)
                     yielded = True
                     yield Delta(text=text, tokens=0, finish_reason=finish, index=i,
                                 tool_calls=delta.tool_calls, logprobs=delta.logprobs)  # fmt: skip

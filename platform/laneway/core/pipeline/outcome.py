@@ -48,6 +48,10 @@ class Outcome:
     # replica held; None when the alias has one replica (nothing was chosen).
     route_reason: str | None = None
     cached_estimate: int = 0
+    # The early stop that ended its decoding (core/early_stops.py), and the decode tokens that
+    # saved, estimated against max_tokens.
+    early_stop: str | None = None
+    tokens_saved: int = 0
 
     @property
     def moves(self) -> tuple[FailedTry, ...]:
@@ -104,6 +108,8 @@ class Outcome:
             retry_denied=call.retry_denied,
             route_reason=call.route_reason,
             cached_estimate=call.cached_estimate,
+            early_stop=call.early_stop,
+            tokens_saved=call.tokens_saved,
         )
 
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.core import capabilities
+from laneway.core.early_stops import rule_for
 from laneway.core.ids import random_hex
 from laneway.core.pipeline.call import Call, engine_request_id
 from laneway.core.pipeline.intent import EmbeddingIntent, GenerationIntent
@@ -133,6 +134,7 @@ class Preparer:
             client_request_id=intent.client_request_id,
             needs=needs,
             prompt_cache_key=intent.prompt_cache_key,
+            early_rule=rule_for(snapshot.tasks.get(intent.task) if intent.task else None, generation),
         )
 
     def accessible(
