@@ -1,8 +1,8 @@
 """task_policies: early stops (the repetition rule's n-gram and count, the JSON modes' stop at
 the end of the value); usage_records: the early stop that ended a request's decoding
 
-Revision ID: 0008
-Revises: 0007
+Revision ID: 0009
+Revises: 0008
 Create Date: 2026-12-05
 """
 
