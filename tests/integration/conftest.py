@@ -14,6 +14,7 @@ from standins.triton_server import TritonStandIn
 from standins.vllm_server import VLLMStandIn
 from support import Gateway, KeySpec, ServerThread, start_gateway
 from support.engines_real import RealVLLM
+from support.recording_proxy import RecordingProxy
 
 
 def _llama(name: str, model_path: Path, max_model_len: int, **config: Any) -> list[dict[str, Any]]:
@@ -87,3 +88,11 @@ def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealVLLM]:
     server = RealVLLM(tmp_path_factory.mktemp("vllm"), kv_events=True).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def relay(real_vllm: RealVLLM) -> Iterator[RecordingProxy]:
+    """A recording proxy in front of the real vLLM: what laneway sent it, body by body."""
+    proxy = RecordingProxy(real_vllm.base_url).start()
+    yield proxy
+    proxy.stop()

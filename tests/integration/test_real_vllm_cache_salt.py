@@ -28,13 +28,6 @@ PROMPT = " ".join(["the river runs past the mountain and the old mill"] * 20)
 
 
 @pytest.fixture(scope="module")
-def relay(real_vllm: RealVLLM) -> Iterator[RecordingProxy]:
-    proxy = RecordingProxy(real_vllm.base_url).start()
-    yield proxy
-    proxy.stop()
-
-
-@pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, real_vllm: RealVLLM, relay: RecordingProxy) -> Iterator[Gateway]:
     models = {"tiny": [{"name": "tiny-salted", "engine_kind": "vllm", "gpu_type": "cpu",
                         "config": {"base_url": relay.base_url, "model": real_vllm.model, "max_concurrency": 8,

@@ -36,13 +36,6 @@ EVERY_EXTENSION: dict[str, Any] = {
 
 
 @pytest.fixture(scope="module")
-def relay(real_vllm: RealVLLM) -> Iterator[RecordingProxy]:
-    proxy = RecordingProxy(real_vllm.base_url).start()
-    yield proxy
-    proxy.stop()
-
-
-@pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, real_vllm: RealVLLM, relay: RecordingProxy) -> Iterator[Gateway]:
     models = {
         "tiny": [{"name": "tiny-1", "engine_kind": "vllm", "gpu_type": "cpu",
