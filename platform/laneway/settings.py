@@ -47,6 +47,9 @@ class Settings:
     # Rows kept in memory while the database is unreachable (the oldest are dropped beyond,
     # and counted); what is left at shutdown is spooled to data_dir and written next start.
     usage_max_pending: int = 100_000
+    # The currency model prices (per 1M tokens) and request costs are in (core/prices.py): a
+    # label, shown beside the figures; nothing is converted.
+    currency: str = "USD"
     # Caps a request that names no max_tokens (also capped by the model's context left).
     default_max_tokens: int = 512
     # Rate-limit buckets shared by replicas live in Redis when set (redis://host:6379/0);

@@ -11,6 +11,7 @@ from laneway.cli.manage import (
     key_revoke,
     key_set,
     model_fallbacks,
+    model_price,
     model_replica_add,
     model_replica_list,
     model_replica_remove,
@@ -150,4 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("alias")
     s.add_argument("fallbacks", help="comma-separated aliases, tried in order ('none': no fallbacks)")
     s.set_defaults(fn=with_service(model_fallbacks))
+    s = model.add_parser("price", help="set or show an alias's price per 1M tokens")
+    s.add_argument("alias")
+    s.add_argument("--input", help="per 1M prompt tokens, e.g. 0.15 ('none' with --output none: not priced)")
+    s.add_argument("--output", help="per 1M completion tokens")
+    s.add_argument("--cached-input", help="per 1M prompt tokens served from a prefix cache (default: the input price)")
+    s.set_defaults(fn=with_service(model_price))
     return ap

@@ -163,6 +163,19 @@ class ModelRepository:
     async def set_fallbacks(self, alias: str, fallbacks: Sequence[str]) -> None:
         await self.session.execute(update(Model).where(Model.alias == alias).values(fallbacks=list(fallbacks)))
 
+    async def prices(self) -> dict[str, tuple[int, int, int | None]]:
+        """alias -> (input, output, cached input) in micro-units per 1M tokens, for the priced aliases."""
+        stmt = select(Model.alias, Model.price_input, Model.price_output, Model.price_cached_input).where(
+            Model.price_input.is_not(None), Model.price_output.is_not(None)
+        )
+        rows = (await self.session.execute(stmt)).all()
+        return {alias: (i, o, c) for alias, i, o, c in rows if i is not None and o is not None}
+
+    async def set_price(self, alias: str, price: tuple[int | None, int | None, int | None]) -> None:
+        i, o, c = price
+        stmt = update(Model).where(Model.alias == alias)
+        await self.session.execute(stmt.values(price_input=i, price_output=o, price_cached_input=c))
+
     async def dedicated_to(self, lane: str) -> list[tuple[str, str]]:
         """(alias, deployment) of every deployment row, enabled or not, whose config lists `lane`
         among the lanes it serves."""

@@ -248,7 +248,8 @@ class Runtime:
         )
         steps.started_step("engine watch", lambda: cancelled(watcher))
         self.started_at = time.time()
-        self.admin = AdminService(sessions, changes, authenticator=authenticator, policies=policies, registry=registry)
+        self.admin = AdminService(sessions, changes, authenticator=authenticator, policies=policies, registry=registry,
+                                  currency=settings.currency)  # fmt: skip
         self.logins = Logins(self.login_guard, sessions, settings.admin_cookie_secure, admin_password_file(settings))
         self.api = ApiServices(gateway, authenticator, settings.stream_send_timeout_s, self.started_at)
         # First to stop: whatever the server left running (a drain already ran on SIGTERM).
