@@ -120,3 +120,16 @@ def test_removing_the_price(gw: Gateway, admin: httpx.Client, client: openai.Ope
     assert gone["priced"] is False and admin.get("/admin/api/models/sim/price").json() == gone
     r = client.chat.completions.create(model="sim", messages=MSGS, max_tokens=3)
     assert row_of(gw, r.id).cost_micros is None
+
+
+def test_the_models_page_sets_and_shows_prices(gw: Gateway, admin: httpx.Client) -> None:
+    csrf = admin.headers["X-CSRF-Token"]
+    form = {"csrf_token": csrf, "alias": "free", "price_input": "0.5", "price_output": "1.25", "price_cached_input": ""}
+    saved = admin.post("/admin/models/price", data=form)
+    assert saved.status_code == 200 and "free costs 0.5 in, 1.25 out per 1M tokens (USD)." in saved.text
+    assert "<tr><td>free</td><td>0.5</td><td>1.25</td><td>0.5</td></tr>" in saved.text
+    assert admin.get("/admin/api/models/free/price").json()["output"] == "1.25"
+    refused = admin.post("/admin/models/price", data={**form, "price_output": "lots"})
+    assert refused.status_code == 400 and 'value="lots"' in refused.text  # what was typed is kept
+    cleared = admin.post("/admin/models/price", data={**form, "price_input": "", "price_output": ""})
+    assert "free has no price." in cleared.text and admin.get("/admin/api/models/free/price").json()["priced"] is False
