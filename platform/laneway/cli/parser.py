@@ -35,6 +35,8 @@ def _tenant_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--max-concurrency", metavar="N", help="requests in flight at once ('none': no limit)")
     s.add_argument("--daily-tokens", metavar="N", help="token quota per UTC day ('none': no quota)")
     s.add_argument("--monthly-tokens", metavar="N", help="token quota per calendar month in UTC ('none': no quota)")
+    s.add_argument("--daily-budget", metavar="X", help="money budget per UTC day in LANEWAY_CURRENCY ('none': none)")
+    s.add_argument("--monthly-budget", metavar="X", help="money budget per calendar month ('none': none)")
     s.add_argument("--models", help="comma-separated aliases this tenant may use ('all', the default: every one)")
     s.add_argument("--lanes", help="comma-separated lanes it may pick with X-Laneway-Lane ('none', the default)")
     s.add_argument(
@@ -47,6 +49,8 @@ def _key_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--rpm", metavar="N", help="the key's requests per minute ('none': the tenant's)")
     s.add_argument("--tpm", metavar="N", help="the key's tokens per minute ('none': the tenant's)")
     s.add_argument("--max-concurrency", metavar="N", help="the key's requests in flight ('none': the tenant's)")
+    s.add_argument("--daily-budget", metavar="X", help="the key's own money budget per UTC day ('none': none)")
+    s.add_argument("--monthly-budget", metavar="X", help="the key's own money budget per calendar month")
     s.add_argument("--models", help="comma-separated aliases the key may use ('all': every one its tenant may)")
 
 

@@ -34,6 +34,10 @@ class Tenant(Base):
     # BIGINT: a large tenant's month is past 2**31 tokens.
     tokens_per_day: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     tokens_per_month: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # Money budgets per UTC day and calendar month, in micro-units of LANEWAY_CURRENCY
+    # (core/budgets.py); None: none.
+    budget_per_day: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    budget_per_month: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     disabled: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     keys: Mapped[list[ApiKey]] = relationship(back_populates="tenant", cascade="all, delete-orphan")
@@ -55,6 +59,9 @@ class ApiKey(Base):
     tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_concurrency: Mapped[int | None] = mapped_column(Integer, nullable=True)
     allowed_models: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)  # None: the tenant's
+    # The key's own money budgets (micro-units), in addition to its tenant's; None: none.
+    budget_per_day: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    budget_per_month: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     tenant: Mapped[Tenant] = relationship(back_populates="keys")
 
 
