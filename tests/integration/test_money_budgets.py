@@ -7,11 +7,14 @@ a request's cost is its tokens. The limiters' wall clock is injected."""
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +22,37 @@ import httpx
 import openai
 import pytest
 from laneway.core.quota import period
+from prometheus_client.parser import text_string_to_metric_families
 from support import Gateway, KeySpec, PrivateRedis, replica_pair, require_service, sim_model, start_gateway, wait_for
 
 REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 PASSWORD = "budget password"
-TENANTS = {"daily": {"budget_per_day": 100}, "refund": {"budget_per_day": 300}, "keyed": {}}
-KEYS = {"daily": KeySpec("daily"), "refund": KeySpec("refund"), "keyed": KeySpec("keyed")}
+TENANTS = {"daily": {"budget_per_day": 100}, "refund": {"budget_per_day": 300}, "keyed": {},
+           "alerted": {"budget_per_day": 100}}  # fmt: skip
+KEYS = {name: KeySpec(name) for name in TENANTS}
+
+
+class Hooks(BaseHTTPRequestHandler):
+    """The budget alert webhook: keeps what it is sent."""
+
+    received: list[dict[str, Any]] = []
+
+    def do_POST(self) -> None:
+        Hooks.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def webhook() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hooks)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/budget"
+    server.shutdown()
 
 
 class Wall:
@@ -39,11 +67,13 @@ class Wall:
 
 
 @pytest.fixture(scope="module")
-def replicas(tmp_path_factory: pytest.TempPathFactory, pg_database_module: str) -> Iterator[list[Gateway]]:
+def replicas(
+    tmp_path_factory: pytest.TempPathFactory, pg_database_module: str, webhook: str
+) -> Iterator[list[Gateway]]:
     require_service("Redis", "127.0.0.1", 6379)
     shared: dict[str, Any] = {"database_url": pg_database_module, "redis_url": REDIS_URL,
                               "redis_prefix": f"lwtest:{uuid.uuid4().hex}:", "admin_password": PASSWORD,
-                              "usage_flush_interval_s": 0.05}  # fmt: skip
+                              "usage_flush_interval_s": 0.05, "budget_alert_webhook_url": webhook}  # fmt: skip
     seed = {"models": {"sim": sim_model("sim", decode_ms_base=0.5, max_concurrency=64)}, "tenants": TENANTS,
             "keys": KEYS}  # fmt: skip
     with replica_pair(
@@ -145,6 +175,32 @@ def test_a_keys_monthly_budget(replicas: list[Gateway], wall: Wall) -> None:
     assert refused(replicas[0], "keyed", 9) == "budget_exceeded" and 1 <= served <= 3
     wall.set("2026-06-01T00:00:00")
     assert refused(replicas[1], "keyed", 9) is None
+
+
+def test_the_soft_threshold_alerts_once_per_period_across_replicas(replicas: list[Gateway], wall: Wall) -> None:
+    def alerts() -> list[dict[str, Any]]:
+        return [body for body in Hooks.received if body["tenant"] == "alerted"]
+
+    wall.set("2026-06-10T09:00:00")
+    served = 0
+    while refused(replicas[served % 2], "alerted", 9) is None:  # to the budget's end, on both replicas
+        served += 1
+    wait_for(lambda: len(alerts()) == 1, what="the webhook")
+    time.sleep(0.3)  # a second one would have come by now
+    [alert] = alerts()
+    assert alert["period"] == "day:2026-06-10" and alert["currency"] == "USD" and alert["threshold"] == 0.8
+    assert 80 <= float(alert["spend"]) * 1_000_000 <= 100 and alert["budget"] == "0.0001"
+    assert alert["api_key_id"] is None
+    wall.set("2026-06-11T09:00:00")  # a new period: one more alert when it passes 80 % again
+    while refused(replicas[served % 2], "alerted", 9) is None:
+        served += 1
+    wait_for(lambda: [a["period"] for a in alerts()] == ["day:2026-06-10", "day:2026-06-11"], what="the 2nd alert")
+    counted = 0.0
+    for gw in replicas:
+        for family in text_string_to_metric_families(httpx.get(gw.base_url + "/metrics").text):
+            if family.name == "laneway_budget_alerts":
+                counted += sum(s.value for s in family.samples if s.name.endswith("_total"))
+    assert counted >= 2  # other tests' tenants may have passed theirs too
 
 
 def refused(gw: Gateway, key: str, max_tokens: int) -> str | None:

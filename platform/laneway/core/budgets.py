@@ -6,6 +6,7 @@ the same reserve script; in memory, beside them in the memory limiter."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from laneway.contracts.codes import ErrorCode
@@ -23,6 +24,12 @@ class Budget:
     period: Period
     limit: int  # micro-units
     name: str  # its counter: "cost:day:2026-03-31", "key:7:cost:month:2026-03"
+
+
+# Called once per budget and period when its spend passes the soft threshold (the limiter's
+# alert_share of it): the tenant, the budget, what it has spent (reservations in flight
+# included). On the event loop: it must not block (usage/budget_alerts.py queues the webhook).
+AlertHook = Callable[[TenantSnapshot, Budget, int], None]
 
 
 def counter_name(key_id: int | None, p: Period) -> str:

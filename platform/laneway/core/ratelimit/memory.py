@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from laneway.core.budgets import budget_exceeded, budget_too_small, budgets, counter_name
+from laneway.core.budgets import AlertHook, Budget, budget_exceeded, budget_too_small, budgets, counter_name
 from laneway.core.quota import PERIOD_KINDS, period, quota_exceeded, quotas
 from laneway.core.ratelimit.errors import (
     check_size,
@@ -54,6 +54,9 @@ class MemoryRateLimiter:
         self._key_tpm: dict[int, TokenBucket] = {}
         self._key_in_flight: dict[int, set[str]] = {}
         self._used: dict[int, dict[str, int]] = {}  # tenant -> period name -> tokens counted
+        self.alert: AlertHook | None = None
+        self.alert_share = 0.0
+        self._alerted: set[tuple[int, str]] = set()  # (tenant, budget counter) past the threshold
 
     def _bucket(self, table: dict[int, TokenBucket], tenant_id: int, capacity: int, now: float) -> TokenBucket:
         bucket = table.get(tenant_id)
@@ -116,8 +119,20 @@ class MemoryRateLimiter:
         self._key_in_flight.setdefault(key, set()).add(request_id)
         self._count(used, [p.name for p in periods], tokens)
         self._count(used, [b.name for b in spend], cost)
+        if self.alert is not None and self.alert_share > 0:
+            self._soft_threshold(tenant, spend, used)
         return Reservation(tenant, request_id, tokens, periods=tuple(p.name for p in periods), cost=cost,
                            budgets=tuple(b.name for b in spend))  # fmt: skip
+
+    def _soft_threshold(self, tenant: TenantSnapshot, spend: list[Budget], used: dict[str, int]) -> None:
+        """Tell the hook of each budget that passed its soft threshold, once per period."""
+        for b in spend:
+            at = (tenant.id, b.name)
+            if used[b.name] >= self.alert_share * b.limit and at not in self._alerted and self.alert is not None:
+                if len(self._alerted) >= 100_000:  # past periods' marks (their names carry the date)
+                    self._alerted.clear()
+                self._alerted.add(at)
+                self.alert(tenant, b, used[b.name])
 
     @staticmethod
     def _count(used: dict[str, int], names: list[str], amount: int) -> None:

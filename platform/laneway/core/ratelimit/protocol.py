@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from laneway.core.budgets import AlertHook
 from laneway.types import TenantSnapshot
 
 
@@ -39,6 +40,8 @@ class Reservation:
 
 class RateLimiter(Protocol):
     wall_clock: Callable[[], float]  # epoch seconds: which quota period is current (injectable)
+    alert: AlertHook | None  # a money budget past its soft threshold (core/budgets.py)
+    alert_share: float  # that threshold, a share of the budget (0: off)
 
     async def reserve(self, tenant: TenantSnapshot, tokens: int, request_id: str, cost: int = 0) -> Reservation:
         """Take 1 request, `tokens` tokens, `cost` micro-units of the money budgets, and a

@@ -18,9 +18,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import dependency_unavailable
-from laneway.core.budgets import Budget, budget_exceeded, budget_too_small, budgets
+from laneway.core.budgets import AlertHook, Budget, budget_exceeded, budget_too_small, budgets
 from laneway.core.dependencies import DependencyHealth
 from laneway.core.quota import PERIOD_KINDS, Period, period, quota_exceeded, quota_limit
+from laneway.core.ratelimit import script_calls as calls
 from laneway.core.ratelimit.counter_recovery import CounterRecovery
 from laneway.core.ratelimit.errors import (
     check_size,
@@ -33,7 +34,6 @@ from laneway.core.ratelimit.headroom import ADMIT_AT_ONCE_FOR_S, ADMIT_AT_ONCE_U
 from laneway.core.ratelimit.memory import MemoryRateLimiter
 from laneway.core.ratelimit.protocol import LimiterReadings, Reservation, SharedLimitReadings
 from laneway.core.ratelimit.redis_keys import LimitKeys
-from laneway.core.ratelimit.script_calls import reply_budgets, reserve_args, settle_args, with_budget_keys
 from laneway.core.ratelimit.scripts import READ_COUNTERS, RESERVE, SETTLE, reply_epochs
 from laneway.core.redis_hub import RedisHub
 from laneway.types import TenantSnapshot
@@ -101,6 +101,8 @@ class RedisRateLimiter:
         self._settler: asyncio.Task[None] | None = None
         self._closing = False
         self.recovery: CounterRecovery | None = None  # set by load_used(): counters from the usage rows
+        self.alert: AlertHook | None = None  # money budgets past alert_share (reserve.lua says once)
+        self.alert_share = 0.0
 
     async def load_used(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         """The counters live in Redis, shared: nothing to load at start-up. What this replica
@@ -136,17 +138,18 @@ class RedisRateLimiter:
         """RESERVE's periods, KEYS and ARGV for this request (its budgets' after the rest)."""
         wall = self.wall_clock()
         periods = [period(kind, wall) for kind in PERIOD_KINDS]
-        args = reserve_args(tenant, tokens, request_id, admitted, periods, wall, spend or [], cost)
+        args = calls.reserve_args(
+            tenant, tokens, request_id, admitted, periods, wall, spend or [], cost, self.alert_share
+        )
         keys = self.keys.for_call(tenant, tuple(p.name for p in periods))
-        return periods, with_budget_keys(self.keys, tenant.id, keys, [b.name for b in spend or ()]), args
+        return periods, calls.with_budget_keys(self.keys, tenant.id, keys, [b.name for b in spend or ()]), args
 
     def reserve_at_once(
         self, tenant: TenantSnapshot, tokens: int, request_id: str, cost: int = 0
     ) -> Reservation | None:
-        """Admit without waiting for Redis where this replica may (Headroom): the reserve goes
-        out with the next batch, taken whatever Redis then says, and its settle follows its
-        reply. While Redis is down the fallback decides at once too. Else None: reserve().
-        A money budget is exact across replicas: Redis decides each of its requests."""
+        """Admit without waiting for Redis where this replica may (Headroom; never under a money
+        budget, exact across replicas): the reserve goes out with the next batch, taken whatever
+        Redis then says, and its settle follows its reply. Else None: reserve()."""
         decided = self._decided_without_redis(tenant, tokens, request_id, cost)
         if decided is not None or tenant.budgeted:
             return decided
@@ -251,9 +254,10 @@ class RedisRateLimiter:
             room = self._headroom[at] = Headroom(tenant, names)
         room.answered(reply[4:], self._clock())
         counted_in = self._counted(tenant, periods, int(wait_ms), reply_epochs(reply))
-        unseeded, budget_epochs = reply_budgets(reply, len(spend))
+        unseeded, budget_epochs = calls.reply_budgets(reply, len(spend))
         if unseeded and self.recovery is not None:  # budget counters begun now: seeded as the quotas'
             self.recovery.schedule_budgets(tenant.id, spend, unseeded, budget_epochs)
+        calls.alert_crossed(self.alert, tenant, reply, spend)
         return Reservation(tenant, request_id, tokens, local=False, periods=names, epochs=counted_in, cost=cost,
                            budgets=tuple(b.name for b in spend), budget_epochs=budget_epochs)  # fmt: skip
 
@@ -283,7 +287,7 @@ class RedisRateLimiter:
             self.fallback.settle(reservation, used_tokens, used_cost)
             return
         tenant = reservation.tenant
-        keys = with_budget_keys(self.keys, tenant.id, self.keys.for_call(tenant, reservation.periods),
+        keys = calls.with_budget_keys(self.keys, tenant.id, self.keys.for_call(tenant, reservation.periods),
                                 reservation.budgets)  # fmt: skip
         epochs, answer = reservation.epochs, reservation.answer
         if answer is not None:  # admitted at once: the settle goes after the reserve's reply
@@ -297,7 +301,7 @@ class RedisRateLimiter:
         unused = max(0, reservation.tokens - used_tokens)
         self._queue_settle(keys, [reservation.request_id, tenant.tpm or 0, unused, tenant.key_tpm or 0,
                                   used_tokens, repr(self.wall_clock()), *epochs,
-                                  *settle_args(reservation, used_cost)])  # fmt: skip
+                                  *calls.settle_args(reservation, used_cost)])  # fmt: skip
 
     def _settle_answered(self, reservation: Reservation, used_tokens: int, _: asyncio.Future[Any]) -> None:
         self.settle(reservation, used_tokens)

@@ -14,7 +14,9 @@
 -- Money budgets (core/budgets.py), only those set: ARGV[16] the request's most cost, ARGV[17]
 -- how many (m), then each one's limit and its counter's TTL; KEYS[10 + j] budget j's counter,
 -- KEYS[10 + m + j] its epoch hash. Counted and begun as the token counters are; the reply
--- ends with their unseeded bits (1 << j-1) and epochs.
+-- ends with their unseeded bits (1 << j-1) and epochs. ARGV[18 + 2m]: the soft threshold in
+-- permille (0: off); a budget whose spend passes it is marked in its epoch hash, so the reply's
+-- next bits (then each budget's spend) say it once per period, whichever replica sees it.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local rpm, tpm, need = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -119,4 +121,14 @@ for j = 1, m do
 end
 reply[13] = bunseeded
 for j = 1, m do reply[13 + j] = bepochs[j] end
+local soft, crossed = tonumber(ARGV[18 + 2 * m] or '0'), 0
+for j = 1, m do
+  local after = tonumber(redis.call('GET', KEYS[10 + j]) or '0')
+  reply[14 + m + j] = after
+  if soft > 0 and after * 1000 >= soft * tonumber(ARGV[17 + j])
+      and redis.call('HSETNX', KEYS[10 + m + j], 'alerted', 1) == 1 then
+    crossed = crossed + bits[j]
+  end
+end
+if m > 0 then reply[14 + m] = crossed end
 return reply

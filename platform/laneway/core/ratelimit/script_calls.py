@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from laneway.core.budgets import Budget
+from laneway.core.budgets import AlertHook, Budget
 from laneway.core.quota import Period, quota_limit
 from laneway.core.ratelimit.protocol import Reservation
 from laneway.core.ratelimit.redis_keys import LimitKeys
@@ -25,7 +25,7 @@ FIRST_REPLY = 12  # reserve.lua's reply: the token limits' part, then the budget
 
 def reserve_args(
     tenant: TenantSnapshot, tokens: int, request_id: str, admitted: bool, periods: Sequence[Period], wall: float,
-    spend: Sequence[Budget], cost: int,
+    spend: Sequence[Budget], cost: int, alert_share: float = 0.0,
 ) -> list[int | str]:  # fmt: skip
     """RESERVE's ARGV for this request, its budgets' after the rest."""
     return [
@@ -42,7 +42,7 @@ def reserve_args(
         *(int(p.seconds_left(wall)) + COUNTER_GRACE_S for p in periods),
         repr(wall),  # a counter begun now counts the usage rows before this (counter_recovery.py)
         "1" if admitted else "0",
-        *_budget_args(spend, cost, wall),
+        *_budget_args(spend, cost, wall, alert_share),
     ]
 
 
@@ -55,11 +55,11 @@ def budget_keys(keys: LimitKeys, tenant_id: int, names: Sequence[str]) -> list[s
     return [*(keys.counter(tenant_id, n) for n in names), *(keys.epoch(tenant_id, n) for n in names)]
 
 
-def _budget_args(spend: Sequence[Budget], cost: int, wall: float) -> list[int | str]:
+def _budget_args(spend: Sequence[Budget], cost: int, wall: float, alert_share: float) -> list[int | str]:
     if not spend:
         return []
     ttls = (int(b.period.seconds_left(wall)) + COUNTER_GRACE_S for b in spend)
-    return [cost, len(spend), *(b.limit for b in spend), *ttls]
+    return [cost, len(spend), *(b.limit for b in spend), *ttls, round(alert_share * 1000)]
 
 
 def settle_args(reservation: Reservation, used_cost: int) -> list[int | str]:
@@ -67,6 +67,23 @@ def settle_args(reservation: Reservation, used_cost: int) -> list[int | str]:
         return []
     unspent = max(0, reservation.cost - used_cost)
     return [unspent, used_cost, len(reservation.budgets), *reservation.budget_epochs]
+
+
+def crossed(reply: list[Any], spend: Sequence[Budget]) -> list[tuple[Budget, int]]:
+    """The budgets this reserve took past their soft threshold first in their period (reserve.lua
+    marks each one's epoch hash), with what each has spent."""
+    m = len(spend)
+    if m == 0 or len(reply) <= FIRST_REPLY + 1 + m:
+        return []
+    bits = int(reply[FIRST_REPLY + 1 + m])
+    spent = reply[FIRST_REPLY + 2 + m : FIRST_REPLY + 2 + 2 * m]
+    return [(b, int(spent[j])) for j, b in enumerate(spend) if bits & (1 << j)]
+
+
+def alert_crossed(alert: AlertHook | None, tenant: TenantSnapshot, reply: list[Any], spend: Sequence[Budget]) -> None:
+    if alert is not None:
+        for b, spent in crossed(reply, spend):
+            alert(tenant, b, spent)
 
 
 def reply_budgets(reply: list[Any], m: int) -> tuple[int, tuple[str, ...]]:
