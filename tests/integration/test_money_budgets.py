@@ -136,8 +136,9 @@ def test_two_replicas_refuse_a_daily_budget_exactly_at_its_limit(replicas: list[
     assert served == 100 // per_request and served >= 2 and spent + per_request > 100 >= spent
     with pytest.raises(openai.RateLimitError):
         complete(replicas[served % 2 - 1], "daily")  # the other replica refuses too
-    rows = [r for r in replicas[0].usage_rows("daily") if r.status == 200]
-    assert sum(r.cost_micros for r in rows) == spent  # the rows hold what was counted
+    rows = replicas[0].usage_rows("daily")
+    assert sum(r.cost_micros for r in rows if r.status == 200) == spent  # the rows hold what was counted
+    assert [r.cost_micros for r in rows if r.status == 429] == [0, 0]  # a refusal cost nothing
     wall.set("2026-03-31T00:00:01")  # a new day: a new budget
     assert complete(replicas[1], "daily").usage.total_tokens == per_request
 

@@ -86,9 +86,12 @@ class Call:
 
     @property
     def cost_micros(self) -> int | None:
-        """What it cost at the price captured at prepare (None: its alias had no price)."""
+        """What it cost at the price captured at prepare (None: its alias had no price); 0 when
+        it never reached an engine (refused, or it left while queued): nothing was computed."""
         if self.price is None:
             return None
+        if self.dispatched_at is None:
+            return 0
         return self.price.cost(self.prompt_tokens, self.completion_tokens)
 
     def fail(self, status: int, code: str | None) -> None:
