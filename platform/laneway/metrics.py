@@ -122,6 +122,13 @@ class GatewayMetrics:
             ("lane", "model", "reason"),
             registry=self.registry,
         )
+        self.budget_alerts = Counter(
+            "laneway_budget_alerts_total",
+            "Money budgets whose spend passed the soft threshold (LANEWAY_BUDGET_ALERT_SHARE), once per "
+            "budget and period: owner tenant or key, period day or month.",
+            ("owner", "period"),
+            registry=self.registry,
+        )
         self._children: dict[tuple[str, ...], _Bound] = {}
         self._statuses: dict[tuple[tuple[str, ...], int], Any] = {}
         self._refusals: dict[tuple[str, int, str, str, str], Any] = {}

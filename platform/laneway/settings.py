@@ -47,6 +47,15 @@ class Settings:
     # Rows kept in memory while the database is unreachable (the oldest are dropped beyond,
     # and counted); what is left at shutdown is spooled to data_dir and written next start.
     usage_max_pending: int = 100_000
+    # The currency model prices (per 1M tokens) and request costs are in (core/prices.py): a
+    # label, shown beside the figures; nothing is converted.
+    currency: str = "USD"
+    # A money budget whose spend passes this share of it (0 < x <= 1; 0: off) counts in
+    # laneway_budget_alerts_total and logs one line, once per budget and period, and is POSTed
+    # as JSON (tenant, period, spend) to the webhook URL when one is set, with this timeout.
+    budget_alert_share: float = 0.8
+    budget_alert_webhook_url: str | None = None
+    budget_alert_timeout_s: float = 5.0
     # Caps a request that names no max_tokens (also capped by the model's context left).
     default_max_tokens: int = 512
     # Rate-limit buckets shared by replicas live in Redis when set (redis://host:6379/0);

@@ -227,12 +227,24 @@ class TenantSnapshot:
     # Token quotas over calendar periods in UTC (core/quota.py); None: no quota.
     tokens_per_day: int | None = None
     tokens_per_month: int | None = None
+    # Money budgets in micro-units of the currency per UTC day and month (core/budgets.py),
+    # the tenant's and its API key's own; None: none.
+    budget_per_day: int | None = None
+    budget_per_month: int | None = None
+    key_budget_per_day: int | None = None
+    key_budget_per_month: int | None = None
     # The API key's own limits, enforced in addition to the tenant's (each with its own bucket):
     # a key can only narrow what its tenant may do. None: only the tenant's limit applies.
     key_rpm: int | None = None
     key_tpm: int | None = None
     key_max_concurrency: int | None = None
     key_allowed_models: frozenset[str] | None = None  # None: every model the tenant may use
+
+    @property
+    def budgeted(self) -> bool:
+        """A money budget applies to its requests (the tenant's or the key's)."""
+        return bool(self.budget_per_day or self.budget_per_month or self.key_budget_per_day
+                    or self.key_budget_per_month)  # fmt: skip
 
     @property
     def key_limited(self) -> bool:

@@ -52,7 +52,7 @@ async def test_key_rows_are_typed_as_the_orm_types_them(db_engine: AsyncEngine) 
     sessions = make_sessionmaker(db_engine)
     async with sessions() as s, s.begin():
         await TenantRepository(s).create("typed", weight=2.5, allowed_models=["a", "b"], allowed_lanes=["x"],
-                                         tokens_per_day=10**12, disabled=True)  # fmt: skip
+                                         tokens_per_day=10**12, disabled=True, budget_per_month=5 * 10**12)  # fmt: skip
     expires = datetime.now(UTC) + timedelta(days=1)
     key_id, secret = await issue_key(sessions, "typed", expires_at=expires)
     async with sessions() as s, s.begin():
@@ -63,12 +63,14 @@ async def test_key_rows_are_typed_as_the_orm_types_them(db_engine: AsyncEngine) 
                key.allowed_models, key.tenant.id, key.tenant.name, key.tenant.weight, key.tenant.rpm, key.tenant.tpm,
                key.tenant.max_concurrency, key.tenant.allowed_models, key.tenant.allowed_lanes,
                key.tenant.priority_floor, key.tenant.tokens_per_day, key.tenant.tokens_per_month,
-               key.tenant.disabled)  # fmt: skip
+               key.tenant.disabled, key.tenant.budget_per_day, key.tenant.budget_per_month, key.budget_per_day,
+               key.budget_per_month)  # fmt: skip
     rows = await KeyRows(db_engine)([hash_secret(secret), hash_secret("lw-nobody")])
     assert rows == [orm]
     [row] = rows
     assert isinstance(row[2], datetime) and isinstance(row[3], datetime) and row[7] is None
     assert row[14] == ["a", "b"] and row[15] == ["x"] and row[19] is True and row[10] == 2.5
+    assert row[21] == 5 * 10**12  # BIGINT micro-units
 
 
 @pytest.mark.parametrize("header", [None, "", "Basic abc", "Bearer ", "Bearer lw-nope"])

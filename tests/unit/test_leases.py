@@ -27,12 +27,14 @@ TENANT = TenantSnapshot(id=1, name="acme", api_key_id=11, max_concurrency=100)
 class SlowMemoryLimiter(MemoryRateLimiter):
     """The memory limiter behind a network-like await, so reserve() can be cancelled mid-way."""
 
-    def reserve_at_once(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation | None:
+    def reserve_at_once(
+        self, tenant: TenantSnapshot, tokens: int, request_id: str, cost: int = 0
+    ) -> Reservation | None:
         return None  # never decided without the network
 
-    async def reserve(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
+    async def reserve(self, tenant: TenantSnapshot, tokens: int, request_id: str, cost: int = 0) -> Reservation:
         await asyncio.sleep(0)
-        reservation = self.reserve_now(tenant, tokens, request_id)
+        reservation = self.reserve_now(tenant, tokens, request_id, cost)
         await asyncio.sleep(0)  # the answer is "on the wire" when the caller is cancelled
         return reservation
 

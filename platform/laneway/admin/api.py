@@ -23,7 +23,7 @@ from msgspec import Meta, Struct
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from laneway.admin import deployments, fallbacks, keys, policies, replicas, tenants
+from laneway.admin import deployments, fallbacks, keys, policies, prices, replicas, tenants
 from laneway.admin.dependencies import Limiter
 from laneway.admin.guards import PUBLIC, SESSION_COOKIE, AdminRequest
 from laneway.admin.keys import KEY_FIELDS, KeyIn
@@ -270,6 +270,19 @@ class AdminAPI(Controller):
         in order; [] removes them. An unknown alias, one listed twice or a loop: 400."""
         data = _decode(await request.body(), fallbacks.FallbacksIn)
         return await fallbacks.set_fallbacks(admin_service, request.user.username, alias, data)
+
+    @get("/models/{alias:str}/price", security=ADMIN_SESSION)
+    async def model_price(self, admin_service: NamedDependency[AdminService], alias: FromPath[str]) -> dict[str, Any]:
+        return await prices.get_price(admin_service, alias)
+
+    @put("/models/{alias:str}/price", security=ADMIN_CHANGE)
+    async def put_model_price(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], alias: FromPath[str]
+    ) -> dict[str, Any]:
+        """{"input": "0.15", "output": "0.60", "cached_input": "0.075"} per 1M tokens in the
+        currency (LANEWAY_CURRENCY); input and output null: not priced. Applies to the next request."""
+        data = _decode(await request.body(), prices.PriceIn)
+        return await prices.set_price(admin_service, request.user.username, alias, data)
 
     @get("/audit", security=ADMIN_SESSION)
     async def audit(self, request: AdminRequest, admin_service: NamedDependency[AdminService]) -> list[dict[str, Any]]:

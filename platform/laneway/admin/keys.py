@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from laneway.admin.limits import KEY_LIMIT_FIELDS, KeyLimitsIn, KeyModels, check_key_limits
 from laneway.admin.service import AdminService, get_or_404, row
-from laneway.admin.validation import ExpiresDays, KeyName, Positive
+from laneway.admin.validation import ExpiresDays, KeyName, MoneyBudget, Positive
 from laneway.core.auth import new_api_key
 from laneway.db.models import ApiKey, Tenant
 from laneway.db.repositories import AuditRepository, TenantRepository
@@ -29,6 +29,8 @@ class KeyIn(Struct, forbid_unknown_fields=True):
     tpm: Positive | None = None
     max_concurrency: Positive | None = None
     allowed_models: KeyModels | None = None
+    budget_per_day: MoneyBudget | None = None  # micro-units of the currency
+    budget_per_month: MoneyBudget | None = None
 
 
 async def issue_key(

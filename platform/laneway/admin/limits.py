@@ -11,7 +11,7 @@ from msgspec import Meta, Struct
 from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from laneway.admin.validation import ModelAlias, Positive
+from laneway.admin.validation import ModelAlias, MoneyBudget, Positive
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.core.quota import PERIOD_KINDS, period, rfc3339
@@ -19,7 +19,7 @@ from laneway.core.ratelimit import RateLimiter
 from laneway.db.models import Tenant
 from laneway.db.repositories import UsageRepository
 
-KEY_LIMIT_FIELDS = ("rpm", "tpm", "max_concurrency", "allowed_models")
+KEY_LIMIT_FIELDS = ("rpm", "tpm", "max_concurrency", "allowed_models", "budget_per_day", "budget_per_month")
 KeyModels = Annotated[list[ModelAlias], Meta(max_length=1000)]
 
 
@@ -30,6 +30,9 @@ class KeyLimitsIn(Struct, omit_defaults=True, forbid_unknown_fields=True):
     tpm: Positive | None = None
     max_concurrency: Positive | None = None
     allowed_models: KeyModels | None = None
+    # The key's own money budgets (micro-units), in addition to its tenant's.
+    budget_per_day: MoneyBudget | None = None
+    budget_per_month: MoneyBudget | None = None
 
 
 _LIMIT_WORDS = {"rpm": "RPM", "tpm": "TPM", "max_concurrency": "max concurrency"}

@@ -1,7 +1,7 @@
 """The admin Models page: every deployment and its state (starting, warm, failed, draining),
 the way to a new alias (its first replica is added on the alias page, admin/replica_pages.py,
-through its engine's typed form), and each alias's fallbacks (an ordered, comma-separated list
-of aliases)."""
+through its engine's typed form), each alias's fallbacks (an ordered, comma-separated list
+of aliases) and its price per 1M tokens (admin/prices.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from litestar import Controller, get, post
 from litestar.di import NamedDependency
 from litestar.response import Template
 
-from laneway.admin import fallbacks
+from laneway.admin import fallbacks, prices
 from laneway.admin.dependencies import Registry, Routing, RoutingFigures
 from laneway.admin.fallbacks import FallbacksIn, split_aliases
 from laneway.admin.forms import form_of
@@ -44,6 +44,7 @@ class ModelPages(Controller):
         async with svc.sessions() as session:
             specs = await ModelRepository(session).enabled_deployments()
             graph = await ModelRepository(session).fallback_graph()
+            priced = await ModelRepository(session).prices()
         live = {d.spec.name: d for d in registry.deployments()}
         figures_now = figures()
         deployments = [
@@ -60,7 +61,8 @@ class ModelPages(Controller):
             sequences[cap.deployment] = cap.sequences
         extra = {"lane_caps": capped, "sequences": sequences, **extra}
         context = {"admin": current.username, "csrf": current.csrf, "deployments": deployments,
-                   "engine_kinds": sorted(ENGINE_KINDS), "fallbacks": graph, **extra}  # fmt: skip
+                   "engine_kinds": sorted(ENGINE_KINDS), "fallbacks": graph, "currency": svc.currency,
+                   "prices": {a: prices.shown(svc, a, p) for a, p in priced.items()}, **extra}  # fmt: skip
         return Template("models.html", context=context, status_code=status or (400 if extra.get("error") else 200))
 
     @get("/models")
@@ -94,3 +96,25 @@ class ModelPages(Controller):
         return await self._models_page(
             admin_service, registry, routing_figures, current, notice=f"{alias} falls back to {listed}."
         )
+
+    @post("/models/price")
+    async def save_price(
+        self,
+        request: AdminRequest,
+        admin_service: NamedDependency[AdminService],
+        registry: Registry,
+        routing_figures: Routing,
+    ) -> Page:
+        """Empty input and output: the alias is no longer priced."""
+        current, form = request.user, await form_of(request)
+        alias = form.get("alias", "").strip()
+        typed = {name: form.get(f"price_{name}", "").strip() for name in prices.FIELDS}
+        try:
+            data = convert({k: v or None for k, v in typed.items()}, prices.PriceIn)
+            result = await prices.set_price(admin_service, current.username, alias, data)
+        except GatewayError as exc:  # shown on the page; nothing was changed
+            return await self._models_page(admin_service, registry, routing_figures, current, error=exc.message,
+                                           status=exc.status, typed_price_alias=alias, typed_price=typed)  # fmt: skip
+        said = (f"{alias} costs {result['input']} in, {result['output']} out per 1M tokens ({result['currency']})."
+                if result["priced"] else f"{alias} has no price.")  # fmt: skip
+        return await self._models_page(admin_service, registry, routing_figures, current, notice=said)

@@ -32,15 +32,16 @@ class AdminService:
     authenticator: KeyAuthenticator | None = None
     policies: PolicyStore | None = None
     registry: EngineRegistry | None = None
+    currency: str = "USD"  # LANEWAY_CURRENCY: the unit prices and costs are shown in
 
     @classmethod
-    def not_serving(cls, engine: AsyncEngine) -> AdminService:
+    def not_serving(cls, engine: AsyncEngine, currency: str = "USD") -> AdminService:
         """For a process that serves nothing (the CLI): the database and the NOTIFY only."""
 
         async def nothing_to_apply() -> None:  # it never listens, so never applies
             pass
 
-        return cls(make_sessionmaker(engine), ConfigChanges(engine, nothing_to_apply))
+        return cls(make_sessionmaker(engine), ConfigChanges(engine, nothing_to_apply), currency=currency)
 
     def drop_cached_keys(self) -> None:
         if self.authenticator is not None:

@@ -10,14 +10,15 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from laneway.admin.service import AdminService, cannot_clear, get_or_404, row
-from laneway.admin.validation import LaneName, ModelAlias, Positive, TenantName, TokenQuota
+from laneway.admin.validation import LaneName, ModelAlias, MoneyBudget, Positive, TenantName, TokenQuota
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.db.models import Tenant
 from laneway.db.repositories import AuditRepository
 
 TENANT_FIELDS = ("id", "name", "weight", "rpm", "tpm", "max_concurrency", "allowed_models", "allowed_lanes",
-                 "priority_floor", "tokens_per_day", "tokens_per_month", "disabled")  # fmt: skip
+                 "priority_floor", "tokens_per_day", "tokens_per_month", "budget_per_day", "budget_per_month",
+                 "disabled")  # fmt: skip
 PRIORITY_FLOOR_RANGE = (-1000, 1000)
 
 
@@ -35,6 +36,9 @@ class TenantIn(Struct, omit_defaults=True, forbid_unknown_fields=True):
     # Tokens (prompt + completion) per UTC day / calendar month; null: no quota.
     tokens_per_day: TokenQuota | None = None
     tokens_per_month: TokenQuota | None = None
+    # Money budgets per UTC day / calendar month, in micro-units of the currency; null: none.
+    budget_per_day: MoneyBudget | None = None
+    budget_per_month: MoneyBudget | None = None
     disabled: bool | None = None
 
 

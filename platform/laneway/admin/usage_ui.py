@@ -28,6 +28,7 @@ from laneway.admin.service import AdminService
 from laneway.admin.ui import to_login
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
+from laneway.core.prices import from_micros
 from laneway.db.models import Tenant
 from laneway.db.usage_stats import (
     DEFAULT_PERIOD,
@@ -134,6 +135,7 @@ class UsagePages(Controller):
             "start": iso_utc(summary.start),
             "end": iso_utc(summary.end),
             "refresh_s": REFRESH_S,
+            "money": lambda micros: f"{from_micros(micros)} {svc.currency}",
         }
 
     @get("/{tenant_id:int}/usage")

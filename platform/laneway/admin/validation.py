@@ -39,6 +39,10 @@ Int32 = Annotated[int, Meta(ge=-INT32_MAX, le=INT32_MAX)]
 # Quotas are BIGINT columns, and Redis's Lua counts in doubles: exact well past this.
 MAX_TOKEN_QUOTA = 10**15
 TokenQuota = Annotated[int, Meta(ge=1, le=MAX_TOKEN_QUOTA)]
+# A money budget in micro-units of the currency (core/budgets.py): up to 10**15 micro-units
+# (a billion), within what Redis's Lua numbers hold exactly.
+MAX_BUDGET_MICROS = 10**15
+MoneyBudget = Annotated[int, Meta(ge=1, le=MAX_BUDGET_MICROS)]
 MAX_EXPIRES_DAYS = 36_500  # 100 years; beyond, the expiry date overflows
 ExpiresDays = Annotated[float, Meta(gt=0, le=MAX_EXPIRES_DAYS)]
 

@@ -46,10 +46,26 @@ TENANT_LIMITS = {"rpm": "rpm", "tpm": "tpm", "max_concurrency": "max_concurrency
                   "monthly_tokens": "tokens_per_month"}  # fmt: skip
 # Key flags -> KeyIn / KeyLimitsIn fields (key issue and key set).
 KEY_LIMITS = {"rpm": "rpm", "tpm": "tpm", "max_concurrency": "max_concurrency"}
+# Money budgets, given in the currency ("5.00") and sent as micro-units (core/prices.py).
+MONEY = {"daily_budget": "budget_per_day", "monthly_budget": "budget_per_month"}
+
+
+def money_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """A figure that is not an amount is kept as typed: the API's check refuses it in its words."""
+    from laneway.core.prices import to_micros
+
+    out = limit_flags(args, MONEY)
+    for field, value in out.items():
+        if value is not None:
+            try:
+                out[field] = to_micros(value)
+            except ValueError:
+                pass
+    return out
 
 
 def tenant_fields(args: argparse.Namespace) -> dict[str, Any]:
-    fields = limit_flags(args, TENANT_LIMITS)
+    fields = {**limit_flags(args, TENANT_LIMITS), **money_flags(args)}
     if args.models is not None:
         fields["allowed_models"] = list_flag(args.models, _EVERY_MODEL)
     if args.lanes is not None:
@@ -68,7 +84,7 @@ def tenant_changes(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def key_fields(args: argparse.Namespace) -> dict[str, Any]:
-    fields = limit_flags(args, KEY_LIMITS)
+    fields = {**limit_flags(args, KEY_LIMITS), **money_flags(args)}
     if args.models is not None:
         fields["allowed_models"] = list_flag(args.models, _EVERY_MODEL)
     return fields

@@ -144,6 +144,23 @@ async def model_fallbacks(svc: AdminService, actor: str, args: argparse.Namespac
     print(f"model {args.alias} falls back to {', '.join(result['fallbacks']) or 'nothing'}")
 
 
+async def model_price(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
+    """The figures given replace the price's (the others stay); none given: prints it."""
+    from laneway.admin import prices
+
+    given = {"input": args.input, "output": args.output, "cached_input": args.cached_input}
+    result = await prices.get_price(svc, args.alias)
+    if any(v is not None for v in given.values()):
+        figures = {k: result[k] if v is None else None if v.lower() == "none" else v for k, v in given.items()}
+        result = await prices.set_price(svc, actor, args.alias, valid(figures, prices.PriceIn))
+    if not result["priced"]:
+        print(f"model {args.alias} has no price")
+        return
+    cached = result["cached_input"] if result["cached_input"] is not None else result["input"]
+    print(f"model {args.alias} costs {result['input']} in, {result['output']} out, {cached} cached in "
+          f"({result['currency']} per 1M tokens)")  # fmt: skip
+
+
 async def admin_create(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
     import getpass
     import os

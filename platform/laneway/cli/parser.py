@@ -11,6 +11,7 @@ from laneway.cli.manage import (
     key_revoke,
     key_set,
     model_fallbacks,
+    model_price,
     model_replica_add,
     model_replica_list,
     model_replica_remove,
@@ -34,6 +35,8 @@ def _tenant_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--max-concurrency", metavar="N", help="requests in flight at once ('none': no limit)")
     s.add_argument("--daily-tokens", metavar="N", help="token quota per UTC day ('none': no quota)")
     s.add_argument("--monthly-tokens", metavar="N", help="token quota per calendar month in UTC ('none': no quota)")
+    s.add_argument("--daily-budget", metavar="X", help="money budget per UTC day in LANEWAY_CURRENCY ('none': none)")
+    s.add_argument("--monthly-budget", metavar="X", help="money budget per calendar month ('none': none)")
     s.add_argument("--models", help="comma-separated aliases this tenant may use ('all', the default: every one)")
     s.add_argument("--lanes", help="comma-separated lanes it may pick with X-Laneway-Lane ('none', the default)")
     s.add_argument(
@@ -46,6 +49,8 @@ def _key_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--rpm", metavar="N", help="the key's requests per minute ('none': the tenant's)")
     s.add_argument("--tpm", metavar="N", help="the key's tokens per minute ('none': the tenant's)")
     s.add_argument("--max-concurrency", metavar="N", help="the key's requests in flight ('none': the tenant's)")
+    s.add_argument("--daily-budget", metavar="X", help="the key's own money budget per UTC day ('none': none)")
+    s.add_argument("--monthly-budget", metavar="X", help="the key's own money budget per calendar month")
     s.add_argument("--models", help="comma-separated aliases the key may use ('all': every one its tenant may)")
 
 
@@ -150,4 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("alias")
     s.add_argument("fallbacks", help="comma-separated aliases, tried in order ('none': no fallbacks)")
     s.set_defaults(fn=with_service(model_fallbacks))
+    s = model.add_parser("price", help="set or show an alias's price per 1M tokens")
+    s.add_argument("alias")
+    s.add_argument("--input", help="per 1M prompt tokens, e.g. 0.15 ('none' with --output none: not priced)")
+    s.add_argument("--output", help="per 1M completion tokens")
+    s.add_argument("--cached-input", help="per 1M prompt tokens served from a prefix cache (default: the input price)")
+    s.set_defaults(fn=with_service(model_price))
     return ap

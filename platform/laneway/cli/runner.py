@@ -60,7 +60,7 @@ def with_service(fn: Callable[..., Awaitable[Any]]) -> Callable[[Settings, argpa
             engine = make_engine(settings.resolved_database_url)
             try:
                 await migrate.upgrade(engine)
-                return await fn(AdminService.not_serving(engine), _actor(), args)
+                return await fn(AdminService.not_serving(engine, settings.currency), _actor(), args)
             except GatewayError as exc:
                 print(f"laneway: {exc.message}", file=sys.stderr)
                 raise SystemExit(1) from None

@@ -49,6 +49,7 @@ class ErrorCode(StrEnum):
     REQUEST_TOO_LARGE = "request_too_large"
     CONCURRENCY_LIMIT_EXCEEDED = "concurrency_limit_exceeded"
     QUOTA_EXCEEDED = "quota_exceeded"
+    BUDGET_EXCEEDED = "budget_exceeded"
     TOO_MANY_LOGIN_ATTEMPTS = "too_many_login_attempts"
     LOGIN_BUSY = "login_busy"
     # Admission (503): the deployment is busy; retry after Retry-After.
@@ -106,6 +107,7 @@ _INFO: dict[ErrorCode, CodeInfo] = {
     C.REQUEST_TOO_LARGE: CodeInfo(429, _LIMIT, "rate_limit", False),
     C.CONCURRENCY_LIMIT_EXCEEDED: CodeInfo(429, _LIMIT, "concurrency", True),
     C.QUOTA_EXCEEDED: CodeInfo(429, _LIMIT, "quota", True),
+    C.BUDGET_EXCEEDED: CodeInfo(429, _LIMIT, "budget", True),
     C.TOO_MANY_LOGIN_ATTEMPTS: CodeInfo(429, _LIMIT, None, True),
     C.LOGIN_BUSY: CodeInfo(429, _LIMIT, None, True),
     C.QUEUE_FULL: CodeInfo(503, _UNAVAILABLE, "queue_full", True),

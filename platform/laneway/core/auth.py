@@ -304,7 +304,8 @@ def _outcome(row: tuple[object, ...] | None) -> TenantSnapshot | GatewayError:
     if row is None:
         return _unauthorized("Incorrect API key provided.")
     (_, key_id, revoked_at, expires_at, key_rpm, key_tpm, key_conc, key_models,
-     tenant_id, name, weight, rpm, tpm, conc, models, lanes, floor, per_day, per_month, disabled) = row  # fmt: skip
+     tenant_id, name, weight, rpm, tpm, conc, models, lanes, floor, per_day, per_month, disabled,
+     budget_day, budget_month, key_budget_day, key_budget_month) = row  # fmt: skip
     if revoked_at is not None:
         return _unauthorized("This API key has been revoked.")
     if isinstance(expires_at, datetime) and as_utc(expires_at) <= datetime.now(UTC):
@@ -324,6 +325,10 @@ def _outcome(row: tuple[object, ...] | None) -> TenantSnapshot | GatewayError:
         priority_floor=cast(int, floor),
         tokens_per_day=cast("int | None", per_day),
         tokens_per_month=cast("int | None", per_month),
+        budget_per_day=cast("int | None", budget_day),
+        budget_per_month=cast("int | None", budget_month),
+        key_budget_per_day=cast("int | None", key_budget_day),
+        key_budget_per_month=cast("int | None", key_budget_month),
         key_rpm=cast("int | None", key_rpm),
         key_tpm=cast("int | None", key_tpm),
         key_max_concurrency=cast("int | None", key_conc),

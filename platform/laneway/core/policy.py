@@ -1,5 +1,5 @@
-"""Policies as data: an immutable snapshot of lanes, task policies and fallback aliases,
-swapped atomically.
+"""Policies as data: an immutable snapshot of lanes, task policies, fallback aliases and
+prices, swapped atomically.
 
 The hot path reads `PolicyStore.current` (no database round trip); `reload()` builds a new
 snapshot from the database and replaces the reference in one assignment, so a request sees
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from laneway.core.dependencies import DependencyHealth, database_unreachable
+from laneway.core.prices import Price
 from laneway.db.repositories import ModelRepository, PolicyRepository
 
 log = logging.getLogger("laneway.policy")
@@ -74,6 +75,12 @@ class PolicySnapshot:
     version: int = 0
     # alias -> the aliases that serve its requests when it cannot, in order (models.fallbacks).
     fallback_lists: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # alias -> its price (models.price_*); an alias without one is not priced (no cost).
+    prices: dict[str, Price] = field(default_factory=dict)
+
+    def price(self, alias: str) -> Price | None:
+        """The price in force now for `alias`, None when it has none."""
+        return self.prices.get(alias)
 
     def fallbacks(self, alias: str) -> tuple[str, ...]:
         """The fallback aliases of `alias`, in the order to try them; () when it has none.
@@ -136,14 +143,20 @@ class PolicyStore:
                 )
                 for t in await repo.task_policies()
             }
-            graph = await ModelRepository(session).fallback_graph()
+            models = ModelRepository(session)
+            graph = await models.fallback_graph()
+            priced = await models.prices()
         fallbacks = {alias: tuple(listed) for alias, listed in graph.items() if listed}
-        snapshot = PolicySnapshot(lanes=lanes, tasks=tasks, version=self.current.version + 1, fallback_lists=fallbacks)
+        prices = {alias: Price(*figures) for alias, figures in priced.items()}
+        snapshot = PolicySnapshot(lanes=lanes, tasks=tasks, version=self.current.version + 1, fallback_lists=fallbacks,
+                                  prices=prices)  # fmt: skip
         now = self.current
-        if (snapshot.lanes, snapshot.tasks, snapshot.fallback_lists) != (now.lanes, now.tasks, now.fallback_lists):
+        if (snapshot.lanes, snapshot.tasks, snapshot.fallback_lists, snapshot.prices) != (
+            now.lanes, now.tasks, now.fallback_lists, now.prices
+        ):  # fmt: skip
             self.current = snapshot  # one reference swap: atomic for every reader
-            log.info("policies reloaded: lanes=%s tasks=%s fallbacks=%s", [x.name for x in lanes], sorted(tasks),
-                     fallbacks)  # fmt: skip
+            log.info("policies reloaded: lanes=%s tasks=%s fallbacks=%s prices=%s", [x.name for x in lanes],
+                     sorted(tasks), fallbacks, sorted(prices))  # fmt: skip
         return self.current
 
     async def start_polling(self, interval_s: float, health: DependencyHealth | None = None) -> None:

@@ -34,6 +34,10 @@ class Tenant(Base):
     # BIGINT: a large tenant's month is past 2**31 tokens.
     tokens_per_day: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     tokens_per_month: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # Money budgets per UTC day and calendar month, in micro-units of LANEWAY_CURRENCY
+    # (core/budgets.py); None: none.
+    budget_per_day: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    budget_per_month: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     disabled: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     keys: Mapped[list[ApiKey]] = relationship(back_populates="tenant", cascade="all, delete-orphan")
@@ -55,6 +59,9 @@ class ApiKey(Base):
     tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_concurrency: Mapped[int | None] = mapped_column(Integer, nullable=True)
     allowed_models: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)  # None: the tenant's
+    # The key's own money budgets (micro-units), in addition to its tenant's; None: none.
+    budget_per_day: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    budget_per_month: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     tenant: Mapped[Tenant] = relationship(back_populates="keys")
 
 
@@ -69,6 +76,12 @@ class Model(Base):
     # Aliases that serve this one's requests, in order, when it cannot (admin/fallbacks.py
     # refuses an unknown alias and a loop at save); empty: none.
     fallbacks: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
+    # Its price, in micro-units of LANEWAY_CURRENCY per 1M tokens (core/prices.py: integers,
+    # exact on every database); input and output both None: not priced. Cached input None:
+    # the input price.
+    price_input: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    price_output: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    price_cached_input: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     deployments: Mapped[list[Deployment]] = relationship(back_populates="model", cascade="all, delete-orphan")
 
@@ -150,6 +163,9 @@ class UsageRecord(Base):
     served_model: Mapped[str | None] = mapped_column(String(200), nullable=True)  # a fallback alias that served it
     # The early stop that ended its decoding (repetition, json_complete), if one did.
     early_stop: Mapped[str | None] = mapped_column(String(20), nullable=True)
+    # What it cost, in micro-units of LANEWAY_CURRENCY, at the price in force when it was
+    # admitted (core/prices.py); None when its model had no price.
+    cost_micros: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
     # A tenant's rows by time (the usage page, the CSV export in (created_at, id) order); on
     # PostgreSQL the aggregated columns ride along, for an index-only scan (migration 0005).

@@ -88,7 +88,9 @@ class KeyRows:
     COLUMNS = (ApiKey.secret_sha256, ApiKey.id, ApiKey.revoked_at, ApiKey.expires_at, ApiKey.rpm, ApiKey.tpm,
                ApiKey.max_concurrency, ApiKey.allowed_models, Tenant.id, Tenant.name, Tenant.weight, Tenant.rpm,
                Tenant.tpm, Tenant.max_concurrency, Tenant.allowed_models, Tenant.allowed_lanes,
-               Tenant.priority_floor, Tenant.tokens_per_day, Tenant.tokens_per_month, Tenant.disabled)  # fmt: skip
+               Tenant.priority_floor, Tenant.tokens_per_day, Tenant.tokens_per_month, Tenant.disabled,
+               Tenant.budget_per_day, Tenant.budget_per_month, ApiKey.budget_per_day,
+               ApiKey.budget_per_month)  # fmt: skip
     BATCH = 500  # keys a query
 
     def __init__(self, engine: AsyncEngine) -> None:
@@ -162,6 +164,19 @@ class ModelRepository:
 
     async def set_fallbacks(self, alias: str, fallbacks: Sequence[str]) -> None:
         await self.session.execute(update(Model).where(Model.alias == alias).values(fallbacks=list(fallbacks)))
+
+    async def prices(self) -> dict[str, tuple[int, int, int | None]]:
+        """alias -> (input, output, cached input) in micro-units per 1M tokens, for the priced aliases."""
+        stmt = select(Model.alias, Model.price_input, Model.price_output, Model.price_cached_input).where(
+            Model.price_input.is_not(None), Model.price_output.is_not(None)
+        )
+        rows = (await self.session.execute(stmt)).all()
+        return {alias: (i, o, c) for alias, i, o, c in rows if i is not None and o is not None}
+
+    async def set_price(self, alias: str, price: tuple[int | None, int | None, int | None]) -> None:
+        i, o, c = price
+        stmt = update(Model).where(Model.alias == alias)
+        await self.session.execute(stmt.values(price_input=i, price_output=o, price_cached_input=c))
 
     async def dedicated_to(self, lane: str) -> list[tuple[str, str]]:
         """(alias, deployment) of every deployment row, enabled or not, whose config lists `lane`
@@ -264,6 +279,27 @@ class UsageRepository:
             stmt = stmt.where(UsageRecord.tenant_id == tenant_id)
         rows = await self.session.execute(stmt.group_by(UsageRecord.tenant_id))
         return {int(t): int(n or 0) for t, n in rows.all() if t is not None}
+
+    async def cost_since(
+        self,
+        since: datetime,
+        tenant_id: int | None = None,
+        *,
+        key_id: int | None = None,
+        before: datetime | None = None,
+    ) -> dict[tuple[int, int | None], int]:
+        """Cost (micro-units) per (tenant, API key) in rows created at or after `since` (and
+        before `before`), optionally of one tenant or key: the money budgets' counters."""
+        by = (UsageRecord.tenant_id, UsageRecord.api_key_id)
+        stmt = select(*by, func.sum(UsageRecord.cost_micros)).where(UsageRecord.created_at >= since)
+        if before is not None:
+            stmt = stmt.where(UsageRecord.created_at < before)
+        if tenant_id is not None:
+            stmt = stmt.where(UsageRecord.tenant_id == tenant_id)
+        if key_id is not None:
+            stmt = stmt.where(UsageRecord.api_key_id == key_id)
+        rows = await self.session.execute(stmt.group_by(*by))
+        return {(int(t), k): int(n or 0) for t, k, n in rows.all() if t is not None}
 
     async def for_tenant(self, tenant_id: int) -> list[UsageRecord]:
         stmt = select(UsageRecord).where(UsageRecord.tenant_id == tenant_id).order_by(UsageRecord.id)

@@ -59,6 +59,7 @@ class Figures:
     errors: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cost_micros: int = 0  # spend, in micro-units of the currency (rows without a price count 0)
     ttft_n: int = 0
     ttft: dict[float, float | None] = field(default_factory=lambda: dict.fromkeys(QUANTILES))
 
@@ -77,6 +78,16 @@ class ErrorCount:
 
 
 @dataclass(frozen=True)
+class Spend:
+    """Requests, tokens and spend (micro-units) of one key or one model over the period."""
+
+    name: str
+    requests: int
+    tokens: int
+    cost_micros: int
+
+
+@dataclass(frozen=True)
 class UsageSummary:
     period: Period
     start: datetime
@@ -84,6 +95,8 @@ class UsageSummary:
     buckets: list[Bucket]
     totals: Figures
     errors: list[ErrorCount]
+    by_key: list[Spend] = field(default_factory=list)  # most spent first
+    by_model: list[Spend] = field(default_factory=list)
 
 
 def as_utc(value: datetime) -> datetime:
@@ -143,16 +156,18 @@ class UsageStatsRepository:
                 func.coalesce(func.sum(case((failed, 1), else_=0)), 0),
                 func.coalesce(func.sum(UsageRecord.prompt_tokens), 0),
                 func.coalesce(func.sum(UsageRecord.completion_tokens), 0),
+                func.coalesce(func.sum(UsageRecord.cost_micros), 0),
             )
             .where(in_range)
             .group_by(bucket)
         )
-        for b, requests, errors, prompt, completion in (await self.session.execute(counts)).all():
+        for b, requests, errors, prompt, completion, cost in (await self.session.execute(counts)).all():
             for target in (buckets[_clamp(b, period.buckets)], totals):
                 target.requests += int(requests)
                 target.errors += int(errors)
                 target.prompt_tokens += int(prompt)
                 target.completion_tokens += int(completion)
+                target.cost_micros += int(cost)
 
         by_code = (
             select(UsageRecord.status, UsageRecord.error_code, func.count().label("n"))
@@ -175,7 +190,17 @@ class UsageStatsRepository:
             buckets=[Bucket(start + i * period.width, f) for i, f in enumerate(buckets)],
             totals=totals,
             errors=errors,
+            by_key=await self._spend(in_range, UsageRecord.api_key_id),
+            by_model=await self._spend(in_range, UsageRecord.model),
         )
+
+    async def _spend(self, in_range: ColumnElement[bool], by: Any) -> list[Spend]:
+        """Spend grouped by a column (the key, the model asked for), most spent first."""
+        cost = func.coalesce(func.sum(UsageRecord.cost_micros), 0)
+        tokens = func.coalesce(func.sum(UsageRecord.prompt_tokens + UsageRecord.completion_tokens), 0)
+        stmt = select(by, func.count(), tokens, cost).where(in_range).group_by(by).order_by(cost.desc(), by)
+        rows = (await self.session.execute(stmt)).all()
+        return [Spend("-" if name is None else str(name), int(n), int(t), int(c)) for name, n, t, c in rows]
 
     async def _percentiles_pg(
         self, timed: ColumnElement[bool], bucket: Any, buckets: list[Figures], totals: Figures, n_buckets: int
@@ -243,6 +268,7 @@ class UsageStatsRepository:
 EXPORT_COLUMNS = (
     "id", "created_at", "request_id", "api_key_id", "model", "deployment", "lane", "endpoint", "end_user", "stream",
     "status", "finish_reason", "error_code", "prompt_tokens", "completion_tokens", "queue_ms", "ttft_ms", "total_ms",
+    "cost_micros",
 )  # fmt: skip
 
 

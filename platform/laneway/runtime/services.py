@@ -55,6 +55,7 @@ from laneway.runtime.readings import runtime_readings
 from laneway.runtime.route_preview import RoutePlanner as Planner
 from laneway.settings import Settings
 from laneway.usage import UsageRecorder
+from laneway.usage.budget_alerts import BudgetAlerts
 
 if TYPE_CHECKING:
     from laneway.tracing.otel import Tracing
@@ -174,6 +175,12 @@ class Runtime:
         self.limiter = limiter = self._rate_limiter(hub)
         steps.started_step("rate limiter", limiter.close)
         await limiter.load_used(sessions)  # quotas count from the usage rows (Redis: a lost counter's)
+        alerts = BudgetAlerts(self.metrics.budget_alerts, share=settings.budget_alert_share,
+                              currency=settings.currency, webhook_url=settings.budget_alert_webhook_url,
+                              timeout_s=settings.budget_alert_timeout_s)  # fmt: skip
+        steps.started_step("budget alerts", alerts.close)
+        for each in (limiter, getattr(limiter, "fallback", limiter)):  # Redis's fallback alerts too
+            each.alert, each.alert_share = alerts, settings.budget_alert_share
         self.recorder = recorder = UsageRecorder(
             sessions,
             interval_s=settings.usage_flush_interval_s,
@@ -248,7 +255,8 @@ class Runtime:
         )
         steps.started_step("engine watch", lambda: cancelled(watcher))
         self.started_at = time.time()
-        self.admin = AdminService(sessions, changes, authenticator=authenticator, policies=policies, registry=registry)
+        self.admin = AdminService(sessions, changes, authenticator=authenticator, policies=policies, registry=registry,
+                                  currency=settings.currency)  # fmt: skip
         self.logins = Logins(self.login_guard, sessions, settings.admin_cookie_secure, admin_password_file(settings))
         self.api = ApiServices(gateway, authenticator, settings.stream_send_timeout_s, self.started_at)
         # First to stop: whatever the server left running (a drain already ran on SIGTERM).

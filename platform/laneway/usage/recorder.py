@@ -99,6 +99,7 @@ class UsageRecorder:
                 "total_ms": outcome.total_ms,
                 "tries": outcome.tries,
                 "early_stop": outcome.early_stop,
+                "cost_micros": outcome.cost_micros,
                 "failed_deployments": ",".join(t.deployment for t in outcome.failed_tries)[:400] or None,
             }
         )

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from laneway.core.early_stops import EarlyStopRule
 from laneway.core.policy import LanePolicy
+from laneway.core.prices import Price
 from laneway.types import EmbeddingRequest, FinishReason, GenerationRequest, TenantSnapshot
 
 if TYPE_CHECKING:
@@ -81,6 +82,17 @@ class Call:
     early_rule: EarlyStopRule | None = None  # the task's early stop for its answers (core/early_stops.py)
     early_stop: str | None = None  # the early stop that ended its decoding, if one did
     tokens_saved: int = 0  # max_tokens less what the choices it cut had decoded (an estimate)
+    price: Price | None = None  # its alias's price when it was prepared: its cost is at this one
+
+    @property
+    def cost_micros(self) -> int | None:
+        """What it cost at the price captured at prepare (None: its alias had no price); 0 when
+        it never reached an engine (refused, or it left while queued): nothing was computed."""
+        if self.price is None:
+            return None
+        if self.dispatched_at is None:
+            return 0
+        return self.price.cost(self.prompt_tokens, self.completion_tokens)
 
     def fail(self, status: int, code: str | None) -> None:
         """Record why the request did not end well; the first cause stands (a backpressure

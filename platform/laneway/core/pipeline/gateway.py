@@ -270,10 +270,12 @@ class Gateway:
         """The limiter's reserve, safe against cancellation: decided at once where the limiter
         can (nothing to cut), else over the network, where a reservation that completes after
         the client left is settled at once (nothing used) instead of leaking."""
-        at_once = self.limiter.reserve_at_once(call.tenant, tokens, call.request_id)
+        # The money budgets reserve its most cost: prompt + n x max_tokens at its price.
+        cost = 0 if call.price is None else call.price.most(call.prompt_tokens, tokens - call.prompt_tokens)
+        at_once = self.limiter.reserve_at_once(call.tenant, tokens, call.request_id, cost)
         if at_once is not None:
             return at_once
-        task = asyncio.ensure_future(self.limiter.reserve(call.tenant, tokens, call.request_id))
+        task = asyncio.ensure_future(self.limiter.reserve(call.tenant, tokens, call.request_id, cost))
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -301,8 +303,8 @@ class Gateway:
     def release_slot(self, call: Call, ticket: Ticket | None, placement: Ticket | None) -> None:
         self.waiting.release(call, ticket, placement)
 
-    def settle(self, reservation: Reservation, tokens: int) -> None:
-        self.limiter.settle(reservation, tokens)
+    def settle(self, reservation: Reservation, tokens: int, cost: int = 0) -> None:
+        self.limiter.settle(reservation, tokens, cost)
 
     def account(self, call: Call) -> None:
         """The outcome of a finished request, to every sink (once, from Lease.release)."""

@@ -52,6 +52,9 @@ class Outcome:
     # saved, estimated against max_tokens.
     early_stop: str | None = None
     tokens_saved: int = 0
+    # What it cost in micro-units of the currency, at the price captured when it was prepared
+    # (core/prices.py); None when its model had no price.
+    cost_micros: int | None = None
 
     @property
     def moves(self) -> tuple[FailedTry, ...]:
@@ -110,6 +113,7 @@ class Outcome:
             cached_estimate=call.cached_estimate,
             early_stop=call.early_stop,
             tokens_saved=call.tokens_saved,
+            cost_micros=call.cost_micros,
         )
 
 

@@ -135,6 +135,7 @@ class Preparer:
             needs=needs,
             prompt_cache_key=intent.prompt_cache_key,
             early_rule=rule_for(snapshot.tasks.get(intent.task) if intent.task else None, generation),
+            price=snapshot.price(intent.alias),  # the price in force now: a change applies to later requests
         )
 
     def accessible(
@@ -223,6 +224,7 @@ class Preparer:
             embedding=EmbeddingRequest(
                 request_id=engine_id, inputs=tuple(inputs), prompt_tokens=total, priority=priority
             ),
+            price=self.policies.current.price(alias),
         )
 
 

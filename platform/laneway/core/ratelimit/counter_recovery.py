@@ -49,6 +49,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from laneway.core.budgets import Budget, owner_of
 from laneway.core.quota import Period
 from laneway.core.ratelimit.scripts import SEED_COUNTER
 from laneway.core.redis_hub import RedisHub
@@ -102,10 +103,18 @@ class CounterRecovery:
     def pending(self) -> int:
         return len(self._tasks)
 
-    def schedule(self, tenant_id: int, p: Period, epoch: str) -> None:
+    def schedule_budgets(self, tenant_id: int, spend: list[Budget], unseeded: int, epochs: tuple[str, ...]) -> None:
+        """The money budget counters the reserve began (bit j: spend[j]), seeded from the rows' cost."""
+        for j, b in enumerate(spend):
+            if unseeded & (1 << j):
+                self.schedule(tenant_id, b.period, epochs[j], name=b.name)
+
+    def schedule(self, tenant_id: int, p: Period, epoch: str, *, name: str | None = None) -> None:
         """The reserve script says the tenant's counter of `p` is not seeded: seed it, unless
-        this replica is doing so already (never blocks)."""
-        key = (tenant_id, p.name)
+        this replica is doing so already (never blocks). `name`: a money budget's counter
+        (core/budgets.py), seeded with the rows' cost; else the token quota's, `p.name`."""
+        name = name or p.name
+        key = (tenant_id, name)
         running = self._tasks.get(key)
         if running is not None:
             if running[0] == epoch:
@@ -113,9 +122,9 @@ class CounterRecovery:
             running[1].cancel()  # an older epoch of this counter: the new one is what counts now
         elif len(self._tasks) >= MAX_PENDING:
             log.warning("quota counter %s of tenant %d not seeded from usage rows: %d seeds pending",
-                        p.name, tenant_id, len(self._tasks))  # fmt: skip
+                        name, tenant_id, len(self._tasks))  # fmt: skip
             return
-        task = asyncio.get_running_loop().create_task(self._recover(tenant_id, p, epoch), name="quota-seed")
+        task = asyncio.get_running_loop().create_task(self._recover(tenant_id, p, epoch, name), name="quota-seed")
         self._tasks[key] = (epoch, task)
 
         def forget(done: asyncio.Task[None]) -> None:
@@ -124,27 +133,31 @@ class CounterRecovery:
 
         task.add_done_callback(forget)
 
-    async def _recover(self, tenant_id: int, p: Period, epoch: str) -> None:
-        if not await self._seed_once(tenant_id, p, epoch):
+    async def _recover(self, tenant_id: int, p: Period, epoch: str, name: str | None = None) -> None:
+        if not await self._seed_once(tenant_id, p, epoch, name):
             return
         await asyncio.sleep(self.late_rows_s)
-        await self._seed_once(tenant_id, p, epoch)
+        await self._seed_once(tenant_id, p, epoch, name)
 
-    async def _seed_once(self, tenant_id: int, p: Period, epoch: str) -> bool:
+    async def _seed_once(self, tenant_id: int, p: Period, epoch: str, name: str | None = None) -> bool:
         """Add the rows before the epoch, retrying faults until the period is over; False when
         the counter is gone or began again (nothing more to do for this epoch)."""
+        name = name or p.name
         backoff = 0.5
         while True:
             try:
                 async with self._slots:
-                    tokens = await self.usage_before(tenant_id, p, epoch)
-                    keys = [self._counter_key(tenant_id, p.name), self._epoch_key(tenant_id, p.name)]
+                    if name == p.name:
+                        tokens = await self.usage_before(tenant_id, p, epoch)
+                    else:
+                        tokens = await self.cost_before(tenant_id, p, epoch, owner_of(name))
+                    keys = [self._counter_key(tenant_id, name), self._epoch_key(tenant_id, name)]
                     added = int(await self._hub.call(SEED_COUNTER, keys, [epoch, tokens], linger=SEED_LINGER_S))
             except (RedisError, OSError, SQLAlchemyError) as exc:
                 if self._wall_clock() >= p.resets_at.timestamp():
                     return False  # its period is over: nobody reserves against it any more
                 log.warning("seeding quota counter %s of tenant %d from usage rows failed (%s); retrying in %.1f s",
-                            p.name, tenant_id, exc, backoff)  # fmt: skip
+                            name, tenant_id, exc, backoff)  # fmt: skip
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
@@ -153,7 +166,7 @@ class CounterRecovery:
                 return False
             self.added += added
             if added:
-                log.info("quota counter %s of tenant %d: %d tokens added from usage rows", p.name, tenant_id, added)
+                log.info("quota counter %s of tenant %d: %d added from usage rows", name, tenant_id, added)
             return True
 
     async def usage_before(self, tenant_id: int, p: Period, epoch: str) -> int:
@@ -161,6 +174,13 @@ class CounterRecovery:
         async with self._sessions() as session:
             used = await UsageRepository(session).tokens_since(p.start, tenant_id, before=epoch_time(epoch))
         return used.get(tenant_id, 0)
+
+    async def cost_before(self, tenant_id: int, p: Period, epoch: str, key_id: int | None) -> int:
+        """Cost (micro-units) of the tenant's (or one of its keys') rows in p before the epoch."""
+        async with self._sessions() as session:
+            spent = await UsageRepository(session).cost_since(p.start, tenant_id, key_id=key_id,
+                                                              before=epoch_time(epoch))  # fmt: skip
+        return sum(spent.values())
 
     async def settled(self, timeout_s: float = 10.0) -> bool:
         """Wait until every seed has run, late passes included (tests); False on timeout."""

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from laneway.core.quota import PERIOD_KINDS, Period, period, quota_exceeded, quotas
+from laneway.core.budgets import AlertHook, Budget, budget_exceeded, budget_too_small, budgets, counter_name
+from laneway.core.quota import PERIOD_KINDS, period, quota_exceeded, quotas
 from laneway.core.ratelimit.errors import (
     check_size,
     key_rate_limited,
@@ -53,6 +54,9 @@ class MemoryRateLimiter:
         self._key_tpm: dict[int, TokenBucket] = {}
         self._key_in_flight: dict[int, set[str]] = {}
         self._used: dict[int, dict[str, int]] = {}  # tenant -> period name -> tokens counted
+        self.alert: AlertHook | None = None
+        self.alert_share = 0.0
+        self._alerted: set[tuple[int, str]] = set()  # (tenant, budget counter) past the threshold
 
     def _bucket(self, table: dict[int, TokenBucket], tenant_id: int, capacity: int, now: float) -> TokenBucket:
         bucket = table.get(tenant_id)
@@ -69,20 +73,29 @@ class MemoryRateLimiter:
         """Concurrency holders of every tenant (0 when nothing runs: a leak shows here)."""
         return sum(len(h) for h in self._in_flight.values())
 
-    async def reserve(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
-        return self.reserve_now(tenant, tokens, request_id)
+    async def reserve(self, tenant: TenantSnapshot, tokens: int, request_id: str, cost: int = 0) -> Reservation:
+        return self.reserve_now(tenant, tokens, request_id, cost)
 
-    def reserve_at_once(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation | None:
-        return self.reserve_now(tenant, tokens, request_id)
+    def reserve_at_once(
+        self, tenant: TenantSnapshot, tokens: int, request_id: str, cost: int = 0
+    ) -> Reservation | None:
+        return self.reserve_now(tenant, tokens, request_id, cost)
 
-    def reserve_now(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
+    def reserve_now(self, tenant: TenantSnapshot, tokens: int, request_id: str, cost: int = 0) -> Reservation:
         check_size(tenant, tokens)
         wall = self.wall_clock()
         periods = [period(kind, wall) for kind in PERIOD_KINDS]
+        spend = budgets(tenant, wall)
+        for b in spend:
+            if cost > b.limit:
+                raise budget_too_small(tenant, b, cost)
         used = self._used.setdefault(tenant.id, {})
         for p, limit in quotas(tenant, wall):  # past a quota only its reset helps: said first
             if used.get(p.name, 0) + tokens > limit:
                 raise quota_exceeded(tenant, p, limit, used.get(p.name, 0), wall)
+        for b in spend:
+            if used.get(b.name, 0) + cost > b.limit:
+                raise budget_exceeded(tenant, b, used.get(b.name, 0), wall)
         holders = self._in_flight.setdefault(tenant.id, set())
         if tenant.max_concurrency and len(holders) >= tenant.max_concurrency:
             raise too_many_concurrent(tenant)
@@ -104,16 +117,31 @@ class MemoryRateLimiter:
                 bucket.level -= amount
         holders.add(request_id)
         self._key_in_flight.setdefault(key, set()).add(request_id)
-        self._count(used, periods, tokens)
-        return Reservation(tenant, request_id, tokens, periods=tuple(p.name for p in periods))
+        self._count(used, [p.name for p in periods], tokens)
+        self._count(used, [b.name for b in spend], cost)
+        if self.alert is not None and self.alert_share > 0:
+            self._soft_threshold(tenant, spend, used)
+        return Reservation(tenant, request_id, tokens, periods=tuple(p.name for p in periods), cost=cost,
+                           budgets=tuple(b.name for b in spend))  # fmt: skip
+
+    def _soft_threshold(self, tenant: TenantSnapshot, spend: list[Budget], used: dict[str, int]) -> None:
+        """Tell the hook of each budget that passed its soft threshold, once per period."""
+        for b in spend:
+            at = (tenant.id, b.name)
+            if used[b.name] >= self.alert_share * b.limit and at not in self._alerted and self.alert is not None:
+                if len(self._alerted) >= 100_000:  # past periods' marks (their names carry the date)
+                    self._alerted.clear()
+                self._alerted.add(at)
+                self.alert(tenant, b, used[b.name])
 
     @staticmethod
-    def _count(used: dict[str, int], periods: list[Period], tokens: int) -> None:
-        for p in periods:
-            if p.name not in used:  # a new period: the last one's count is not needed any more
-                for name in [n for n in used if n.startswith(p.kind + ":")]:
-                    del used[name]
-            used[p.name] = used.get(p.name, 0) + tokens
+    def _count(used: dict[str, int], names: list[str], amount: int) -> None:
+        for name in names:
+            if name not in used:  # a new period: the last one's count is not needed any more
+                kind = name.rsplit(":", 1)[0]  # "day", "cost:day", "key:7:cost:month"
+                for old in [n for n in used if n.rsplit(":", 1)[0] == kind]:
+                    del used[old]
+            used[name] = used.get(name, 0) + amount
 
     async def load_used(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         """Start this day's and month's counts from the usage table (at start-up): in memory
@@ -126,13 +154,19 @@ class MemoryRateLimiter:
                 p = period(kind, wall)
                 for tenant_id, tokens in (await repo.tokens_since(p.start)).items():
                     self._used.setdefault(tenant_id, {})[p.name] = tokens
+                for (tenant_id, key_id), cost in (await repo.cost_since(p.start)).items():
+                    counts = self._used.setdefault(tenant_id, {})
+                    tenant_name = counter_name(None, p)
+                    counts[tenant_name] = counts.get(tenant_name, 0) + cost
+                    if key_id is not None:
+                        counts[counter_name(key_id, p)] = cost
 
     async def quota_used(self, tenant_id: int) -> dict[str, int]:
         wall = self.wall_clock()
         used = self._used.get(tenant_id, {})
         return {kind: used.get(period(kind, wall).name, 0) for kind in PERIOD_KINDS}
 
-    def settle(self, reservation: Reservation, used_tokens: int) -> None:
+    def settle(self, reservation: Reservation, used_tokens: int, used_cost: int = 0) -> None:
         tenant = reservation.tenant
         for flights, ident in ((self._in_flight, tenant.id), (self._key_in_flight, tenant.api_key_id)):
             holders = flights.get(ident)
@@ -140,6 +174,12 @@ class MemoryRateLimiter:
                 holders.discard(reservation.request_id)
                 if not holders:
                     del flights[ident]
+        counted = self._used.get(tenant.id, {})
+        unspent = reservation.cost - used_cost
+        if unspent > 0:
+            for name in reservation.budgets:
+                if name in counted:  # else its period is over and forgotten
+                    counted[name] = max(0, counted[name] - unspent)
         unused = reservation.tokens - used_tokens
         if unused <= 0:
             return
@@ -149,7 +189,6 @@ class MemoryRateLimiter:
             if capacity:
                 bucket = self._bucket(table, ident, capacity, now)
                 bucket.level = min(bucket.capacity, bucket.level + unused)
-        counted = self._used.get(tenant.id, {})
         for name in reservation.periods:
             if name in counted:  # else its period is over and forgotten: nothing to give back to
                 counted[name] = max(0, counted[name] - unused)

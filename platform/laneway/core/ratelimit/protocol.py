@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from laneway.core.budgets import AlertHook
 from laneway.types import TenantSnapshot
 
 
@@ -30,21 +31,31 @@ class Reservation:
     # Redis, admitted at once (RedisRateLimiter.reserve_at_once): the reserve's reply, still to
     # come when the request began; its settle waits for it (the epochs come with it).
     answer: asyncio.Future[Any] | None = None
+    # Money budgets (core/budgets.py): the most it may cost (micro-units), reserved; the budget
+    # counters it was counted in (their names), and in Redis each one's epoch.
+    cost: int = 0
+    budgets: tuple[str, ...] = ()
+    budget_epochs: tuple[str, ...] = ()
 
 
 class RateLimiter(Protocol):
     wall_clock: Callable[[], float]  # epoch seconds: which quota period is current (injectable)
+    alert: AlertHook | None  # a money budget past its soft threshold (core/budgets.py)
+    alert_share: float  # that threshold, a share of the budget (0: off)
 
-    async def reserve(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
-        """Take 1 request and `tokens` tokens, and a concurrency slot; raise GatewayError(429) if not."""
+    async def reserve(self, tenant: TenantSnapshot, tokens: int, request_id: str, cost: int = 0) -> Reservation:
+        """Take 1 request, `tokens` tokens, `cost` micro-units of the money budgets, and a
+        concurrency slot; raise GatewayError(429) if not."""
 
-    def reserve_at_once(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation | None:
+    def reserve_at_once(
+        self, tenant: TenantSnapshot, tokens: int, request_id: str, cost: int = 0
+    ) -> Reservation | None:
         """reserve()'s decision where it can be taken without waiting: the reservation, or the
         refusal raised; None: await reserve(), which crosses the network (the caller protects
         it from cancellation: a reservation made while the client left must be given back)."""
 
-    def settle(self, reservation: Reservation, used_tokens: int) -> None:
-        """The request ended: give back its concurrency slot and the tokens it did not use.
+    def settle(self, reservation: Reservation, used_tokens: int, used_cost: int = 0) -> None:
+        """The request ended: give back its concurrency slot, the tokens and the money it did not use.
         Never blocks and never raises: a remote settle happens in the background."""
 
     async def quota_used(self, tenant_id: int) -> dict[str, int]:

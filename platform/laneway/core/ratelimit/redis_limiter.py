@@ -18,8 +18,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import dependency_unavailable
+from laneway.core.budgets import AlertHook, Budget, budget_exceeded, budget_too_small, budgets
 from laneway.core.dependencies import DependencyHealth
 from laneway.core.quota import PERIOD_KINDS, Period, period, quota_exceeded, quota_limit
+from laneway.core.ratelimit import script_calls as calls
 from laneway.core.ratelimit.counter_recovery import CounterRecovery
 from laneway.core.ratelimit.errors import (
     check_size,
@@ -38,12 +40,7 @@ from laneway.types import TenantSnapshot
 
 log = logging.getLogger("laneway.core.ratelimit")
 
-# A concurrency slot whose holder vanished (a replica crashed) is reclaimed after this long.
-STALE_HOLDER_S = 600
 SETTLE_LINGER_S = 0.005  # how long a settle waits for a batch of reserves to ride with
-# A period's counter outlives its period by this much (a settle that lands just after the
-# boundary still finds it; admins can read yesterday's for a while).
-COUNTER_GRACE_S = 3600
 
 
 class RedisRateLimiter:
@@ -104,6 +101,8 @@ class RedisRateLimiter:
         self._settler: asyncio.Task[None] | None = None
         self._closing = False
         self.recovery: CounterRecovery | None = None  # set by load_used(): counters from the usage rows
+        self.alert: AlertHook | None = None  # money budgets past alert_share (reserve.lua says once)
+        self.alert_share = 0.0
 
     async def load_used(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         """The counters live in Redis, shared: nothing to load at start-up. What this replica
@@ -133,34 +132,26 @@ class RedisRateLimiter:
         self._health.failed("redis", exc, what)
 
     def _call(
-        self, tenant: TenantSnapshot, tokens: int, request_id: str, admitted: bool
-    ) -> tuple[list[Period], list[str], list[int | str]]:
-        """RESERVE's periods, KEYS and ARGV for this request."""
+        self, tenant: TenantSnapshot, tokens: int, request_id: str, admitted: bool,
+        spend: list[Budget] | None = None, cost: int = 0,
+    ) -> tuple[list[Period], list[str], list[int | str]]:  # fmt: skip
+        """RESERVE's periods, KEYS and ARGV for this request (its budgets' after the rest)."""
         wall = self.wall_clock()
         periods = [period(kind, wall) for kind in PERIOD_KINDS]
-        args: list[int | str] = [
-            tenant.rpm or 0,
-            tenant.tpm or 0,
-            tokens,
-            tenant.max_concurrency or 0,
-            request_id,
-            STALE_HOLDER_S,
-            tenant.key_rpm or 0,
-            tenant.key_tpm or 0,
-            tenant.key_max_concurrency or 0,
-            *(quota_limit(tenant, p.kind) or 0 for p in periods),
-            *(int(p.seconds_left(wall)) + COUNTER_GRACE_S for p in periods),
-            repr(wall),  # a counter begun now counts the usage rows before this (counter_recovery.py)
-            "1" if admitted else "0",
-        ]
-        return periods, self.keys.for_call(tenant, tuple(p.name for p in periods)), args
+        args = calls.reserve_args(
+            tenant, tokens, request_id, admitted, periods, wall, spend or [], cost, self.alert_share
+        )
+        keys = self.keys.for_call(tenant, tuple(p.name for p in periods))
+        return periods, calls.with_budget_keys(self.keys, tenant.id, keys, [b.name for b in spend or ()]), args
 
-    def reserve_at_once(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation | None:
-        """Admit without waiting for Redis where this replica may (Headroom): the reserve goes
-        out with the next batch, taken whatever Redis then says, and its settle follows its
-        reply. While Redis is down the fallback decides at once too. Else None: reserve()."""
-        decided = self._decided_without_redis(tenant, tokens, request_id)
-        if decided is not None:
+    def reserve_at_once(
+        self, tenant: TenantSnapshot, tokens: int, request_id: str, cost: int = 0
+    ) -> Reservation | None:
+        """Admit without waiting for Redis where this replica may (Headroom; never under a money
+        budget, exact across replicas): the reserve goes out with the next batch, taken whatever
+        Redis then says, and its settle follows its reply. Else None: reserve()."""
+        decided = self._decided_without_redis(tenant, tokens, request_id, cost)
+        if decided is not None or tenant.budgeted:
             return decided
         room = self._headroom.get((tenant.id, tenant.api_key_id))
         if (room is None or room.tenant is not tenant or not room.admits(tokens, self._share)
@@ -215,13 +206,14 @@ class RedisRateLimiter:
                     self.recovery.schedule(tenant.id, p, counted_in[i])
         return counted_in
 
-    async def reserve(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
-        decided = self._decided_without_redis(tenant, tokens, request_id)
+    async def reserve(self, tenant: TenantSnapshot, tokens: int, request_id: str, cost: int = 0) -> Reservation:
+        decided = self._decided_without_redis(tenant, tokens, request_id, cost)
         if decided is not None:
             return decided
         probe = self._open_until > 0  # the breaker was open: this request is its probe
         self._probing = probe
-        periods, keys, args = self._call(tenant, tokens, request_id, admitted=False)
+        spend = budgets(tenant, self.wall_clock()) if tenant.budgeted else []
+        periods, keys, args = self._call(tenant, tokens, request_id, False, spend, cost)
         at = (tenant.id, tenant.api_key_id)
         try:
             reply = await self.hub.call(RESERVE, keys, args)
@@ -229,7 +221,7 @@ class RedisRateLimiter:
             self._trip(exc)
             # The script may have run before the answer was lost: forget its holder later.
             self._queue_settle(keys, [request_id, 0, 0, 0, 0, 0])
-            return self._without_redis(tenant, tokens, request_id)
+            return self._without_redis(tenant, tokens, request_id, cost)
         finally:
             if probe:
                 self._probing = False
@@ -252,6 +244,8 @@ class RedisRateLimiter:
         if verdict in (5, 6):  # the second number is the tokens the period has used
             p = periods[verdict - 5]
             raise quota_exceeded(tenant, p, quota_limit(tenant, p.kind) or 0, int(wait_ms), wall)
+        if verdict >= 7:  # a money budget: the second number is what it has spent
+            raise budget_exceeded(tenant, spend[verdict - 7], int(wait_ms), wall)
         names = tuple(p.name for p in periods)
         room = self._headroom.get(at)
         if room is None or room.tenant is not tenant or room.periods != names:
@@ -260,30 +254,41 @@ class RedisRateLimiter:
             room = self._headroom[at] = Headroom(tenant, names)
         room.answered(reply[4:], self._clock())
         counted_in = self._counted(tenant, periods, int(wait_ms), reply_epochs(reply))
-        return Reservation(tenant, request_id, tokens, local=False, periods=names, epochs=counted_in)
+        unseeded, budget_epochs = calls.reply_budgets(reply, len(spend))
+        if unseeded and self.recovery is not None:  # budget counters begun now: seeded as the quotas'
+            self.recovery.schedule_budgets(tenant.id, spend, unseeded, budget_epochs)
+        calls.alert_crossed(self.alert, tenant, reply, spend)
+        return Reservation(tenant, request_id, tokens, local=False, periods=names, epochs=counted_in, cost=cost,
+                           budgets=tuple(b.name for b in spend), budget_epochs=budget_epochs)  # fmt: skip
 
-    def _decided_without_redis(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation | None:
+    def _decided_without_redis(
+        self, tenant: TenantSnapshot, tokens: int, request_id: str, cost: int
+    ) -> Reservation | None:
         """What reserve() and reserve_at_once() decide before Redis: a request larger than its
         limits is refused; while the breaker is open (or its probe is out) the fallback decides.
         None: Redis's to decide."""
         check_size(tenant, tokens)
+        for b in budgets(tenant, self.wall_clock()) if tenant.budgeted else ():
+            if cost > b.limit:
+                raise budget_too_small(tenant, b, cost)
         if self._clock() < self._open_until or self._probing:
-            return self._without_redis(tenant, tokens, request_id)
+            return self._without_redis(tenant, tokens, request_id, cost)
         return None
 
-    def _without_redis(self, tenant: TenantSnapshot, tokens: int, request_id: str) -> Reservation:
+    def _without_redis(self, tenant: TenantSnapshot, tokens: int, request_id: str, cost: int) -> Reservation:
         if self.failure_mode == "closed":
             raise dependency_unavailable(
                 ErrorCode.RATE_LIMITER_UNAVAILABLE, "rate limiter", retry_after=self._retry_after
             )
-        return self.fallback.reserve_now(tenant, tokens, request_id)
+        return self.fallback.reserve_now(tenant, tokens, request_id, cost)
 
-    def settle(self, reservation: Reservation, used_tokens: int) -> None:
+    def settle(self, reservation: Reservation, used_tokens: int, used_cost: int = 0) -> None:
         if reservation.local:
-            self.fallback.settle(reservation, used_tokens)
+            self.fallback.settle(reservation, used_tokens, used_cost)
             return
         tenant = reservation.tenant
-        keys = self.keys.for_call(tenant, reservation.periods)
+        keys = calls.with_budget_keys(self.keys, tenant.id, self.keys.for_call(tenant, reservation.periods),
+                                reservation.budgets)  # fmt: skip
         epochs, answer = reservation.epochs, reservation.answer
         if answer is not None:  # admitted at once: the settle goes after the reserve's reply
             if not answer.done():  # (counted in pending_settles as its reserve, until answered)
@@ -295,7 +300,8 @@ class RedisRateLimiter:
             epochs = reply_epochs(answer.result())
         unused = max(0, reservation.tokens - used_tokens)
         self._queue_settle(keys, [reservation.request_id, tenant.tpm or 0, unused, tenant.key_tpm or 0,
-                                  used_tokens, repr(self.wall_clock()), *epochs])  # fmt: skip
+                                  used_tokens, repr(self.wall_clock()), *epochs,
+                                  *calls.settle_args(reservation, used_cost)])  # fmt: skip
 
     def _settle_answered(self, reservation: Reservation, used_tokens: int, _: asyncio.Future[Any]) -> None:
         self.settle(reservation, used_tokens)

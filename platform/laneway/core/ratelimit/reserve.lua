@@ -10,7 +10,13 @@
 -- request - the tenant's rpm, tpm, concurrency, the key's rpm, tpm, concurrency, the day's and
 -- the month's quota - 0 for a limit not set: Headroom.answered); 1 tenant rate (wait ms);
 -- 2 tenant concurrency; 3 key rate (wait ms); 4 key concurrency; 5 day quota, 6 month quota
--- (tokens used).
+-- (tokens used); 6 + j: money budget j (micro-units spent).
+-- Money budgets (core/budgets.py), only those set: ARGV[16] the request's most cost, ARGV[17]
+-- how many (m), then each one's limit and its counter's TTL; KEYS[10 + j] budget j's counter,
+-- KEYS[10 + m + j] its epoch hash. Counted and begun as the token counters are; the reply
+-- ends with their unseeded bits (1 << j-1) and epochs. ARGV[18 + 2m]: the soft threshold in
+-- permille (0: off); a budget whose spend passes it is marked in its epoch hash, so the reply's
+-- next bits (then each budget's spend) say it once per period, whichever replica sees it.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local rpm, tpm, need = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -33,6 +39,11 @@ end
 local function held(key)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now - stale)
   return redis.call('ZCARD', key)
+end
+local cost, m = tonumber(ARGV[16] or '0'), tonumber(ARGV[17] or '0')
+for j = 1, m do
+  local spent = tonumber(redis.call('GET', KEYS[10 + j]) or '0')
+  if spent + cost > tonumber(ARGV[17 + j]) and not admitted then return {6 + j, spent} end
 end
 local c, kc = 0, 0
 if maxc > 0 then
@@ -89,6 +100,35 @@ for i = 1, 2 do
   end
 end
 -- what is left of each limit once this request is counted (a replica admits at once within it)
-return {0, unseeded, epochs[1], epochs[2], math.floor(lr - 1), math.floor(lt - need), maxc - c - 1,
-        math.floor(klr - 1), math.floor(klt - need), kmaxc - kc - 1, quota[1] - used[1] - need,
-        quota[2] - used[2] - need}
+local reply = {0, unseeded, epochs[1], epochs[2], math.floor(lr - 1), math.floor(lt - need), maxc - c - 1,
+               math.floor(klr - 1), math.floor(klt - need), kmaxc - kc - 1, quota[1] - used[1] - need,
+               quota[2] - used[2] - need}
+local bits, bunseeded, bepochs = {1, 2, 4, 8}, 0, {}
+for j = 1, m do
+  local ck, ek, ttl = KEYS[10 + j], KEYS[10 + m + j], ARGV[17 + m + j]
+  if redis.call('EXISTS', ck) == 0 then
+    redis.call('SET', ck, cost, 'EX', ttl)
+    local epoch = ARGV[14] .. '/' .. t[1] .. '.' .. t[2]
+    redis.call('HSET', ek, 'epoch', epoch, 'seeded', -1)
+    redis.call('EXPIRE', ek, ttl)
+    bunseeded, bepochs[j] = bunseeded + bits[j], epoch
+  else
+    redis.call('INCRBY', ck, cost)
+    local e = redis.call('HMGET', ek, 'epoch', 'seeded')
+    bepochs[j] = e[1] or ''
+    if e[1] and e[2] == '-1' then bunseeded = bunseeded + bits[j] end
+  end
+end
+reply[13] = bunseeded
+for j = 1, m do reply[13 + j] = bepochs[j] end
+local soft, crossed = tonumber(ARGV[18 + 2 * m] or '0'), 0
+for j = 1, m do
+  local after = tonumber(redis.call('GET', KEYS[10 + j]) or '0')
+  reply[14 + m + j] = after
+  if soft > 0 and after * 1000 >= soft * tonumber(ARGV[17 + j])
+      and redis.call('HSETNX', KEYS[10 + m + j], 'alerted', 1) == 1 then
+    crossed = crossed + bits[j]
+  end
+end
+if m > 0 then reply[14 + m] = crossed end
+return reply
