@@ -21,6 +21,7 @@ START_ORDER = [
     "warm-up",
     "policies",
     "rate limiter",
+    "budget alerts",
     "usage recorder",
     "auth sweeps",
     "loop lag",
