@@ -71,7 +71,7 @@ class LeasedStream(Stream):
 
 
 class _LeasedASGIStream(ASGIStreamingResponse):
-    __slots__ = ("_blocked_since", "_ended", "_scope", "_stalled", "lease", "send_timeout_s")
+    __slots__ = ("_blocked_since", "_ended", "_loop", "_scope", "_stalled", "lease", "send_timeout_s")
 
     def __init__(self, *, lease: Lease, send_timeout_s: float, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -81,6 +81,8 @@ class _LeasedASGIStream(ASGIStreamingResponse):
         self._blocked_since: float | None = None  # when the send under way began
         self._stalled = False
         self._ended = False  # the last body event is out: a hang-up after it loses nothing
+        # Looked up once: asyncio.get_running_loop() costs a getpid() system call, per chunk.
+        self._loop = asyncio.get_running_loop()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._scope = scope
@@ -168,7 +170,7 @@ class _LeasedASGIStream(ASGIStreamingResponse):
     async def _send(self, send: Send, data: bytes, *, more: bool) -> None:
         """One body event; the watchdog (send_body) ends the stream if it stays blocked (the
         client's socket is full because it does not read) for send_timeout_s."""
-        self._blocked_since = asyncio.get_running_loop().time()
+        self._blocked_since = self._loop.time()
         try:
             await send({"type": "http.response.body", "body": data, "more_body": more})
         finally:

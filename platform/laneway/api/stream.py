@@ -82,15 +82,17 @@ async def sse(
 def _framer(call: Call, kind: Callable[..., Any]) -> Callable[..., bytes]:
     """An SSE frame maker for one stream: `kind` is ChatCompletionChunk or Completion."""
     created = int(time.time())
+    # Read once: the same for every chunk of the stream (a frame is made per token).
+    request_id, model, fingerprint = call.request_id, call.public_model, call.fingerprint
 
     def frame(choices: list[Any], usage: p.Usage | None = None) -> bytes:
         return event(
             kind(
-                id=call.request_id,
+                id=request_id,
                 created=created,
-                model=call.public_model,
+                model=model,
                 choices=choices,
-                system_fingerprint=call.fingerprint,
+                system_fingerprint=fingerprint,
                 usage=usage,
             )
         )

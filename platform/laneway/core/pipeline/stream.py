@@ -16,6 +16,7 @@ the client gets an error event, not a silently truncated stream.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import AsyncGenerator
 from typing import Any, Protocol
@@ -51,8 +52,17 @@ async def pumped(gateway: Runner, lease: Lease, limit: int | None) -> AsyncGener
     so the response can send them in one write. `limit` bounds unacknowledged tokens (None: no
     bound). Raises GatewayError for an engine failure, a backpressure cut or an interruption,
     after the deltas that came before it."""
-    buffer: asyncio.Queue[Any] = asyncio.Queue()
+    # A deque and one waiter, not an asyncio.Queue: this runs once per token, and the queue's
+    # get() and put_nowait() cost several times what the stream needs (one consumer, never full).
+    buffer: collections.deque[Any] = collections.deque()
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] | None = None
     unacked = 0
+
+    def put(item: Any) -> None:
+        buffer.append(item)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def pump() -> None:
         nonlocal unacked
@@ -62,15 +72,15 @@ async def pumped(gateway: Runner, lease: Lease, limit: int | None) -> AsyncGener
                 unacked += max(1, delta.tokens)
                 if limit is not None and unacked > limit:
                     lease.call.fail(CLIENT_CLOSED, ErrorCode.BACKPRESSURE)
-                    buffer.put_nowait(backpressure_error(limit))
+                    put(backpressure_error(limit))
                     return  # closing the source (below) frees the engine slot now
-                buffer.put_nowait(delta)
-            buffer.put_nowait(_END)
+                put(delta)
+            put(_END)
         except GatewayError as exc:
-            buffer.put_nowait(exc)
+            put(exc)
         except Exception:  # a bug, or an engine error no adapter mapped: without this the client would hang
             log.exception("stream %s failed", lease.call.request_id)
-            buffer.put_nowait(
+            put(
                 GatewayError(ErrorCode.INTERNAL_ERROR, "The gateway failed to handle this request; it has been logged.")
             )
         finally:
@@ -79,7 +89,7 @@ async def pumped(gateway: Runner, lease: Lease, limit: int | None) -> AsyncGener
     task = asyncio.create_task(pump(), name=f"pump-{lease.call.request_id}")
 
     def interrupt(error: GatewayError) -> None:
-        buffer.put_nowait(error)
+        put(error)
         task.cancel()
 
     def stop() -> None:
@@ -89,17 +99,23 @@ async def pumped(gateway: Runner, lease: Lease, limit: int | None) -> AsyncGener
     lease.stop_run = stop
     try:
         while True:
-            item = await buffer.get()
+            while not buffer:
+                waiter = loop.create_future()
+                try:
+                    await waiter
+                finally:
+                    waiter = None
+            item = buffer.popleft()
             batch: list[Delta] = []
             while True:
                 if item is _END or isinstance(item, GatewayError):
                     break
                 unacked -= max(1, item.tokens)
                 batch.append(item)
-                if buffer.empty():
+                if not buffer:
                     item = None
                     break
-                item = buffer.get_nowait()
+                item = buffer.popleft()
             if batch:
                 yield batch
             if item is _END:

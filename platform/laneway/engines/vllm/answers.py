@@ -203,10 +203,18 @@ async def stream_deltas(r: Http1Response, n: int) -> AsyncGenerator[Delta, None]
             if chunk.usage is not None:
                 usage = chunk.usage
             for choice in chunk.choices:
-                text, calls, logprobs = choice.content(), choice.calls(), choice.token_logprobs()
-                if text or calls or logprobs:
-                    counted += 1
-                    yield Delta(text=text, tokens=1, index=choice.index, tool_calls=calls, logprobs=logprobs)
+                said = choice.delta
+                if said is not None and choice.logprobs is None and not said.tool_calls:
+                    # The common chunk (a token of text): read as content() would, with less per token.
+                    text = choice.text if choice.text is not None else (said.content or "")
+                    if text:
+                        counted += 1
+                        yield Delta(text, 1, None, None, choice.index)
+                else:
+                    text, calls, logprobs = choice.content(), choice.calls(), choice.token_logprobs()
+                    if text or calls or logprobs:
+                        counted += 1
+                        yield Delta(text=text, tokens=1, index=choice.index, tool_calls=calls, logprobs=logprobs)
                 if choice.finish_reason:
                     finish[choice.index] = FINISH.get(choice.finish_reason, "stop")
         if done:
