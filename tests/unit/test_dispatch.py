@@ -258,3 +258,25 @@ def test_routing_params_come_from_settings() -> None:
 
 
 def _unused(d: LiveDeployment) -> None: ...
+
+
+async def test_a_shutdown_refuses_requests_waiting_for_any_replica_and_leaks_nothing(replicas: EngineRegistry) -> None:
+    gw = gateway(replicas)
+    held = [await hold(gw, ACME, f"filler {i}") for i in range(6)]
+    waiting = []
+    for i in range(3):
+        lease = gw.lease(await gw.prepare(BETA, chat(f"waiting {i}")))
+        waiting.append((lease, asyncio.ensure_future(gw.acquire(lease))))
+    await asyncio.sleep(0.01)
+    drain = asyncio.ensure_future(gw.drain(5.0))
+    for lease, task in waiting:
+        with pytest.raises(GatewayError) as refused:
+            await task
+        assert refused.value.code == "shutting_down"
+        lease.release()
+    for h in held:
+        h.release()
+    await drain
+    assert gw.in_flight == 0 and [d.outstanding for d in replicas.deployments()] == [0, 0, 0]
+    alias = gw.waiting.dispatch.alias_scheduler("m")
+    assert (alias.running_total, alias.waiting_total) == (0, 0)
