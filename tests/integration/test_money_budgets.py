@@ -136,6 +136,7 @@ def test_two_replicas_refuse_a_daily_budget_exactly_at_its_limit(replicas: list[
     assert served == 100 // per_request and served >= 2 and spent + per_request > 100 >= spent
     with pytest.raises(openai.RateLimitError):
         complete(replicas[served % 2 - 1], "daily")  # the other replica refuses too
+    replicas[1].server.call(replicas[1].server.runtime.recorder.flush())  # both replicas' rows written
     rows = replicas[0].usage_rows("daily")
     assert sum(r.cost_micros for r in rows if r.status == 200) == spent  # the rows hold what was counted
     assert [r.cost_micros for r in rows if r.status == 429] == [0, 0]  # a refusal cost nothing
