@@ -117,3 +117,20 @@ def test_stops_are_edited_as_a_list_and_a_task_policy_is_added_and_deleted(
     assert "extract" not in gw.server.runtime.policies.current.tasks
     assert admin.delete("/tasks/extract").status_code == 404
     assert audit(admin)[0]["action"] == "delete"
+
+
+def test_the_page_ticks_and_unticks_a_lanes_background_box(
+    gw: Gateway, admin: httpx.Client, page: tuple[httpx.Client, str]
+) -> None:
+    browser, csrf = page
+    shown = browser.get("/policies").text
+    assert 'name="background" value="true"' in shown and "Background (batch work)" in shown
+    r = browser.post("/lanes/batch", data={"csrf_token": csrf, "max_concurrency": "64", "background": "true"})
+    assert r.status_code == 200 and gw.server.runtime.policies.current.lane("batch").background
+    assert "only slots the foreground lanes leave" in r.text
+    [entry] = audit(admin)
+    assert (entry["before"]["background"], entry["after"]["background"]) == (False, True)
+    r = browser.post("/lanes/batch", data={"csrf_token": csrf, "max_concurrency": "64"})  # the box unticked
+    assert r.status_code == 200 and not gw.server.runtime.policies.current.lane("batch").background
+    r = admin.put("/lanes/batch", json={"background": None})  # it always has a value
+    assert r.status_code == 400 and r.json()["error"]["param"] == "background"

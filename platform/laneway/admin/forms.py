@@ -86,4 +86,6 @@ def policy_input(
             raw[field] = [x for x in text.split(",") if x]
         else:
             raw[field] = text
+    if "background" in kind.__struct_fields__ and "csrf_token" in form and "name" not in form:
+        raw["background"] = form.get("background") == "true"  # the edit form: an unticked box is "not background"
     return convert(raw, kind, strict=False), set(raw)

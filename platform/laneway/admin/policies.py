@@ -28,6 +28,7 @@ class LaneIn(Struct, omit_defaults=True, forbid_unknown_fields=True):
     max_concurrency: Positive | None = None
     max_unacked_tokens: Positive | None = None
     retry_after_s: Annotated[int, Meta(ge=1, le=86_400)] | None = None
+    background: bool | None = None
 
 
 class TaskIn(Struct, omit_defaults=True, forbid_unknown_fields=True):
@@ -43,7 +44,7 @@ class TaskIn(Struct, omit_defaults=True, forbid_unknown_fields=True):
 
 LANE_FIELDS = (
     "name", "position", "priority", "match_max_prompt_tokens", "match_stream", "match_tasks", "max_queue_depth",
-    "queue_timeout_s", "max_concurrency", "max_unacked_tokens", "retry_after_s",
+    "queue_timeout_s", "max_concurrency", "max_unacked_tokens", "retry_after_s", "background",
 )  # fmt: skip
 TASK_FIELDS = ("task", "max_tokens", "long_prompt_tokens", "long_prompt_max_tokens", "stop", "repetition_ngram",
                "repetition_count", "json_stop")  # fmt: skip

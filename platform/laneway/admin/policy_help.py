@@ -54,6 +54,12 @@ LANE_LIMIT_FIELDS: dict[str, FieldHelp] = {
                   "Tokens a stream may have sent that the client has not read yet; a slower reader has its "
                   "generation cut (backpressure), so its slot goes to someone who reads.", "",
                   placeholder="256"),
+        FieldHelp("background", "Background (batch work)", "",
+                  "Its requests take an engine slot only when no request of a foreground lane could start now, "
+                  "whatever the priorities, and hand it back as they end. While foreground requests came in the "
+                  "last 10 seconds it leaves LANEWAY_BACKGROUND_RESERVE_SLOTS slots free for them; otherwise it "
+                  "may fill the engine. Give it a high concurrency so a batch can use an idle engine.", "",
+                  kind="checkbox"),
     )
 }  # fmt: skip
 LANE_FIELDS_HELP = {**LANE_RULE_FIELDS, **LANE_LIMIT_FIELDS}

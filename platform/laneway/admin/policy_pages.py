@@ -195,6 +195,8 @@ class PolicyPages(Controller):
             await apply(data, sent)
         except GatewayError as exc:
             typed: dict[str, Any] = {**form, "stop_list": [s for s in lists.get("stop", []) if s]}
+            if kind is LaneIn:  # an unticked box sends nothing: show it unticked, as it was sent
+                typed.setdefault("background", "false")
             param = (exc.param or "").split("[")[0] or None  # stop[2] is shown by the stop list
             return await self._policies_page(svc, request.user, errors={key: (param, exc.message)},
                                              typed={key: typed}, status=exc.status)  # fmt: skip

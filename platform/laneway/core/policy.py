@@ -34,6 +34,9 @@ class LanePolicy:
     max_concurrency: int = 4  # sequences per deployment
     max_unacked_tokens: int = 256
     retry_after_s: int = 1
+    # Background (batch work): runs only in the slots no foreground lane's request can use now,
+    # and hands them back as its requests end (core/scheduler.py).
+    background: bool = False
 
     def matches(self, *, prompt_tokens: int, stream: bool, task: str | None) -> bool:
         if self.match_max_prompt_tokens is not None and prompt_tokens > self.match_max_prompt_tokens:
@@ -127,6 +130,7 @@ class PolicyStore:
                     max_concurrency=r.max_concurrency,
                     max_unacked_tokens=r.max_unacked_tokens,
                     retry_after_s=r.retry_after_s,
+                    background=r.background,
                 )
                 for r in await repo.lanes()
             )

@@ -9,6 +9,13 @@ Choosing the next request for a free slot:
   (each lane caps its own running sequences per deployment); every 1/starvation_share-th
   dispatch that passes over a waiting lower lane goes to the lane whose head waited longest,
   so lower lanes are slowed, never starved;
+- background lanes (LanePolicy.background: batch work) run only in the slots the foreground
+  lanes leave: one is chosen only while no foreground lane has a request that could start
+  now, whatever the priorities, and the starvation share never lifts one. While foreground
+  traffic is recent (a foreground request queued, ran or ended within headroom_window_s) a
+  background request takes a slot only if `background_reserve` slots stay free after it, so
+  an interactive request finds a slot at once; with none recent it may take every slot, and
+  a foreground request that then arrives takes the next slot a background request hands back;
 - tenant within the lane: weighted deficit round robin on tokens (prompt + max_tokens);
   each visit adds quantum (64 tokens by default: fine-grained turns) x tenant weight to
   the tenant's deficit, and a request is served when the deficit covers its cost. A
@@ -21,14 +28,14 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.core import admission
+from laneway.core.lane_queue import LaneQueue
 from laneway.core.policy import LanePolicy
 
 
@@ -48,81 +55,6 @@ class Ticket:
     future: asyncio.Future[None] | None = None
 
 
-@dataclass(eq=False)
-class _TenantQueue:
-    weight: float
-    tickets: deque[Ticket] = field(default_factory=deque)
-    deficit: float = 0.0
-
-
-class _LaneQueue:
-    def __init__(self) -> None:
-        self.tenants: dict[int, _TenantQueue] = {}
-        self.active: deque[int] = deque()  # round-robin order of tenants with waiting tickets
-        self.size = 0
-
-    def push(self, t: Ticket) -> None:
-        q = self.tenants.get(t.tenant_id)
-        if q is None:
-            q = self.tenants[t.tenant_id] = _TenantQueue(weight=t.weight)
-        q.weight = t.weight  # an admin's weight change applies to the next visit
-        if not q.tickets:
-            self.active.append(t.tenant_id)
-        q.tickets.append(t)
-        self.size += 1
-
-    def remove(self, t: Ticket) -> bool:
-        q = self.tenants.get(t.tenant_id)
-        if q is None or t not in q.tickets:
-            return False
-        q.tickets.remove(t)
-        self.size -= 1
-        if not q.tickets:
-            self._retire(t.tenant_id)
-        return True
-
-    def _retire(self, tenant_id: int) -> None:
-        self.active.remove(tenant_id)
-        del self.tenants[tenant_id]  # an idle tenant keeps no credit
-
-    def head_enqueued(self) -> float:
-        return min(self.tenants[tid].tickets[0].enqueued for tid in self.active)
-
-    def ready(self, eligible: Callable[[int], bool]) -> bool:
-        return any(eligible(tid) for tid in self.active)
-
-    def pop(self, quantum: float, eligible: Callable[[int], bool] = lambda _: True) -> Ticket:
-        """The next ticket in weighted deficit round robin among the eligible tenants (the
-        caller checked ready()); tenants that are not eligible keep their place and credit."""
-        while True:
-            for _ in range(len(self.active)):
-                tid = self.active[0]
-                if not eligible(tid):
-                    self.active.rotate(-1)
-                    continue
-                q = self.tenants[tid]
-                head = q.tickets[0]
-                if q.deficit >= head.cost:  # serve; it keeps the turn while its credit lasts
-                    q.deficit -= head.cost
-                    q.tickets.popleft()
-                    self.size -= 1
-                    if not q.tickets:
-                        self._retire(tid)
-                    return head
-                q.deficit += quantum * max(q.weight, 0.01)
-                self.active.rotate(-1)
-            # A whole round served nobody (requests far bigger than the quantum): credit the
-            # rounds until the first tenant can pay at once instead of looping through them.
-            rounds = min(
-                math.ceil((q.tickets[0].cost - q.deficit) / (quantum * max(q.weight, 0.01)))
-                for q in (self.tenants[t] for t in self.active if eligible(t))
-            )
-            if rounds > 1:
-                for t in self.active:
-                    if eligible(t):
-                        self.tenants[t].deficit += (rounds - 1) * quantum * max(self.tenants[t].weight, 0.01)
-
-
 def queue_timeout(lane: LanePolicy, waited_s: float) -> GatewayError:
     return GatewayError(
         ErrorCode.QUEUE_TIMEOUT,
@@ -140,6 +72,7 @@ class DeploymentScheduler:
         starvation_share: float = 0.1,
         headroom: int = 1,
         headroom_window_s: float = 10.0,
+        background_reserve: int = 1,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.capacity = max(1, capacity)
@@ -148,13 +81,16 @@ class DeploymentScheduler:
         # end (only on engines with 4 slots or more: smaller ones have none to spare).
         self.headroom = headroom if self.capacity >= 4 else 0
         self.headroom_window_s = headroom_window_s
+        self.background_reserve = max(0, background_reserve)
+        self._foreground_running = 0
+        self._foreground_seen: float | None = None  # when a foreground request last queued or ended
         self._tenant_running: dict[int, int] = {}
         self._tenant_seen: dict[int, float] = {}  # tenant -> when it last asked for a slot
         self._weights: dict[int, float] = {}  # running tenant -> its weight, as its last grant said
         self.quantum = quantum
         self.starvation_every = max(1, round(1 / starvation_share)) if starvation_share > 0 else 0
         self._clock = clock
-        self._queues: dict[str, _LaneQueue] = {}
+        self._queues: dict[str, LaneQueue[Ticket]] = {}
         self._lanes: dict[str, LanePolicy] = {}  # latest policy seen per lane
         self.running: dict[str, int] = {}
         self.running_total = 0
@@ -193,11 +129,11 @@ class DeploymentScheduler:
         """How many queued requests would be served before a new one from `tenant_id` joining
         `lane`: every request of a more urgent (or equally urgent) lane, and in its own lane
         what the fair order gives it: its own queued requests, and of each other tenant no
-        more turns than their weights allow meanwhile (tenant None: the whole lane)."""
+        more turns than their weights allow meanwhile (tenant None: the whole lane). A
+        background lane's requests are never ahead of a foreground one's; every foreground
+        request is ahead of a background one's."""
         ahead = sum(
-            q.size
-            for name, q in self._queues.items()
-            if name != lane.name and self._lanes[name].priority <= lane.priority
+            q.size for name, q in self._queues.items() if name != lane.name and _before(self._lanes[name], lane)
         )
         own = self._queues.get(lane.name)
         if own is None:
@@ -232,7 +168,8 @@ class DeploymentScheduler:
             return 0.0  # nothing measured yet: no basis to refuse
         ahead = self.ahead_of(lane, tenant_id, weight)
         slots = max(1, self.lane_slots(lane))
-        free = min(slots - self.running.get(lane.name, 0), self.capacity - self.running_total)
+        held_back = self.background_held_back() if lane.background else 0
+        free = min(slots - self.running.get(lane.name, 0), self.capacity - self.running_total - held_back)
         if ahead < free:
             return 0.0  # a slot is free for it now
         return (ahead - max(free, 0) + 1) * service / slots
@@ -266,9 +203,11 @@ class DeploymentScheduler:
         lane = ticket.lane
         self._lanes[lane.name] = lane
         ticket.enqueued = self._clock()
-        self._tenant_seen[ticket.tenant_id] = ticket.enqueued
+        if not lane.background:  # batch work is no newcomer to make headroom for
+            self._tenant_seen[ticket.tenant_id] = ticket.enqueued
+            self._foreground_seen = ticket.enqueued
         ticket.future = asyncio.get_running_loop().create_future()
-        self._queues.setdefault(lane.name, _LaneQueue()).push(ticket)
+        self._queues.setdefault(lane.name, LaneQueue()).push(ticket)
         self._dispatch()
         future = ticket.future
         if future.done() and not future.cancelled() and future.exception() is None:
@@ -312,6 +251,9 @@ class DeploymentScheduler:
         name = ticket.lane.name
         self.running[name] -= 1
         self.running_total -= 1
+        if not ticket.lane.background:
+            self._foreground_running -= 1
+            self._foreground_seen = self._clock()
         prev = self._service_s.get(name)
         self._service_s[name] = held if prev is None else 0.8 * prev + 0.2 * held
         self._dispatch()
@@ -343,6 +285,8 @@ class DeploymentScheduler:
             lane = self._choose_lane(eligible)
             if lane is None:
                 return
+            if self._lanes[lane].background:
+                eligible = _anyone  # the background reserve stands in for the tenants' headroom
             queue = self._queues[lane]
             under = self._under_share(queue, eligible)
             ticket = queue.pop(self.quantum, under.__contains__ if under else eligible)
@@ -353,11 +297,13 @@ class DeploymentScheduler:
             self._weights[ticket.tenant_id] = max(ticket.weight, 0.01)
             self.running[lane] = self.running.get(lane, 0) + 1
             self.running_total += 1
+            if not ticket.lane.background:
+                self._foreground_running += 1
             assert ticket.future is not None
             if not ticket.future.done():
                 ticket.future.set_result(None)
 
-    def _under_share(self, queue: _LaneQueue, eligible: Callable[[int], bool]) -> set[int]:
+    def _under_share(self, queue: LaneQueue[Ticket], eligible: Callable[[int], bool]) -> set[int]:
         """The lane's waiting tenants running fewer requests than their weight's share of the
         slots, among every tenant running or waiting here: they get the next slot before the
         fair order's turn comes round, so a tenant arriving under a flood waits for the next
@@ -376,10 +322,35 @@ class DeploymentScheduler:
             if eligible(tid) and self._tenant_running.get(tid, 0) < per_weight * weights[tid]
         }
 
+    def free_slots(self) -> int:
+        """Slots free now (an alias: across its usable replicas)."""
+        return max(0, self.capacity - self.running_total)
+
+    def foreground_recent(self) -> bool:
+        """Whether a foreground request runs, or queued or ended within headroom_window_s."""
+        seen = self._foreground_seen
+        return self._foreground_running > 0 or (seen is not None and self._clock() - seen < self.headroom_window_s)
+
+    def background_held_back(self) -> int:
+        """Slots a background request must leave free: the reserve while foreground traffic is
+        recent (none on an engine of one slot: it would never run batch work), else none."""
+        if self.capacity < 2 or not self.foreground_recent():
+            return 0
+        return self.background_reserve
+
     def _choose_lane(self, eligible: Callable[[int], bool]) -> str | None:
-        ready = [name for name, q in self._queues.items() if q.size and self.lane_open(name) and q.ready(eligible)]
-        if not ready:
+        waiting = [name for name, q in self._queues.items() if q.size and self.lane_open(name)]
+        foreground = [n for n in waiting if not self._lanes[n].background and self._queues[n].ready(eligible)]
+        if foreground:
+            return self._foreground_lane(foreground)
+        background = [n for n in waiting if self._lanes[n].background]
+        if not background or self.free_slots() - 1 < self.background_held_back():
             return None
+        return min(background, key=lambda n: self._lanes[n].priority)
+
+    def _foreground_lane(self, ready: list[str]) -> str:
+        """Strict priority among the foreground lanes ready now, but every starvation_every-th
+        pass over a waiting lower lane serves the one whose head waited longest."""
         ready.sort(key=lambda n: self._lanes[n].priority)
         top = ready[0]
         lower = [n for n in ready if self._lanes[n].priority > self._lanes[top].priority]
@@ -390,3 +361,14 @@ class DeploymentScheduler:
             self._passed_over = 0
             return min(lower, key=lambda n: self._queues[n].head_enqueued())
         return top
+
+
+def _anyone(_: int) -> bool:
+    return True
+
+
+def _before(other: LanePolicy, lane: LanePolicy) -> bool:
+    """Whether `other`'s queued requests are served before a request joining `lane`."""
+    if other.background != lane.background:
+        return lane.background
+    return other.priority <= lane.priority

@@ -119,6 +119,8 @@ class Lane(Base):
     max_concurrency: Mapped[int] = mapped_column(Integer, default=4)
     max_unacked_tokens: Mapped[int] = mapped_column(Integer, default=256)
     retry_after_s: Mapped[int] = mapped_column(Integer, default=1)
+    # Background lanes (batch work) take an engine slot only when no foreground request can.
+    background: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class TaskPolicy(Base):

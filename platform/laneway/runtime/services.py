@@ -213,6 +213,7 @@ class Runtime:
             quantum=settings.scheduler_quantum,
             starvation_share=settings.lane_starvation_share,
             headroom=settings.scheduler_headroom_slots,
+            background_reserve=settings.background_reserve_slots,
             shared_slots=shared_slots,
             max_tries=settings.failover_max_tries,
             retry_budget=RetryBudget(

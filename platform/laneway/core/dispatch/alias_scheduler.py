@@ -12,6 +12,12 @@ Lane caps hold per replica, as they do for one deployment; the headroom is the a
 several tenants use it and only `headroom` slots are free across its replicas, only a tenant
 running nothing gets one. Admission reads this queue (its depth, its predicted wait over all
 the replicas' slots).
+
+Background lanes (batch work) are the alias's too: one is dispatched only while no foreground
+request here could be, its reserve counts the free slots across the replicas, and it is bound
+to a replica with a free slot whenever one can serve it, not queued on a full one, where it
+would take the slot that frees ahead of a foreground request waiting here (the replicas' own
+reserve is 0).
 """
 
 from __future__ import annotations
@@ -61,6 +67,9 @@ class AliasScheduler(DeploymentScheduler):
     def _free(self, r: LiveDeployment) -> int:
         return self._capacity_of(r) - r.outstanding
 
+    def free_slots(self) -> int:
+        return sum(max(0, self._free(r)) for r in self.usable())
+
     def has_room(self) -> bool:
         usable = self.usable()
         self.capacity = sum(self._capacity_of(r) for r in usable)
@@ -99,6 +108,8 @@ class AliasScheduler(DeploymentScheduler):
         able = [r for r in replicas if needs <= r.engine.info.capabilities] or replicas
         serving = [r for r in able if lane in r.spec.config.get("lanes", (lane,))] or able
         dedicated = [r for r in serving if lane in r.spec.config.get("lanes", ()) and self._free(r) > 0]
+        if ticket.lane.background:
+            return dedicated or [r for r in serving if self._free(r) > 0] or serving
         return dedicated or serving
 
     def _place(self, ticket: Ticket) -> None:

@@ -60,6 +60,7 @@ class Gateway:
         quantum: int = 64,
         starvation_share: float = 0.1,
         headroom: int = 1,
+        background_reserve: int = 1,
         shared_slots: SharedSlots | None = None,
         max_tries: int = 2,
         retry_budget: RetryBudget | None = None,
@@ -74,7 +75,8 @@ class Gateway:
         self.preparer = Preparer(registry, policies, default_max_tokens=default_max_tokens)
         self.failover = Failover(registry, max_tries=max_tries, budget=retry_budget)
         self.waiting = Waiting(registry, shared_slots=shared_slots, routing=routing, routing_params=routing_params,
-                               quantum=quantum, starvation_share=starvation_share, headroom=headroom)  # fmt: skip
+                               quantum=quantum, starvation_share=starvation_share, headroom=headroom,
+                               background_reserve=background_reserve)  # fmt: skip
         self._background: set[asyncio.Task[Any]] = set()
         self._leases: set[Lease] = set()  # opened and not yet released
         self._leases_opened = 0

@@ -51,12 +51,13 @@ class Waiting:
         """The deployment's scheduler: in this process for an engine only this replica uses (one
         running in-process, or no Redis to share through), in Redis for a remote engine that
         several replicas front (core/shared_slots/). Behind an alias's dispatch, the alias
-        keeps the headroom for newcomers: the replica's own would hold it back twice."""
+        keeps the headroom for newcomers and the background reserve: the replica's own would
+        hold them back twice."""
         s = self._schedulers.get(deployment)
         if s is None:
             local = dict(self._scheduling)
             if self.dispatch.late(deployment.spec.alias, False):
-                local["headroom"] = 0
+                local["headroom"] = local["background_reserve"] = 0
             capacity = deployment.engine.info.max_concurrency
             if self.shared_slots is not None and deployment.shared:
                 s = self.shared_slots.scheduler(deployment.spec.name, capacity, **local)
