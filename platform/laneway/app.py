@@ -26,6 +26,8 @@ from laneway.admin.route_pages import RoutePages
 from laneway.admin.tenant_pages import TenantPages
 from laneway.admin.ui import AdminUI
 from laneway.admin.usage_ui import UsagePages
+from laneway.api.batches.batches import BatchesController
+from laneway.api.batches.files import FilesController
 from laneway.api.embeddings import EmbeddingsController
 from laneway.api.errors import ErrorHandlers
 from laneway.api.handlers import OpenAIController
@@ -64,6 +66,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
             OpenAIController,
             EmbeddingsController,
             ResponsesController,
+            FilesController,
+            BatchesController,
             # The admin session, then the CSRF token of a change: in a header for the JSON API,
             # in the form for the pages (which redirect to the login page without a session).
             Router("/", route_handlers=[AdminAPI], guards=[admin.session, csrf_header]),

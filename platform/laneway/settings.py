@@ -168,6 +168,18 @@ class Settings:
     # (the default): tracing is off and costs nothing. Needs the `otel` extra when set.
     otlp_traces_endpoint: str | None = None
     otel_service_name: str = "laneway"  # OTEL_SERVICE_NAME
+    # Batch jobs (OpenAI's Files and Batches API, docs/batches.md): this replica works on any
+    # tenant's batch, its lines leased from the database for batch_lease_s (renewed while they
+    # run; a replica that dies loses its lines to another after that). False: the API still
+    # takes batches, and other replicas run them.
+    batch_runner: bool = True
+    batch_poll_interval_s: float = 1.0
+    batch_lease_s: float = 60.0
+    # A batch's input file: OpenAI's limits (the body is kept in the database).
+    batch_max_file_bytes: int = 200 * 1024 * 1024
+    batch_max_lines: int = 50_000
+    # The "24h" completion window in seconds (shorter only for tests and drills).
+    batch_window_s: float = 24 * 3600.0
 
     @property
     def resolved_database_url(self) -> str:

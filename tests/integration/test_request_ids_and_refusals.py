@@ -164,7 +164,7 @@ def test_refusals_before_admission_are_counted_once_by_endpoint_status_and_code(
     with pytest.raises(openai.NotFoundError):
         sdk(gw).models.retrieve("nope")
     assert httpx.get(gw.base_url + "/no/such/path").status_code == 404
-    assert httpx.delete(gw.base_url + "/v1/files/file-abc123").status_code == 404  # an OpenAI area laneway lacks
+    assert httpx.delete(gw.base_url + "/v1/fine_tuning/jobs/ftjob-1").status_code == 404  # an OpenAI area laneway lacks
     after = snapshot(gw)
 
     def delta(**labels: str) -> float:
@@ -177,7 +177,7 @@ def test_refusals_before_admission_are_counted_once_by_endpoint_status_and_code(
     assert delta(endpoint="/v1/models/{model_id}", status="404", code="model_not_found") == 1
     # Unmatched routes by method and a bounded path: an OpenAI area by name, anything else "other".
     assert delta(endpoint="unmatched", status="404", code="", method="GET", path="other") == 1
-    assert delta(endpoint="unmatched", status="404", code="", method="DELETE", path="/v1/files") == 1
+    assert delta(endpoint="unmatched", status="404", code="", method="DELETE", path="/v1/fine_tuning") == 1
     assert delta(endpoint=chat, method="POST", path="") == 2  # a matched route's template says where
     assert delta() == 6
     assert count(after, ADMITTED) == count(before, ADMITTED)  # none of them was admitted

@@ -27,6 +27,7 @@ START_ORDER = [
     "loop lag",
     "config changes",
     "engine watch",
+    "batch runner",
     "requests",
 ]
 

@@ -52,7 +52,8 @@ def test_the_v1_handlers_resolve_one_dependency(app: Litestar) -> None:
     for path, handler in v1:
         provided = set(handler.resolve_dependencies())
         declared = set(handler.parsed_fn_signature.parameters) & provided
-        assert declared == {"api"}, f"{path} declares {declared}: one pre-built object keeps the hot path cheap"
+        # The generation routes take `api`; the Files and Batches routes `batch_api`.
+        assert declared in ({"api"}, {"batch_api"}), f"{path} declares {declared}: one pre-built object is cheap"
 
 
 def _is_session_guard(guard: Any) -> bool:

@@ -17,8 +17,8 @@ from numpy.typing import NDArray
 from laneway.api import openapi
 from laneway.api.disconnect import ClientDisconnected, HttpClient
 from laneway.api.protocol import encode
-from laneway.api.request import authenticate, decode, routing, unsupported
-from laneway.api.services import Api
+from laneway.api.request import Incoming, authenticate, decode, routing, unsupported
+from laneway.api.services import Api, ApiServices
 from laneway.api.stream import lane_header
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import invalid_request
@@ -103,19 +103,24 @@ class EmbeddingsController(Controller):
         operation_class=openapi.generation(CreateEmbeddingResponse, CreateEmbeddingRequest),
     )
     async def create_embeddings(self, request: Request, api: Api) -> Response[bytes]:  # type: ignore[type-arg]
-        tenant = await authenticate(request, api.authenticator)
-        req = await decode(request, CreateEmbeddingRequest)
-        if req.dimensions is not None:
-            raise unsupported("dimensions", "shortened vectors; the model's vectors keep their own length")
-        intent = EmbeddingIntent(alias=req.model, inputs=_inputs(req), **routing(request, None, req.user))
-        try:
-            embedded = await api.gateway.serve(tenant, intent, HttpClient(request))
-        except ClientDisconnected:
-            return Response(b"", status_code=CLIENT_CLOSED)
-        call, result = embedded.call, embedded.result
-        headers = lane_header(call)
-        if result.vectors.size > OFF_LOOP_FLOATS:  # a big answer's encoding would hold up every other request
-            body = await asyncio.to_thread(_body, call, result, req.encoding_format)
-        else:
-            body = _body(call, result, req.encoding_format)
-        return Response(body, media_type=MediaType.JSON, headers=headers)
+        return await create_embeddings(request, api)
+
+
+async def create_embeddings(request: Incoming, api: ApiServices) -> Response[bytes]:
+    """POST /v1/embeddings, for the controller and for a batch's lines (api/batches/lines.py)."""
+    tenant = await authenticate(request, api.authenticator)
+    req = await decode(request, CreateEmbeddingRequest)
+    if req.dimensions is not None:
+        raise unsupported("dimensions", "shortened vectors; the model's vectors keep their own length")
+    intent = EmbeddingIntent(alias=req.model, inputs=_inputs(req), **routing(request, None, req.user))
+    try:
+        embedded = await api.gateway.serve(tenant, intent, HttpClient(request))
+    except ClientDisconnected:
+        return Response(b"", status_code=CLIENT_CLOSED)
+    call, result = embedded.call, embedded.result
+    headers = lane_header(call)
+    if result.vectors.size > OFF_LOOP_FLOATS:  # a big answer's encoding would hold up every other request
+        body = await asyncio.to_thread(_body, call, result, req.encoding_format)
+    else:
+        body = _body(call, result, req.encoding_format)
+    return Response(body, media_type=MediaType.JSON, headers=headers)

@@ -14,7 +14,7 @@ from laneway.api import protocol as p
 from laneway.api.request_ids import client_request_id
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError, invalid_request, validation_error
-from laneway.contracts.scope import TRACE_KEY
+from laneway.contracts.scope import BACKGROUND_KEY, TENANT_KEY, TRACE_KEY
 from laneway.core.auth import KeyAuthenticator
 from laneway.core.pipeline import GenerationIntent
 from laneway.types import ChatTurn, SamplingExtensions, TenantSnapshot, ToolCall
@@ -38,9 +38,13 @@ class Incoming(Protocol):
 
 
 async def authenticate(request: Incoming, auth: KeyAuthenticator) -> TenantSnapshot:
-    """The tenant of the request's API key (401/403/503 otherwise); an `auth` span when traced."""
+    """The tenant of the request's API key (401/403/503 otherwise); an `auth` span when traced.
+    A batch line carries its tenant on the scope (api/batches/lines.py)."""
+    scope = request.scope
     header = request.headers.get("authorization")
-    trace: RequestTrace | None = request.scope.get(TRACE_KEY)
+    trace: RequestTrace | None = scope.get(TRACE_KEY)
+    if header is None and TENANT_KEY in scope:
+        return scope[TENANT_KEY]  # type: ignore[no-any-return]
     if trace is None:  # tracing off: this branch is all it costs
         return await auth.authenticate(header)
     return await trace.auth(auth.authenticate(header))
@@ -265,6 +269,7 @@ def routing(request: Incoming, metadata: dict[str, str] | None, user: str | None
         "priority": priority,
         "user": user,
         "client_request_id": client_request_id(request.headers.get("x-request-id")),
+        "background": BACKGROUND_KEY in request.scope,  # a batch line: the background lane
     }
 
 

@@ -69,6 +69,10 @@ class TaskPolicy:
 
 # Used when the lanes table is empty: one lane that takes everything.
 DEFAULT_LANE = LanePolicy(name="default", max_queue_depth=256, queue_timeout_s=30.0, max_concurrency=64)
+# Batch lines' lane where the admins configured no background lane (and none named "batch").
+BACKGROUND_LANE = LanePolicy(name="batch", priority=1_000, background=True, max_queue_depth=4096,
+                             queue_timeout_s=600.0, max_concurrency=1_024, max_unacked_tokens=4096,
+                             retry_after_s=30)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from laneway.contracts.errors import invalid_request
-from laneway.core.policy import DEFAULT_LANE, LanePolicy, PolicySnapshot
+from laneway.core.policy import BACKGROUND_LANE, DEFAULT_LANE, LanePolicy, PolicySnapshot
 
 
 class LaneRouter:
@@ -15,9 +15,15 @@ class LaneRouter:
         stream: bool,
         task: str | None,
         explicit_lane: str | None = None,
+        background: bool = False,
     ) -> LanePolicy:
-        """An explicit lane wins (and must exist); otherwise the first lane whose rule matches;
-        otherwise the last lane (the catch-all); with no lanes configured, one default lane."""
+        """A batch line (background) goes to the first background lane, else the lane named
+        "batch", else a built-in background lane. Otherwise an explicit lane wins (and must
+        exist); else the first lane whose rule matches; else the last lane (the catch-all);
+        with no lanes configured, one default lane."""
+        if background:
+            idle = [x for x in snapshot.lanes if x.background]
+            return idle[0] if idle else snapshot.lane("batch") or BACKGROUND_LANE
         if explicit_lane:
             lane = snapshot.lane(explicit_lane)
             if lane is None:

@@ -29,6 +29,8 @@ from laneway.admin.guards import AdminGuards
 from laneway.admin.live import LiveFigures
 from laneway.admin.service import AdminService
 from laneway.admin.throttle import LoginGuard
+from laneway.api.batches.runner import BatchRunner
+from laneway.api.batches.services import BatchServices
 from laneway.api.services import ApiServices
 from laneway.bootstrap import admin_password_file, bootstrap_admin, bootstrap_demo, bootstrap_first_admin
 from laneway.core.auth import KeyAuthenticator
@@ -48,6 +50,7 @@ from laneway.db.repositories import ModelRepository
 from laneway.db.session import make_engine, make_sessionmaker
 from laneway.engines.registry import EngineRegistry
 from laneway.metrics import GatewayMetrics
+from laneway.runtime.batch_jobs import batch_services
 from laneway.runtime.engine_watch import enabled_deployments, watch_engines
 from laneway.runtime.health_access import HealthDetailsAccess
 from laneway.runtime.lifecycle import Lifecycle, cancelled
@@ -82,6 +85,8 @@ class Runtime:
     admin: AdminService
     logins: Logins
     api: ApiServices
+    batches: BatchServices
+    batch_runner: BatchRunner | None  # None: this replica takes batches, others run them
     started_at: float
 
     def __init__(self, settings: Settings, *, tracing: Tracing | None = None) -> None:
@@ -118,7 +123,10 @@ class Runtime:
         await self.lifecycle.stop()
 
     async def drain(self) -> None:
-        """Finish or cut what runs, within drain_timeout_s (the server's first SIGTERM)."""
+        """Finish or cut what runs, within drain_timeout_s (the server's first SIGTERM); batch
+        lines stop being claimed first, so those running drain with the rest."""
+        if self.batch_runner is not None:
+            self.batch_runner.stop_claiming()
         await self.gateway.drain(self.settings.drain_timeout_s)
 
     @asynccontextmanager
@@ -260,6 +268,12 @@ class Runtime:
                                   currency=settings.currency)  # fmt: skip
         self.logins = Logins(self.login_guard, sessions, settings.admin_cookie_secure, admin_password_file(settings))
         self.api = ApiServices(gateway, authenticator, settings.stream_send_timeout_s, self.started_at)
+        self.batches, runner = batch_services(settings, sessions, self.api, registry)
+        self.batch_runner = runner
+        if runner is not None:
+            await runner.start()
+            steps.started_step("batch runner", runner.stop)  # after the requests drained: it writes their lines
+            self.metrics.watch(runner.readings)
         # First to stop: whatever the server left running (a drain already ran on SIGTERM).
         steps.started_step("requests", lambda: gateway.drain(0))
         # What start-up allocated lives as long as the process: keep it out of the collector's
@@ -312,6 +326,9 @@ class Runtime:
     def provide_api(self) -> ApiServices:
         return self.api
 
+    def provide_batch_api(self) -> BatchServices:
+        return self.batches
+
     def provide_gateway(self) -> Gateway:
         return self.gateway
 
@@ -346,6 +363,7 @@ class Runtime:
         """The app-level providers; a handler gets the ones it names as parameters."""
         return {
             "api": Provide(self.provide_api, sync_to_thread=False),
+            "batch_api": Provide(self.provide_batch_api, sync_to_thread=False),
             "gateway": Provide(self.provide_gateway, sync_to_thread=False),
             "metrics": Provide(self.provide_metrics, sync_to_thread=False),
             "admin_service": Provide(self.provide_admin_service, sync_to_thread=False),

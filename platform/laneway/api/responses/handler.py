@@ -20,7 +20,7 @@ from litestar.response import Stream
 
 from laneway.api import openapi
 from laneway.api.disconnect import ClientDisconnected, HttpClient
-from laneway.api.request import authenticate, decode, hints
+from laneway.api.request import Incoming, authenticate, decode, hints
 from laneway.api.responses import protocol as rp
 from laneway.api.responses.assembler import ResponseAssembler, in_progress, response_usage
 from laneway.api.responses.request import (
@@ -32,7 +32,7 @@ from laneway.api.responses.request import (
     refuse_unsupported,
     text_format,
 )
-from laneway.api.services import Api
+from laneway.api.services import Api, ApiServices
 from laneway.api.stream import respond, sse
 from laneway.contracts.errors import GatewayError
 from laneway.core.pipeline import CLIENT_CLOSED, Completed, GenerationIntent, Streaming
@@ -52,40 +52,45 @@ class ResponsesController(Controller):
         ),
     )
     async def create_response(self, request: Request, api: Api) -> Response[bytes] | Stream:  # type: ignore[type-arg]
-        tenant = await authenticate(request, api.authenticator)
-        req = await decode(request, rp.ResponsesRequest)  # an unknown parameter is a 400 naming it
-        refuse_unsupported(req)
-        turns = input_turns(req.instructions, req.input)
-        fmt = text_format(req.text)
-        features = feature_arguments(
-            chat_tools(req.tools),
-            chat_tool_choice(req.tool_choice),
-            req.parallel_tool_calls,
-            chat_response_format(fmt),
-            turns,
-        )
-        routing = hints(request, req)
-        routing["task"] = routing["task"] or "chat"  # a Responses request is a chat: the chat task policy applies
-        intent = GenerationIntent(endpoint="responses", alias=req.model, stream=req.stream, messages=turns,
-                                  max_tokens=req.max_output_tokens, temperature=req.temperature, top_p=req.top_p,
-                                  **features, **routing)  # fmt: skip
-        try:
-            answer = await api.gateway.serve(tenant, intent, HttpClient(request))
-        except ClientDisconnected:
-            return Response(b"", status_code=CLIENT_CLOSED)
-        except GatewayError as exc:  # the pipeline names chat's parameters: name this API's
-            exc.param = _RESPONSES_PARAM.get(exc.param or "", exc.param)
-            raise
-        call = answer.call
-        assembler = ResponseAssembler(in_progress(call, req, fmt), lambda: response_usage(call), stream=req.stream)
+        return await create_response(request, api)
 
-        def body(done: Completed) -> rp.ResponseObject:
-            for delta in done.deltas:
-                assembler.feed(delta)
-            return assembler.response()
 
-        def events(stream: Streaming) -> AsyncIterator[bytes]:
-            # Named events, no [DONE] (OpenAI sends none on this API); a failure ends with response.failed.
-            return sse(stream, assembler.start(), assembler.feed, None, fail=assembler.failed, done=b"")
+async def create_response(request: Incoming, api: ApiServices) -> Response[bytes] | Stream:
+    """POST /v1/responses, for the controller and for a batch's lines (api/batches/lines.py)."""
+    tenant = await authenticate(request, api.authenticator)
+    req = await decode(request, rp.ResponsesRequest)  # an unknown parameter is a 400 naming it
+    refuse_unsupported(req)
+    turns = input_turns(req.instructions, req.input)
+    fmt = text_format(req.text)
+    features = feature_arguments(
+        chat_tools(req.tools),
+        chat_tool_choice(req.tool_choice),
+        req.parallel_tool_calls,
+        chat_response_format(fmt),
+        turns,
+    )
+    routing = hints(request, req)
+    routing["task"] = routing["task"] or "chat"  # a Responses request is a chat: the chat task policy applies
+    intent = GenerationIntent(endpoint="responses", alias=req.model, stream=req.stream, messages=turns,
+                              max_tokens=req.max_output_tokens, temperature=req.temperature, top_p=req.top_p,
+                              **features, **routing)  # fmt: skip
+    try:
+        answer = await api.gateway.serve(tenant, intent, HttpClient(request))
+    except ClientDisconnected:
+        return Response(b"", status_code=CLIENT_CLOSED)
+    except GatewayError as exc:  # the pipeline names chat's parameters: name this API's
+        exc.param = _RESPONSES_PARAM.get(exc.param or "", exc.param)
+        raise
+    call = answer.call
+    assembler = ResponseAssembler(in_progress(call, req, fmt), lambda: response_usage(call), stream=req.stream)
 
-        return respond(api, answer, body, events)
+    def body(done: Completed) -> rp.ResponseObject:
+        for delta in done.deltas:
+            assembler.feed(delta)
+        return assembler.response()
+
+    def events(stream: Streaming) -> AsyncIterator[bytes]:
+        # Named events, no [DONE] (OpenAI sends none on this API); a failure ends with response.failed.
+        return sse(stream, assembler.start(), assembler.feed, None, fail=assembler.failed, done=b"")
+
+    return respond(api, answer, body, events)

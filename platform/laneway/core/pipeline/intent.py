@@ -24,6 +24,7 @@ class GenerationIntent:
     priority: int = 0
     user: str | None = None  # the request's `user`: the end user behind the tenant
     client_request_id: str | None = None  # the client's X-Request-Id, when sane
+    background: bool = False  # a batch line: runs in the background lane, whatever `lane` says
     # OpenAI's prompt_cache_key (checked by the API): keeps a conversation on the replica that
     # holds its prefix while load allows (core/dispatch/).
     prompt_cache_key: str | None = None
@@ -56,6 +57,7 @@ class EmbeddingIntent:
     priority: int = 0
     user: str | None = None  # the request's `user`: the end user behind the tenant
     client_request_id: str | None = None  # the client's X-Request-Id, when sane
+    background: bool = False  # a batch line: runs in the background lane, whatever `lane` says
 
 
 Intent = GenerationIntent | EmbeddingIntent

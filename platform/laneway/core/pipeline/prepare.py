@@ -57,7 +57,9 @@ class Preparer:
         return call
 
     async def generation(self, tenant: TenantSnapshot, intent: GenerationIntent) -> Call:
-        any_replica = self.accessible(tenant, intent.alias, intent.lane)  # replicas of an alias share a tokenizer
+        any_replica = self.accessible(
+            tenant, intent.alias, _asked_lane(intent)
+        )  # replicas of an alias share a tokenizer
         priority = max(intent.priority, tenant.priority_floor)  # no more urgent than the tenant may ask
         offered = tuple(intent.tools) if intent.tool_choice != "none" else ()
         asked_format = intent.response_format
@@ -67,7 +69,7 @@ class Preparer:
                                                     response_format=form)  # fmt: skip
         snapshot = self.policies.current
         chosen = self.router.route(snapshot, prompt_tokens=measured.tokens, stream=intent.stream, task=intent.task,
-                                   explicit_lane=intent.lane)  # fmt: skip
+                                   explicit_lane=_asked_lane(intent), background=intent.background)  # fmt: skip
         # What the request asks beyond text: the deployment chosen must be able to do it.
         generation = GenerationRequest(
             request_id="",
@@ -178,7 +180,7 @@ class Preparer:
         each input, refuse one beyond the context (as OpenAI does, never truncated), route by
         the inputs' total tokens and task "embeddings"."""
         alias, inputs = intent.alias, intent.inputs
-        any_replica = self.accessible(tenant, alias, intent.lane, embeddings=True)
+        any_replica = self.accessible(tenant, alias, _asked_lane(intent), embeddings=True)
         priority = max(intent.priority, tenant.priority_floor)
         engine = embedder(any_replica.engine)
         if engine is None:  # declared the capability without implementing it: a bug in the adapter
@@ -194,7 +196,7 @@ class Preparer:
             )
         task = intent.task or "embeddings"
         chosen = self.router.route(self.policies.current, prompt_tokens=total, stream=False, task=task,
-                                   explicit_lane=intent.lane)  # fmt: skip
+                                   explicit_lane=_asked_lane(intent), background=intent.background)  # fmt: skip
         deployment = self.registry.resolve(alias, chosen.name, embeddings=True)
         context = deployment.engine.info.max_model_len
         longest = max(range(len(counts)), key=counts.__getitem__)
@@ -232,6 +234,11 @@ def cache_salt(tenant: TenantSnapshot) -> str:
     """The tenant's prefix-cache partition: engines reuse cached prompt cells only within it,
     so one tenant can never time another's prompts (clients cannot send their own)."""
     return f"laneway-tenant-{tenant.id}"
+
+
+def _asked_lane(intent: GenerationIntent | EmbeddingIntent) -> str | None:
+    """The lane the client named; a batch line's is the background lane, whatever it named."""
+    return None if intent.background else intent.lane
 
 
 def _kept_prompt_tokens(measured: int, ext: SamplingExtensions | None) -> int:

@@ -1,0 +1,185 @@
+"""BatchRunner: this replica's share of every tenant's batches, as background work.
+
+Lines are leased from the database (db/batch_store.py), any replica working on any batch;
+each runs through the pipeline in the background lane, which takes an engine slot only when
+no foreground request waits for it and hands it back as the line ends (core/scheduler.py).
+The runner keeps each tenant's lines in flight up to the engines' slots plus a few, so a
+freed slot is taken from the lane's queue at once, without a database round trip, and the
+scheduler's weighted fair order shares the idle capacity among tenants.
+
+A line's result is written once (the store's conditional update); a line refused for its
+pace (a rate limit, a quota, a full queue) goes back to pending until its Retry-After. A
+replica that dies holds its lines until their leases pass; SIGTERM stops claiming, lets
+what runs finish within the drain and hands back the rest."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+
+from laneway.api.batches.finalize import finalize
+from laneway.api.batches.lines import run_line
+from laneway.api.services import ApiServices
+from laneway.db.batch_store import BatchStore, ClaimedItem
+from laneway.metrics import Reading
+
+log = logging.getLogger("laneway.batches")
+STATES_EVERY_S = 10.0  # the lines-by-state gauge: one GROUP BY query this often, not per scrape
+WRITE_TRIES = 3  # a result's write, while the database blinks; past it the lease runs out and the line reruns
+
+
+class BatchRunner:
+    def __init__(
+        self,
+        store: BatchStore,
+        api: ApiServices,
+        *,
+        owner: str,
+        slots: Callable[[], int],
+        poll_s: float = 1.0,
+        lease_s: float = 60.0,
+    ) -> None:
+        self.store, self.api, self.owner = store, api, owner
+        self._slots = slots  # the engines' slots this replica sees: how much work to keep queued
+        self.finished: Counter[str] = Counter()  # this replica's lines, by how they ended (and retries)
+        self.tokens = 0  # tokens of the lines this replica ran: rate() is the batch throughput
+        self.states: dict[str, int] = {}  # every replica's lines by state, read from the database
+        self._last_states = 0.0
+        self.poll_s, self.lease_s = poll_s, lease_s
+        self._running: dict[int, tuple[ClaimedItem, asyncio.Task[None]]] = {}
+        self._claiming = True
+        self._wake = asyncio.Event()
+        self._loop: asyncio.Task[None] | None = None
+        self._last_renew = 0.0
+
+    # ---- lifecycle ----
+    async def start(self) -> None:
+        self._loop = asyncio.create_task(self._run(), name="batch-runner")
+
+    def stop_claiming(self) -> None:
+        """SIGTERM: take no more lines; those running finish within the drain."""
+        self._claiming = False
+        self._wake.set()
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Stop the loop, give running lines `grace_s` to write what they got, hand back the rest."""
+        self.stop_claiming()
+        if self._loop is not None:
+            self._loop.cancel()
+            await asyncio.gather(self._loop, return_exceptions=True)
+        tasks = [task for _, task in self._running.values()]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=grace_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        try:
+            handed = await self.store.release(self.owner)
+        except Exception:  # the database is gone: the leases run out and another replica takes them
+            log.warning("could not hand back this replica's batch lines; their leases will expire", exc_info=True)
+            return
+        if handed:
+            log.info("handed back %d batch lines for another replica", handed)
+
+    def kick(self) -> None:
+        """Look for work now (a batch was created, a line ended)."""
+        self._wake.set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    # ---- the loop ----
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the database blinked: the next tick tries again
+                log.warning("batch runner tick failed", exc_info=True)
+            self._wake.clear()
+            try:
+                async with asyncio.timeout(self.poll_s):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    async def _tick(self) -> None:
+        await self.store.expire_due()
+        if self._claiming:
+            await self._claim()
+        now = time.monotonic()
+        if self._running and now - self._last_renew >= self.lease_s / 3:
+            self._last_renew = now
+            await self.store.renew(self.owner, list(self._running), self.lease_s)
+        for batch_id in await self.store.to_finalize(self.owner, self.lease_s):
+            await finalize(self.store, self.owner, batch_id)
+        if now - self._last_states >= STATES_EVERY_S:
+            self._last_states = now
+            self.states = await self.store.counts_by_state()
+
+    async def _claim(self) -> None:
+        """Each tenant with work gets up to the slots plus a quarter in flight: enough that the
+        background lane's queue always holds its next line, shared fairly by the scheduler."""
+        per_tenant = max(1, self._slots()) * 5 // 4 + 1
+        held = Counter(item.tenant_id for item, _ in self._running.values())
+        for batch_id, tenant_id in await self.store.active_batches():
+            room = per_tenant - held[tenant_id]
+            if room <= 0:
+                continue
+            for item in await self.store.claim(batch_id, self.owner, room, self.lease_s):
+                held[tenant_id] += 1
+                task = asyncio.create_task(self._line(item), name=f"batch-line-{item.id}")
+                self._running[item.id] = (item, task)
+
+    async def _line(self, item: ClaimedItem) -> None:
+        try:
+            outcome = await run_line(self.api, item.endpoint, item.custom_id, item.key_sha256, item.body)
+            if outcome.retry_after is not None:
+                until = datetime.now(UTC) + timedelta(seconds=outcome.retry_after)
+                await self._write(lambda: self.store.retry_later(item.id, self.owner, until))
+                self._count("retried")
+            else:
+                state = "succeeded" if outcome.ok else "failed"
+                if await self._write(lambda: self.store.finish(item.id, self.owner, state, outcome.line.decode())):
+                    self._count(state, outcome.tokens)
+        finally:
+            self._running.pop(item.id, None)
+            self._wake.set()
+
+    async def _write(self, write: Callable[[], Awaitable[object]]) -> bool:
+        for attempt in range(WRITE_TRIES):
+            try:
+                result = await write()
+                return result is not False
+            except Exception:
+                if attempt == WRITE_TRIES - 1:
+                    log.warning("could not write a batch line's result; it will run again", exc_info=True)
+                    return False
+                await asyncio.sleep(0.5 * 2**attempt)
+        return False
+
+    def _count(self, state: str, tokens: int = 0) -> None:
+        self.finished[state] += 1
+        self.tokens += tokens
+
+    def readings(self) -> list[Reading]:
+        out: list[Reading] = [
+            ("laneway_batch_lines_in_flight", "Batch lines this replica is running or queueing.", "gauge", {},
+             len(self._running)),
+            ("laneway_batch_tokens_total", "Prompt and completion tokens of the batch lines this replica ran.",
+             "counter", {}, self.tokens),
+        ]  # fmt: skip
+        for state, n in sorted(self.finished.items()):
+            out.append(("laneway_batch_lines_total", "Batch lines this replica ended, by state (succeeded, "
+                        "failed) or sent back to wait (retried).", "counter", {"state": state}, n))  # fmt: skip
+        for state, n in sorted(self.states.items()):
+            out.append(("laneway_batch_lines", "Every replica's batch lines by state (pending, running, "
+                        "succeeded, failed, expired, cancelled), read from the database.", "gauge",
+                        {"state": state}, n))  # fmt: skip
+        return out
