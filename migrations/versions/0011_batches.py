@@ -40,6 +40,7 @@ def upgrade() -> None:
         sa.Column("tenant_id", sa.Integer(), nullable=False),
         sa.Column("key_sha256", sa.String(length=64), nullable=False),
         sa.Column("endpoint", sa.String(length=40), nullable=False),
+        sa.Column("model", sa.String(length=200), nullable=False, server_default=""),
         sa.Column("input_file_id", sa.String(length=40), nullable=False),
         sa.Column("completion_window", sa.String(length=10), nullable=False),
         sa.Column("metadata", sa.JSON(), nullable=True),

@@ -114,7 +114,7 @@ async def test_a_batch_runs_to_completion_with_its_counts_and_files(env: Env) ->
     assert info.created_at == info.in_progress_at == START and info.expires_at == START + timedelta(days=1)
     assert info.metadata == {"job": "nightly"} and (info.total, info.completed, info.failed) == (5, 0, 0)
     assert await store.get_batch(env.other, batch_id) is None
-    assert await store.active_batches() == [(batch_id, env.acme)]
+    assert await store.active_batches() == [(batch_id, env.acme, "")]
     assert await store.to_finalize("r1", 60) == []  # lines left to run
 
     claimed = await store.claim(batch_id, "r1", 10, 30)
@@ -203,7 +203,7 @@ async def test_an_expired_lease_is_claimed_again_and_the_first_answer_is_dropped
     clock.advance(25)
     assert [c.custom_id for c in await store.claim(batch_id, "r2", 5, 30)] == ["req-1"]  # req-0 still r1's
     clock.advance(10)  # r1's lease ran out at 50s
-    assert await store.active_batches() == [(batch_id, env.acme)]
+    assert await store.active_batches() == [(batch_id, env.acme, "")]
     again = await store.claim(batch_id, "r2", 5, 30)
     assert [(c.custom_id, c.attempts) for c in again] == [("req-0", 2)]
     await store.renew("r1", [first[0].id], 300)  # not r1's any more: no effect
@@ -246,7 +246,7 @@ async def test_retry_later_waits_for_not_before(env: Env) -> None:
     assert await store.active_batches() == [] and await store.claim(batch_id, "r1", 1, 30) == []
     assert await store.to_finalize("r1", 60) == []  # still to run
     clock.advance(1)
-    assert await store.active_batches() == [(batch_id, env.acme)]
+    assert await store.active_batches() == [(batch_id, env.acme, "")]
     assert [(c.id, c.attempts) for c in await store.claim(batch_id, "r2", 1, 30)] == [(item.id, 2)]
 
 
@@ -303,7 +303,7 @@ async def test_expire_due_expires_pending_items_past_the_window(env: Env) -> Non
     claimed = await store.claim(batch_id, "r1", 2, 120)
     assert await store.expire_due() == []
     clock.advance(61)
-    assert await store.active_batches() == [(in_time, env.acme)]
+    assert await store.active_batches() == [(in_time, env.acme, "")]
     assert await store.claim(batch_id, "r2", 5, 30) == []  # past its window: nothing more starts
     assert await store.expire_due() == [batch_id]
     assert [o.state for o in await store.output_lines(batch_id)] == ["running", "running", "expired", "expired"]

@@ -40,14 +40,15 @@ def test_chat_batch_answers_each_line_once_and_a_bad_line_goes_to_the_error_file
     lines = [chat_line(f"q{i}", "fast", f"question {i}") for i in range(5)]
     lines.append(chat_line("unknown-param", "fast", "hi", bogus=1))  # a 400 for its body, at run time
     lines.append(chat_line("too-long", "fast", "word " * 2000))  # past the model's context
+    lines.append(chat_line("nul", "fast", "a\u0000b"))  # a NUL in a message: escaped in the stored JSON
     batch = run_batch(c, jsonl(lines), metadata={"job": "nightly"})
-    assert batch.status == "in_progress" and batch.request_counts.total == 7
+    assert batch.status == "in_progress" and batch.request_counts.total == 8
     assert batch.metadata == {"job": "nightly"} and batch.endpoint == "/v1/chat/completions"
     done = wait_ended(c, batch.id)
     assert done.status == "completed" and done.completed_at and done.finalizing_at and done.in_progress_at
-    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (7, 5, 2)
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (8, 6, 2)
     output, errors = file_lines(c, done.output_file_id), file_lines(c, done.error_file_id)
-    assert sorted(output) == [f"q{i}" for i in range(5)] and sorted(errors) == ["too-long", "unknown-param"]
+    assert sorted(output) == ["nul", *(f"q{i}" for i in range(5))] and sorted(errors) == ["too-long", "unknown-param"]
     answer = output["q3"]
     assert answer["id"].startswith("batch_req_") and answer["error"] is None
     response = answer["response"]
@@ -106,9 +107,11 @@ def _refusal(exc: pytest.ExceptionInfo[openai.APIStatusError]) -> dict[str, Any]
         (jsonl([{"custom_id": "a", "url": "/v1/chat/completions", "body": {}}]), 400, "method"),
         (jsonl(chat_line(f"l{i}", "fast", "x") for i in range(21)), 400, "at most 20"),
         (b"line with a NUL \x00 byte\n", 400, "NUL"),
+        (jsonl([chat_line("a\u0000b", "fast", "x")]), 400, "control characters"),
+        (jsonl([chat_line("a", "fast", "x"), chat_line("b", "slow", "x")]), 400, "one model"),
     ],
     ids=["not-jsonl", "url-mismatch", "duplicate-custom-id", "unknown-model", "stream", "method", "missing-field",
-         "too-many-lines", "nul"],
+         "too-many-lines", "nul", "nul-custom-id", "two-models"],
 )  # fmt: skip
 def test_a_bad_input_file_is_refused_at_create(gw: Gateway, content: bytes, status: int, needle: str) -> None:
     c = client(gw)
@@ -138,7 +141,7 @@ def test_refusals_of_the_request_itself(gw: Gateway) -> None:
         c.files.create(file=("x.jsonl", b"{}\n"), purpose="fine-tune")
     assert _refusal(exc)["param"] == "purpose"
     narrow = client(gw, "narrow")
-    file_id = upload(narrow, jsonl([chat_line("a", "fast", "x"), chat_line("b", "slow", "x")]))
+    file_id = upload(narrow, jsonl([chat_line("b", "slow", "x")]))
     with pytest.raises(openai.PermissionDeniedError) as exc:
         narrow.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
     assert "slow" in _refusal(exc)["message"]
@@ -213,3 +216,38 @@ def test_the_batch_lane_never_needs_the_tenants_lane_grant(gw: Gateway) -> None:
     answer = file_lines(c, done.output_file_id)["m"]["response"]
     rows = [r for r in gw.usage_rows("acme") if r.request_id == answer["body"]["id"]]
     assert [r.lane for r in rows] == ["batch"]
+
+
+def test_a_tenant_at_its_limits_waits_and_no_line_fails(tmp_path: Path) -> None:
+    """A tenant allowed one request at a time: the runner's second line is refused 429
+    (concurrency) and waits for the Retry-After; the batch completes with no failure."""
+    models = {"fast": sim_model("fast", decode_ms_base=20.0, max_concurrency=4)}
+    g = start_gateway(tmp_path, seed_with={"models": models, "tenants": {"single": {"max_concurrency": 1}}},
+                      batch_poll_interval_s=0.1)  # fmt: skip
+    try:
+        c = client(g, "single")
+        done = wait_ended(c, run_batch(c, jsonl(chat_line(f"w{i}", "fast", "x", max_tokens=4) for i in range(6))).id)
+        assert done.status == "completed" and done.request_counts.completed == 6 and done.request_counts.failed == 0
+        assert g.server.runtime.batch_runner.finished["retried"] > 0  # it was refused, and waited
+        assert {r.status for r in g.usage_rows("single")} >= {200, 429}
+    finally:
+        g.stop()
+
+
+def test_tenants_batches_share_the_engine_fairly(tmp_path: Path) -> None:
+    """One slot; a big batch first, a small one from another tenant just after: the small one
+    is served in turns beside the big one (weighted fair order), not behind all of it."""
+    models = {"one": sim_model("one", decode_ms_base=15.0, max_concurrency=1)}
+    g = start_gateway(tmp_path, seed_with={"models": models, "tenants": {"big": {}, "small": {}}},
+                      batch_poll_interval_s=0.05)  # fmt: skip
+    try:
+        big, small = client(g, "big"), client(g, "small")
+        first = run_batch(big, jsonl(chat_line(f"b{i}", "one", "x", max_tokens=4) for i in range(24)))
+        second = run_batch(small, jsonl(chat_line(f"s{i}", "one", "x", max_tokens=4) for i in range(4)))
+        done_small = wait_ended(small, second.id)
+        assert done_small.status == "completed"
+        progress = big.batches.retrieve(first.id)
+        assert progress.status == "in_progress" and progress.request_counts.completed < 20
+        assert wait_ended(big, first.id).status == "completed"
+    finally:
+        g.stop()

@@ -64,6 +64,7 @@ class BatchInfo:
     total: int
     completed: int
     failed: int
+    model: str = ""  # the model every line names
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +151,7 @@ def _batch_info(row: Batch, counts: dict[str, int]) -> BatchInfo:
         total=sum(counts.values()),
         completed=counts.get(SUCCEEDED, 0),
         failed=counts.get(FAILED, 0) + counts.get(EXPIRED, 0),
+        model=row.model,
     )
 
 

@@ -53,6 +53,8 @@ class BatchStore(BatchFinalize):
         metadata: dict[str, Any] | None,
         expires_at: datetime,
         items: Sequence[tuple[str, str]],
+        *,
+        model: str = "",
     ) -> BatchInfo:
         """A batch of `items` ((custom_id, body as JSON text), in file order), in progress at
         once, every item pending. The caller has checked the lines: a custom_id twice in one
@@ -66,6 +68,7 @@ class BatchStore(BatchFinalize):
                     tenant_id=tenant_id,
                     key_sha256=key_sha256,
                     endpoint=endpoint,
+                    model=model,
                     input_file_id=input_file_id,
                     completion_window=completion_window,
                     metadata_=metadata,

@@ -34,6 +34,8 @@ class Batch(Base):
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     key_sha256: Mapped[str] = mapped_column(String(64))  # the API key the lines run as
     endpoint: Mapped[str] = mapped_column(String(40))
+    # The one model every line names (as OpenAI requires): how much of it the runner keeps queued.
+    model: Mapped[str] = mapped_column(String(200), default="", server_default="")
     input_file_id: Mapped[str] = mapped_column(String(40))
     completion_window: Mapped[str] = mapped_column(String(10))
     metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", nullable=True)

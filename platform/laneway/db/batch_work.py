@@ -72,15 +72,17 @@ class BatchWork(FileStore):
         now = self._now()
         return now, now + timedelta(seconds=lease_s)
 
-    async def active_batches(self) -> list[tuple[str, int]]:
-        """(batch id, tenant id) of the batches with an item to claim now, oldest batch first."""
+    async def active_batches(self) -> list[tuple[str, int, str]]:
+        """(batch id, tenant id, model) of the batches with an item to claim now, oldest first."""
         now = self._now()
         work = select(BatchItem.id).where(BatchItem.batch_id == Batch.id, claimable(now)).exists()
         async with self._sessions() as session:
             found = await session.execute(
-                select(Batch.id, Batch.tenant_id).where(runnable_batch(now), work).order_by(Batch.created_at, Batch.id)
+                select(Batch.id, Batch.tenant_id, Batch.model)
+                .where(runnable_batch(now), work)
+                .order_by(Batch.created_at, Batch.id)
             )
-            return [(batch_id, tenant_id) for batch_id, tenant_id in found.all()]
+            return [(batch_id, tenant_id, model) for batch_id, tenant_id, model in found.all()]
 
     async def claim(self, batch_id: str, owner: str, limit: int, lease_s: float) -> list[ClaimedItem]:
         """Leases up to `limit` of the batch's claimable items to `owner`: running, lease_until

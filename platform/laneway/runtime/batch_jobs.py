@@ -35,8 +35,8 @@ def batch_services(
     runner = None
     if settings.batch_runner:
 
-        def slots() -> int:
-            return sum(d.engine.info.max_concurrency for d in registry.deployments())
+        def slots(alias: str) -> int:
+            return sum(d.engine.info.max_concurrency for d in registry.replicas(alias))
 
         runner = BatchRunner(store, api, owner=replica_name(), slots=slots, poll_s=settings.batch_poll_interval_s,
                              lease_s=settings.batch_lease_s)  # fmt: skip

@@ -67,12 +67,12 @@ class BatchesController(Controller):
                                   param="input_file_id")  # fmt: skip
         content = await store.file_content(tenant.id, req.input_file_id) or b""
         known = frozenset(api.gateway.registry.aliases())
-        items = await asyncio.to_thread(parse_lines, content, req.endpoint, tenant, known.__contains__,
+        model, items = await asyncio.to_thread(parse_lines, content, req.endpoint, tenant, known.__contains__,
                                         batch_api.limits)  # fmt: skip
         key = hash_secret(KeyAuthenticator.bearer(request.headers.get("authorization")))
         expires = datetime.now(UTC) + timedelta(seconds=batch_api.window_s)
         batch = await store.create_batch(tenant.id, key, req.endpoint, req.input_file_id, req.completion_window,
-                                         req.metadata, expires, items)  # fmt: skip
+                                         req.metadata, expires, items, model=model)  # fmt: skip
         batch_api.kick()
         return _json(batch_object(batch))
 

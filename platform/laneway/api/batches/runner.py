@@ -39,18 +39,19 @@ class BatchRunner:
         api: ApiServices,
         *,
         owner: str,
-        slots: Callable[[], int],
+        slots: Callable[[str], int],
         poll_s: float = 1.0,
         lease_s: float = 60.0,
     ) -> None:
         self.store, self.api, self.owner = store, api, owner
-        self._slots = slots  # the engines' slots this replica sees: how much work to keep queued
+        self._slots = slots  # an alias's engine slots, as this replica sees them: how much work to keep queued
         self.finished: Counter[str] = Counter()  # this replica's lines, by how they ended (and retries)
         self.tokens = 0  # tokens of the lines this replica ran: rate() is the batch throughput
         self.states: dict[str, int] = {}  # every replica's lines by state, read from the database
         self._last_states = 0.0
         self.poll_s, self.lease_s = poll_s, lease_s
         self._running: dict[int, tuple[ClaimedItem, asyncio.Task[None]]] = {}
+        self._model: dict[str, str] = {}  # batch id -> its model, for the batches this replica ran
         self._claiming = True
         self._wake = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
@@ -124,16 +125,20 @@ class BatchRunner:
             self.states = await self.store.counts_by_state()
 
     async def _claim(self) -> None:
-        """Each tenant with work gets up to the slots plus a quarter in flight: enough that the
-        background lane's queue always holds its next line, shared fairly by the scheduler."""
-        per_tenant = max(1, self._slots()) * 5 // 4 + 1
-        held = Counter(item.tenant_id for item, _ in self._running.values())
-        for batch_id, tenant_id in await self.store.active_batches():
-            room = per_tenant - held[tenant_id]
+        """Each tenant with work on a model gets up to its slots plus a quarter in flight: enough
+        that the background lane's queue always holds a next line, shared fairly by the
+        scheduler, and few enough that a cancel stops all but those."""
+        held = Counter((item.tenant_id, self._model[item.batch_id]) for item, _ in self._running.values())
+        active = await self.store.active_batches()
+        running = {item.batch_id for item, _ in self._running.values()}
+        self._model = {b: m for b, m in self._model.items() if b in running}  # forget ended batches
+        for batch_id, tenant_id, model in active:
+            room = max(1, self._slots(model)) * 5 // 4 + 1 - held[tenant_id, model]
             if room <= 0:
                 continue
+            self._model[batch_id] = model
             for item in await self.store.claim(batch_id, self.owner, room, self.lease_s):
-                held[tenant_id] += 1
+                held[tenant_id, model] += 1
                 task = asyncio.create_task(self._line(item), name=f"batch-line-{item.id}")
                 self._running[item.id] = (item, task)
 

@@ -6,6 +6,7 @@ fails that line at run time, into the error file."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from laneway.types import TenantSnapshot
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 WINDOWS = {"24h": 24 * 3600}
 MAX_CUSTOM_ID = 512
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # a custom_id is stored as text: PostgreSQL holds no NUL
 
 
 class _Line(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -52,25 +54,27 @@ def parse_lines(
     tenant: TenantSnapshot,
     known_model: Callable[[str], bool],
     limits: Limits,
-) -> list[tuple[str, str]]:
-    """(custom_id, body as JSON text) per line, in file order; or a 400 for the first problem.
-    CPU-bound on a big file: the caller runs it in a thread."""
+) -> tuple[str, list[tuple[str, str]]]:
+    """The one model the lines name, and (custom_id, body as JSON text) per line, in file
+    order; or a 400 for the first problem. CPU-bound on a big file: the caller runs it in a
+    thread."""
     if len(content) > limits.max_bytes:
         raise _bad(None, f"the file has {len(content)} bytes; a batch's input may have at most {limits.max_bytes}.")
     if b"\x00" in content:
         raise _bad(None, "the file holds a NUL byte; it must be JSONL text (UTF-8).")
     items: list[tuple[str, str]] = []
     seen: set[str] = set()
+    models: list[str] = []
     for number, raw in enumerate(content.split(b"\n"), start=1):
         if not raw.strip():
             continue
         if len(items) == limits.max_lines:
             raise _bad(None, f"the file has more than {limits.max_lines} requests; a batch may have at most "
                              f"{limits.max_lines}.")  # fmt: skip
-        items.append(_checked(number, raw, endpoint, tenant, known_model, seen))
+        items.append(_checked(number, raw, endpoint, tenant, known_model, seen, models))
     if not items:
         raise _bad(None, "the file has no requests; give one JSON object per line.")
-    return items
+    return models[0], items
 
 
 def _checked(
@@ -80,6 +84,7 @@ def _checked(
     tenant: TenantSnapshot,
     known_model: Callable[[str], bool],
     seen: set[str],
+    models: list[str],
 ) -> tuple[str, str]:
     try:
         line = msgspec.json.decode(raw, type=_Line)
@@ -87,8 +92,9 @@ def _checked(
         raise _bad(number, f'{exc}. Each line is {{"custom_id", "method", "url", "body"}}.') from None
     except msgspec.DecodeError:
         raise _bad(number, "not valid JSON; the file must be JSONL (one JSON object per line).") from None
-    if not line.custom_id or len(line.custom_id) > MAX_CUSTOM_ID:
-        raise _bad(number, f"`custom_id` must have 1 to {MAX_CUSTOM_ID} characters.")
+    if not line.custom_id or len(line.custom_id) > MAX_CUSTOM_ID or _CONTROL.search(line.custom_id):
+        raise _bad(number, f"`custom_id` must have 1 to {MAX_CUSTOM_ID} characters, without NUL or other "
+                           "control characters.")  # fmt: skip
     if line.custom_id in seen:
         raise _bad(number, f"the custom_id '{line.custom_id[:80]}' appears twice; each request needs its own.")
     seen.add(line.custom_id)
@@ -106,6 +112,10 @@ def _checked(
     if not tenant.may_use(model):
         raise GatewayError(ErrorCode.MODEL_NOT_ALLOWED, f"Line {number} of the input file: your key is not allowed "
                            f"to use the model '{model[:80]}'.", param="input_file_id")  # fmt: skip
+    if models and model != models[0]:
+        raise _bad(number, f"the model is '{model[:80]}' but line 1 names '{models[0][:80]}'; a batch's requests "
+                           "all use one model, as OpenAI's do.")  # fmt: skip
+    models[:1] = [model]
     if line.body.get("stream"):
         raise _bad(number, "`body.stream` is true; a batch's requests are answered whole, not streamed.")
     return line.custom_id, msgspec.json.encode(line.body).decode()
