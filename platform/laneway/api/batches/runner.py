@@ -28,6 +28,8 @@ from laneway.db.batch_store import BatchStore, ClaimedItem
 from laneway.metrics import Reading
 
 log = logging.getLogger("laneway.batches")
+MIN_TICK_GAP_S = 0.02
+IDLE_POLL_FACTOR = 5  # with nothing to do, look for batches created on other replicas this much less often
 STATES_EVERY_S = 10.0  # the lines-by-state gauge: one GROUP BY query this often, not per scrape
 WRITE_TRIES = 3  # a result's write, while the database blinks; past it the lease runs out and the line reruns
 
@@ -97,34 +99,40 @@ class BatchRunner:
     # ---- the loop ----
     async def _run(self) -> None:
         while True:
+            busy = True
             try:
-                await self._tick()
+                busy = await self._tick()
             except asyncio.CancelledError:
                 raise
             except Exception:  # the database blinked: the next tick tries again
                 log.warning("batch runner tick failed", exc_info=True)
+            # Lines that end close together share one tick (its queries), and an idle runner
+            # polls less: a batch created here kicks it, one created elsewhere waits a little.
+            await asyncio.sleep(MIN_TICK_GAP_S)
             self._wake.clear()
             try:
-                async with asyncio.timeout(self.poll_s):
+                async with asyncio.timeout(self.poll_s if busy else self.poll_s * IDLE_POLL_FACTOR):
                     await self._wake.wait()
             except TimeoutError:
                 pass
 
-    async def _tick(self) -> None:
+    async def _tick(self) -> bool:
+        """One round of the work; whether there was any (lines, batches to finish)."""
         await self.store.expire_due()
-        if self._claiming:
-            await self._claim()
+        active = await self._claim() if self._claiming else 0
         now = time.monotonic()
         if self._running and now - self._last_renew >= self.lease_s / 3:
             self._last_renew = now
             await self.store.renew(self.owner, list(self._running), self.lease_s)
-        for batch_id in await self.store.to_finalize(self.owner, self.lease_s):
+        ended = await self.store.to_finalize(self.owner, self.lease_s)
+        for batch_id in ended:
             await finalize(self.store, self.owner, batch_id)
         if now - self._last_states >= STATES_EVERY_S:
             self._last_states = now
             self.states = await self.store.counts_by_state()
+        return bool(active or ended or self._running)
 
-    async def _claim(self) -> None:
+    async def _claim(self) -> int:
         """Each tenant with work on a model gets up to its slots plus a quarter in flight: enough
         that the background lane's queue always holds a next line, shared fairly by the
         scheduler, and few enough that a cancel stops all but those."""
@@ -141,6 +149,7 @@ class BatchRunner:
                 held[tenant_id, model] += 1
                 task = asyncio.create_task(self._line(item), name=f"batch-line-{item.id}")
                 self._running[item.id] = (item, task)
+        return len(active)
 
     async def _line(self, item: ClaimedItem) -> None:
         try:
