@@ -15,6 +15,7 @@ from litestar.template.config import TemplateConfig
 
 from laneway.admin.api import AdminAPI
 from laneway.admin.audit_pages import AuditPages
+from laneway.admin.batch_pages import BatchPages
 from laneway.admin.dashboard_pages import DashboardPages
 from laneway.admin.guards import SESSION_COOKIE, AdminGuards, csrf_form, csrf_header
 from laneway.admin.headers import admin_security_headers
@@ -48,6 +49,7 @@ ADMIN_PAGES = [
     ModelPages,
     ReplicaPages,
     RoutePages,
+    BatchPages,
     DashboardPages,
     AuditPages,
     UsagePages,

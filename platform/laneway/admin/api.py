@@ -1,5 +1,5 @@
 """The JSON admin API under /admin/api: login, tenants and keys, lanes and task policies,
-model deployments and fallbacks, the audit log. Every change is audited (who, what, before/after) and
+model deployments and fallbacks, batches, the audit log. Every change is audited (who, what, before/after) and
 applied to the running gateway at once: API-key cache dropped, policy snapshot reloaded,
 engines synced. Other replicas pick it up on their next poll.
 
@@ -23,7 +23,7 @@ from msgspec import Meta, Struct
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from laneway.admin import deployments, fallbacks, keys, policies, prices, replicas, tenants
+from laneway.admin import batches, deployments, fallbacks, keys, policies, prices, replicas, tenants
 from laneway.admin.dependencies import Limiter
 from laneway.admin.guards import PUBLIC, SESSION_COOKIE, AdminRequest
 from laneway.admin.keys import KEY_FIELDS, KeyIn
@@ -283,6 +283,20 @@ class AdminAPI(Controller):
         currency (LANEWAY_CURRENCY); input and output null: not priced. Applies to the next request."""
         data = _decode(await request.body(), prices.PriceIn)
         return await prices.set_price(admin_service, request.user.username, alias, data)
+
+    # ---- batches ----
+    @get("/batches", security=ADMIN_SESSION)
+    async def batches(self, request: AdminRequest, admin_service: NamedDependency[AdminService]) -> dict[str, Any]:
+        """?tenant= (its name; none: every tenant), ?after= (the page before's last_id), ?limit=
+        (1..100, default 20): {"data", "has_more", "last_id"}, newest first."""
+        return await batches.list_batches(admin_service, *batches.page_query(request.query_params))
+
+    @post("/batches/{batch_id:str}/cancel", status_code=200, security=ADMIN_CHANGE)
+    async def cancel_batch(
+        self, request: AdminRequest, admin_service: NamedDependency[AdminService], batch_id: FromPath[str]
+    ) -> dict[str, Any]:
+        """Any tenant's batch: cancelling (audited); 409 once it is finalizing or has ended."""
+        return await batches.cancel_batch(admin_service, request.user.username, batch_id)
 
     @get("/audit", security=ADMIN_SESSION)
     async def audit(self, request: AdminRequest, admin_service: NamedDependency[AdminService]) -> list[dict[str, Any]]:

@@ -170,3 +170,32 @@ async def admin_create(svc: AdminService, actor: str, args: argparse.Namespace) 
     password = os.environ.get("LANEWAY_NEW_ADMIN_PASSWORD") or getpass.getpass(f"password for {args.username}: ")
     await accounts.create_admin(svc, actor, args.username, password)
     print(f"created admin {args.username}")
+
+
+def _said_batch(b: dict[str, Any]) -> str:
+    counts = b["request_counts"]
+    failed = f" ({counts['failed']} failed)" if counts["failed"] else ""
+    return (f"{b['id']}\t{b['tenant']}\t{b['status']}\t{b['done']}/{counts['total']} done{failed}\t{b['endpoint']}\t"
+            f"created {b['created_at']}\texpires {b['expires_at']}")  # fmt: skip
+
+
+async def batch_list(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
+    """One line per batch, newest first; when there are more, how to read the next page."""
+    from laneway.admin import batches
+
+    del actor  # reads only: nothing to audit
+    page = await batches.list_batches(svc, args.tenant, args.after, args.limit)
+    for b in page["data"]:
+        print(_said_batch(b))
+    if not page["data"]:
+        print("no batches" + (f" of tenant {args.tenant}" if args.tenant else ""))
+    if page["has_more"]:
+        print(f"more: laneway batch list --after {page['last_id']}", file=sys.stderr)
+
+
+async def batch_cancel(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
+    from laneway.admin import batches
+
+    b = await batches.cancel_batch(svc, actor, args.batch_id)
+    print(f"batch {b['id']} of {b['tenant']} is {b['status']}: its pending requests are cancelled, "
+          "those running finish")  # fmt: skip

@@ -7,6 +7,8 @@ import argparse
 from laneway.cli.flags import key_fields, tenant_changes
 from laneway.cli.manage import (
     admin_create,
+    batch_cancel,
+    batch_list,
     key_issue,
     key_revoke,
     key_set,
@@ -23,7 +25,8 @@ from laneway.cli.runner import with_db, with_service
 from laneway.cli.serving import cmd_fetch_model, cmd_import_policies, cmd_make_demo_model, cmd_migrate, cmd_serve
 
 DESCRIPTION = (
-    "The `laneway` command: serve, migrate, make-demo-model, fetch-model, import-policies, tenants, keys, models."
+    "The `laneway` command: serve, migrate, make-demo-model, fetch-model, import-policies, tenants, keys, models, "
+    "batches."
 )
 
 
@@ -161,4 +164,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--output", help="per 1M completion tokens")
     s.add_argument("--cached-input", help="per 1M prompt tokens served from a prefix cache (default: the input price)")
     s.set_defaults(fn=with_service(model_price))
+
+    batch = sub.add_parser("batch", help="list or cancel batches (any tenant's)").add_subparsers(
+        dest="action", required=True
+    )
+    s = batch.add_parser("list", help="batches, newest first: id, tenant, status, progress, endpoint, times")
+    s.add_argument("--tenant", metavar="NAME", help="one tenant's batches (default: every tenant's)")
+    s.add_argument("--limit", type=int, default=20, metavar="N", help="at most N batches (1..100, default 20)")
+    s.add_argument("--after", metavar="BATCH_ID", help="the batches older than this one (the next page)")
+    s.set_defaults(fn=with_service(batch_list))
+    s = batch.add_parser("cancel", help="cancel a batch: its pending requests at once, running ones finish")
+    s.add_argument("batch_id")
+    s.set_defaults(fn=with_service(batch_cancel))
     return ap

@@ -8,11 +8,12 @@ batches: create, read, list, cancel. Records out are plain frozen dataclasses
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import and_, insert, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from laneway.db.batch_finalize import BatchFinalize
 from laneway.db.batch_records import (
@@ -32,6 +33,10 @@ from laneway.db.batch_tables import Batch, BatchItem
 from laneway.db.batch_work import NO_SYNC, items_where
 
 ITEMS_PER_INSERT = 1000  # one executemany per chunk: a 50,000-line batch is 50 round trips
+
+# Runs in cancel's transaction once the batch has moved: an admin's audit row is written with
+# the change or not at all.
+OnCancelled = Callable[[AsyncSession, BatchInfo], Awaitable[None]]
 
 
 def new_batch_id() -> str:
@@ -124,11 +129,14 @@ class BatchStore(BatchFinalize):
             rows = (await session.execute(query)).scalars().all()
             return await batch_infos(session, rows)
 
-    async def cancel(self, tenant_id: int | None, batch_id: str) -> BatchInfo | None:
+    async def cancel(
+        self, tenant_id: int | None, batch_id: str, *, on_cancelled: OnCancelled | None = None
+    ) -> BatchInfo | None:
         """Cancels a batch that is validating or in progress: cancelling (cancelling_at = now),
         its pending items cancelled at once; running ones finish, and the batch becomes
         cancelled at finalize. A batch in any other status comes back unchanged. None when
-        there is no such batch, or it is another tenant's."""
+        there is no such batch, or it is another tenant's. `on_cancelled(session, batch)` runs
+        in the same transaction when this call moved the batch (what it raises undoes it)."""
         now = self._now()
         movable = [Batch.id == batch_id, Batch.status.in_([VALIDATING, IN_PROGRESS])]
         if tenant_id is not None:
@@ -141,7 +149,8 @@ class BatchStore(BatchFinalize):
                 .returning(Batch.id)
                 .execution_options(**NO_SYNC)
             )
-            if moved.first() is not None:
+            was_moved = moved.first() is not None
+            if was_moved:
                 left = and_(BatchItem.batch_id == batch_id, BatchItem.state == PENDING)
                 await session.execute(
                     update(BatchItem)
@@ -149,4 +158,7 @@ class BatchStore(BatchFinalize):
                     .values(state=CANCELLED, finished_at=now, not_before=None)
                     .execution_options(**NO_SYNC)
                 )
-            return await load_batch(session, batch_id, tenant_id)
+            found = await load_batch(session, batch_id, tenant_id)
+            if was_moved and found is not None and on_cancelled is not None:
+                await on_cancelled(session, found)
+            return found
