@@ -26,7 +26,9 @@ OWNER = "replica-a"
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     browser_or_skip()
     seed = {"models": {"sim": sim_model("sim")}, "tenants": {"acme": {}, "globex": {}}}
-    gateway = start_gateway(tmp_path_factory.mktemp("batches-ui"), seed_with=seed, admin_password=PASSWORD)
+    # No runner: the test answers the lines itself, through the store, to watch the page follow.
+    gateway = start_gateway(tmp_path_factory.mktemp("batches-ui"), seed_with=seed, admin_password=PASSWORD,
+                            batch_runner=False)  # fmt: skip
     yield gateway
     gateway.stop()
 

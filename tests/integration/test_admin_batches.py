@@ -149,7 +149,9 @@ async def test_an_audit_row_that_cannot_be_written_undoes_the_cancel(env: Env) -
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     seed = {"models": {"sim": sim_model("sim")}, "tenants": {"acme": {}, "other": {}}}  # ready once sim is warm
-    gateway = start_gateway(tmp_path_factory.mktemp("batches"), seed_with=seed, admin_password=PASSWORD)
+    # No runner: the batches stay as the tests made them.
+    gateway = start_gateway(tmp_path_factory.mktemp("batches"), seed_with=seed, admin_password=PASSWORD,
+                            batch_runner=False)  # fmt: skip
     yield gateway
     gateway.stop()
 
