@@ -53,7 +53,7 @@ class BatchRunner:
         self._last_states = 0.0
         self.poll_s, self.lease_s = poll_s, lease_s
         self._running: dict[int, tuple[ClaimedItem, asyncio.Task[None]]] = {}
-        self._model: dict[str, str] = {}  # batch id -> its model, for the batches this replica ran
+        self._models_of: dict[str, str] = {}  # batch id -> its model, for the batches this replica ran
         self._claiming = True
         self._wake = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
@@ -136,15 +136,15 @@ class BatchRunner:
         """Each tenant with work on a model gets up to its slots plus a quarter in flight: enough
         that the background lane's queue always holds a next line, shared fairly by the
         scheduler, and few enough that a cancel stops all but those."""
-        held = Counter((item.tenant_id, self._model[item.batch_id]) for item, _ in self._running.values())
+        held = Counter((item.tenant_id, self._models_of[item.batch_id]) for item, _ in self._running.values())
         active = await self.store.active_batches()
         running = {item.batch_id for item, _ in self._running.values()}
-        self._model = {b: m for b, m in self._model.items() if b in running}  # forget ended batches
+        self._models_of = {b: m for b, m in self._models_of.items() if b in running}  # forget ended batches
         for batch_id, tenant_id, model in active:
             room = max(1, self._slots(model)) * 5 // 4 + 1 - held[tenant_id, model]
             if room <= 0:
                 continue
-            self._model[batch_id] = model
+            self._models_of[batch_id] = model
             for item in await self.store.claim(batch_id, self.owner, room, self.lease_s):
                 held[tenant_id, model] += 1
                 task = asyncio.create_task(self._line(item), name=f"batch-line-{item.id}")
