@@ -5,13 +5,14 @@ a batch past its window expires with what it finished in its output."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from support import Gateway, sim_model, start_gateway
+from support import Gateway, sim_model, start_gateway, wait_for
 from support.batches import chat_line, file_lines, jsonl, line, run_batch, upload, wait_ended
 
 TENANTS = {"acme": {}, "other": {}, "narrow": {"allowed_models": ["fast"]}}
@@ -249,5 +250,28 @@ def test_tenants_batches_share_the_engine_fairly(tmp_path: Path) -> None:
         progress = big.batches.retrieve(first.id)
         assert progress.status == "in_progress" and progress.request_counts.completed < 20
         assert wait_ended(big, first.id).status == "completed"
+    finally:
+        g.stop()
+
+
+def test_a_live_request_takes_a_slot_back_from_a_batch_at_once(tmp_path: Path) -> None:
+    """Batch lines on every slot (no live traffic seen): a live request preempts the line that
+    started last instead of waiting for one to end; that line runs again, answered once."""
+    models = {"two": sim_model("two", decode_ms_base=40.0, max_concurrency=2)}
+    g = start_gateway(tmp_path, seed_with={"models": models, "tenants": {"acme": {}}}, batch_poll_interval_s=0.05)
+    try:
+        c = client(g)
+        batch = run_batch(c, jsonl(chat_line(f"p{i}", "two", "x", max_tokens=50) for i in range(4)))
+        wait_for(lambda: g.gateway.scheduler(g.gateway.registry.resolve("two")).running.get("batch") == 2,
+                 within=20, what="batch lines on both slots")  # fmt: skip
+        started = time.perf_counter()
+        answer = c.chat.completions.create(model="two", messages=[{"role": "user", "content": "now"}], max_tokens=2)
+        assert answer.choices[0].message.content is not None
+        assert time.perf_counter() - started < 1.0  # a batch line takes 2 s: it did not wait one out
+        done = wait_ended(c, batch.id, within=60)
+        assert done.status == "completed" and sorted(file_lines(c, done.output_file_id)) == ["p0", "p1", "p2", "p3"]
+        rows = g.usage_rows("acme")
+        assert [r.error_code for r in rows if r.status == 503] == ["preempted"]
+        assert g.server.runtime.batch_runner.finished["retried"] == 1
     finally:
         g.stop()

@@ -351,3 +351,31 @@ def test_the_lane_forms_background_box_sets_and_clears_the_flag() -> None:
     assert "background" not in sent
     data, sent = policy_input({"csrf_token": "t", "max_tokens": "9"}, TaskIn)  # a task has no such box
     assert "background" not in sent
+
+
+async def test_a_foreground_request_with_no_slot_preempts_the_youngest_background_one() -> None:
+    """Batch work holding every slot: each foreground arrival takes back the slot of the batch
+    line that started last (the least work lost), at once, not after a line ends."""
+    b = Bench(4)
+    held = await b.enqueue(BATCH, 4)
+    preempted: list[Ticket] = []
+    for t in held:
+        b.clock.now += 1.0  # started one after another
+        t.granted = b.clock.now
+
+        def give_back(t: Ticket = t) -> None:
+            preempted.append(t)
+            b.s.release(t)  # what an interrupted request's lease does
+
+        t.preempt = give_back
+    b.clock.now += 60
+    [first] = await b.enqueue(INTERACTIVE, tenant=2)
+    assert preempted == [held[3]] and first.granted is not None
+    lane_capped = LanePolicy("capped", priority=0, max_concurrency=1, queue_timeout_s=30)
+    await b.enqueue(lane_capped, tenant=2)
+    [waits] = await b.enqueue(lane_capped, tenant=2)  # its own lane's cap holds it, not batch work
+    assert preempted == [held[3], held[2]] and waits.granted is None
+    await b.enqueue(STANDARD, 2, tenant=3)
+    assert preempted == [held[3], held[2], held[1], held[0]]
+    assert b.s.running.get("batch") == 0
+    await b.close()

@@ -65,6 +65,7 @@ class ErrorCode(StrEnum):
     ENGINE_ERROR = "engine_error"
     ENGINE_START_FAILED = "engine_start_failed"
     SHUTTING_DOWN = "shutting_down"
+    PREEMPTED = "preempted"  # background work (a batch line) made way for a foreground request
     RATE_LIMITER_UNAVAILABLE = "rate_limiter_unavailable"
     DATABASE_UNAVAILABLE = "database_unavailable"
     OVERLOADED = "overloaded"
@@ -120,6 +121,7 @@ _INFO: dict[ErrorCode, CodeInfo] = {
     C.ENGINE_ERROR: CodeInfo(503, _UNAVAILABLE, "engine_error", True),
     C.ENGINE_START_FAILED: CodeInfo(400, _BAD, None, False),
     C.SHUTTING_DOWN: CodeInfo(503, _UNAVAILABLE, "shutting_down", True),
+    C.PREEMPTED: CodeInfo(503, _UNAVAILABLE, "preempted", True),
     C.RATE_LIMITER_UNAVAILABLE: CodeInfo(503, _UNAVAILABLE, "dependency", True),
     C.DATABASE_UNAVAILABLE: CodeInfo(503, _UNAVAILABLE, "dependency", True),
     C.OVERLOADED: CodeInfo(503, _UNAVAILABLE, "overloaded", True),

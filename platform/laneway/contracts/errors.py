@@ -60,6 +60,12 @@ def invalid_request(
     return GatewayError(code, message, param=param)
 
 
+def preempted() -> GatewayError:
+    """A background request (a batch line) gave its engine slot to a foreground one that had
+    none: it runs again later, unbilled for what was discarded."""
+    return GatewayError(ErrorCode.PREEMPTED, "Preempted by a foreground request; run it again.", retry_after=1)
+
+
 def shutting_down(retry_after: float = 1) -> GatewayError:
     """This replica is draining for a shutdown: the client should retry (another replica)."""
     return GatewayError(

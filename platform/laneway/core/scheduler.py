@@ -53,6 +53,10 @@ class Ticket:
     replica: Any = None
     granted: float | None = None
     future: asyncio.Future[None] | None = None
+    # A background request's way to give its slot back early (it is interrupted and runs
+    # again later), and whether it was asked to.
+    preempt: Callable[[], None] | None = None
+    preempting: bool = False
 
 
 def queue_timeout(lane: LanePolicy, waited_s: float) -> GatewayError:
@@ -212,6 +216,8 @@ class DeploymentScheduler:
         future = ticket.future
         if future.done() and not future.cancelled() and future.exception() is None:
             return  # granted just now: no wait, so no timer to arm and cancel (most requests)
+        if not lane.background:
+            self._preempt_background(lane.name)
         try:
             async with asyncio.timeout(lane.queue_timeout_s):
                 await ticket.future
@@ -330,6 +336,21 @@ class DeploymentScheduler:
         """Whether a foreground request runs, or queued or ended within headroom_window_s."""
         seen = self._foreground_seen
         return self._foreground_running > 0 or (seen is not None and self._clock() - seen < self.headroom_window_s)
+
+    def _preempt_background(self, lane: str) -> None:
+        """A foreground request found no slot while background requests hold some: the most
+        recently started of them (the least work lost) gives its slot back, one per foreground
+        request waiting, so batch work never makes an interactive request wait out a line."""
+        if not self.lane_open(lane):
+            return  # it waits for its own lane's cap, not for a slot a batch line holds
+        waiting = sum(q.size for name, q in self._queues.items() if not self._lanes[name].background)
+        running = [t for t in self._granted if t.lane.background and t.preempt is not None]
+        asked = sum(t.preempting for t in running)
+        victims = sorted((t for t in running if not t.preempting), key=lambda t: t.granted or 0.0, reverse=True)
+        for victim in victims[: max(0, waiting - asked)]:
+            victim.preempting = True
+            assert victim.preempt is not None
+            victim.preempt()
 
     def background_held_back(self) -> int:
         """Slots a background request must leave free: the reserve while foreground traffic is

@@ -90,8 +90,8 @@ class Call:
         it never reached an engine (refused, or it left while queued): nothing was computed."""
         if self.price is None:
             return None
-        if self.dispatched_at is None:
-            return 0
+        if self.dispatched_at is None or self.error_code == "preempted":
+            return 0  # a preempted batch line's work was laneway's to discard; its rerun is billed
         return self.price.cost(self.prompt_tokens, self.completion_tokens)
 
     def fail(self, status: int, code: str | None) -> None:

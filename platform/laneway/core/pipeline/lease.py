@@ -83,7 +83,9 @@ class Lease:
         # else: run() is executing right now, and its own `finally` ends the generation.
         call = self.call
         if self.reservation is not None:
-            self.owner.settle(self.reservation, call.prompt_tokens + call.completion_tokens, call.cost_micros or 0)
+            # A preempted line gives its tokens back: its rerun counts them against the limits.
+            used = 0 if call.error_code == "preempted" else call.prompt_tokens + call.completion_tokens
+            self.owner.settle(self.reservation, used, call.cost_micros or 0)
         self.owner.account(call)
         if call.trace is not None:  # the request span ends with the request, whatever ended it
             call.trace.finish(call)

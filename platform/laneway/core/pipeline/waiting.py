@@ -14,6 +14,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from laneway.contracts.errors import preempted
 from laneway.core.dispatch import Dispatcher, RoutingParams
 from laneway.core.pipeline.call import Call
 from laneway.core.pipeline.lease import Lease
@@ -90,6 +91,8 @@ class Waiting:
             placement = Ticket(request_id=call.request_id, tenant_id=call.tenant.id, weight=call.tenant.weight,
                                cost=cost, lane=call.lane, route=route)  # fmt: skip
             lease.placement = placement
+            if call.lane.background:
+                placement.preempt = _preempter(lease)
             await queue.acquire(placement)
             queue.taken(placement)  # no await since the grant: the lease owns it from here
             call.deployment = placement.replica
@@ -100,6 +103,8 @@ class Waiting:
             call.route_reason = self.dispatch.routing  # a baseline's choice, made at arrival
         lease.ticket = Ticket(request_id=call.request_id, tenant_id=call.tenant.id, weight=call.tenant.weight,
                               cost=cost, lane=call.lane)  # fmt: skip
+        if call.lane.background:
+            lease.ticket.preempt = _preempter(lease)
         await self.scheduler(call.deployment).acquire(lease.ticket)
         call.dispatched_at = time.perf_counter()
 
@@ -125,3 +130,12 @@ class Waiting:
                     base = {"deployment": "", "model": s.alias, "quantization": "", "gpu_type": "", "engine": ""}
                     out.append(({**base, "lane": lane}, waiting, 0))
         return out
+
+
+def _preempter(lease: Lease) -> Callable[[], None]:
+    """How a background request gives its slot back when a foreground one needs it."""
+
+    def preempt() -> None:
+        lease.interrupt(preempted())
+
+    return preempt
