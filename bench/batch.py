@@ -263,7 +263,14 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32, help="the interactive answers' length")
     ap.add_argument("--batch-tokens", type=int, nargs=2, default=(32, 64), help="a batch line's max_tokens range")
     ap.add_argument("--reserve", type=int, default=1, help="LANEWAY_BACKGROUND_RESERVE_SLOTS (shipped: 1)")
+    ap.add_argument(
+        "--per-seq-ms",
+        type=float,
+        default=SIM["decode_ms_per_seq"],
+        help="the decode step's cost per running sequence (2: CPU-like; a GPU's step grows far less)",
+    )
     args = ap.parse_args()
+    SIM["decode_ms_per_seq"] = args.per_seq_ms
     if (os.cpu_count() or 1) > 1:
         os.sched_setaffinity(0, {CLIENT_CORE})  # the load generator, a child, inherits it
     began = time.monotonic()
