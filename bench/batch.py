@@ -262,7 +262,7 @@ def main() -> None:
     ap.add_argument("--quiet", type=float, default=QUIET_S, help="seconds without foreground traffic before rows 2, 4")
     ap.add_argument("--max-tokens", type=int, default=32, help="the interactive answers' length")
     ap.add_argument("--batch-tokens", type=int, nargs=2, default=(32, 64), help="a batch line's max_tokens range")
-    ap.add_argument("--reserve", type=int, default=1, help="LANEWAY_BACKGROUND_RESERVE_SLOTS (shipped: 1)")
+    ap.add_argument("--reserve", type=int, default=0, help="LANEWAY_BACKGROUND_RESERVE_SLOTS (shipped: 0)")
     ap.add_argument(
         "--per-seq-ms",
         type=float,

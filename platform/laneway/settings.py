@@ -84,9 +84,11 @@ class Settings:
     # while several tenants use it: a newcomer's first token need not wait for a flood to end.
     scheduler_headroom_slots: int = 1
     # Slots a background lane (batch work) leaves free while foreground traffic is recent (a
-    # foreground request queued, ran or ended within the last 10 s), so an interactive request
-    # starts at once; with none recent the batch may fill the engine. 0 on one-slot engines.
-    background_reserve_slots: int = 1
+    # foreground request queued, ran or ended within the last 10 s); with none recent the batch
+    # may fill the engine. 0 by default: a foreground request that finds no slot preempts the
+    # batch line that started last, and a kept slot cost the batch an eighth of an 8-slot
+    # engine for no TTFT it measurably saved (bench/results/2026-12-05-batch.md).
+    background_reserve_slots: int = 0
     # Failover: a request whose replica fails before its first byte (engine error, refused
     # connection, no first token within the deployment's first_token_timeout_s) goes to another
     # replica of its alias, at most this many tries in all (1: never moved).

@@ -56,9 +56,9 @@ LANE_LIMIT_FIELDS: dict[str, FieldHelp] = {
                   placeholder="256"),
         FieldHelp("background", "Background (batch work)", "",
                   "Its requests take an engine slot only when no request of a foreground lane could start now, "
-                  "whatever the priorities, and hand it back as they end. While foreground requests came in the "
-                  "last 10 seconds it leaves LANEWAY_BACKGROUND_RESERVE_SLOTS slots free for them; otherwise it "
-                  "may fill the engine. Give it a high concurrency so a batch can use an idle engine.", "",
+                  "whatever the priorities, and hand it back as they end; a foreground request that finds no "
+                  "slot takes one back from it at once (the batch line runs again later). "
+                  "Give it a high concurrency so a batch can use an idle engine.", "",
                   kind="checkbox"),
     )
 }  # fmt: skip
