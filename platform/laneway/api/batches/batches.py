@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from laneway.api import openapi
-from laneway.api.batches.services import BatchApi, batch_object
+from laneway.api.batches.services import BatchApi, batch_object, cursor_page, json_response
 from laneway.api.batches.validate import check_request, parse_lines
 from laneway.api.batches.wire import BatchList, BatchObject, CreateBatchRequest
-from laneway.api.protocol import encode
 from laneway.api.request import authenticate, decode
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError, invalid_request
 from laneway.core.auth import KeyAuthenticator, hash_secret
-from litestar import Controller, MediaType, Request, Response, get, post
+from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath, FromQuery
 
 openapi.register_wire_types(BatchObject, BatchList, CreateBatchRequest)
@@ -28,10 +26,6 @@ METADATA_KEYS, METADATA_KEY_LEN, METADATA_VALUE_LEN = 16, 64, 512
 
 def missing(batch_id: str) -> GatewayError:
     return GatewayError(ErrorCode.NOT_FOUND, f"No such Batch object: {batch_id[:80]}", param="batch_id")
-
-
-def _json(value: Any) -> Response[bytes]:
-    return Response(encode(value), media_type=MediaType.JSON)
 
 
 def _check_metadata(metadata: dict[str, str] | None) -> None:
@@ -74,7 +68,7 @@ class BatchesController(Controller):
         batch = await store.create_batch(tenant.id, key, req.endpoint, req.input_file_id, req.completion_window,
                                          req.metadata, expires, items, model=model)  # fmt: skip
         batch_api.kick()
-        return _json(batch_object(batch))
+        return json_response(batch_object(batch))
 
     @get("/", operation_class=openapi.operation(openapi.Wire(BatchList, errors=(400, 401, 403, 500, 503))))
     async def list_batches(
@@ -88,9 +82,7 @@ class BatchesController(Controller):
         if not 1 <= limit <= 100:
             raise invalid_request("`limit` must be between 1 and 100.", param="limit")
         rows = await batch_api.store.list_batches(tenant.id, after=after, limit=limit + 1)
-        page = [batch_object(b) for b in rows[:limit]]
-        return _json(BatchList(data=page, first_id=page[0].id if page else None,
-                               last_id=page[-1].id if page else None, has_more=len(rows) > limit))  # fmt: skip
+        return json_response(BatchList(**cursor_page([batch_object(b) for b in rows], limit)))
 
     @get("/{batch_id:str}", operation_class=openapi.operation(openapi.Wire(BatchObject, errors=BATCH_ERRORS)))
     async def get_batch(self, request: Request, batch_api: BatchApi, batch_id: FromPath[str]) -> Response[bytes]:  # type: ignore[type-arg]
@@ -98,7 +90,7 @@ class BatchesController(Controller):
         batch = await batch_api.store.get_batch(tenant.id, batch_id)
         if batch is None:
             raise missing(batch_id)
-        return _json(batch_object(batch))
+        return json_response(batch_object(batch))
 
     @post("/{batch_id:str}/cancel", status_code=200,
           operation_class=openapi.operation(openapi.Wire(BatchObject, errors=BATCH_ERRORS)))  # fmt: skip
@@ -108,4 +100,4 @@ class BatchesController(Controller):
         if batch is None:
             raise missing(batch_id)
         batch_api.kick()
-        return _json(batch_object(batch))
+        return json_response(batch_object(batch))

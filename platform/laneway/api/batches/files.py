@@ -5,16 +5,13 @@ replica serves every file (docs/batches.md has the limits)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from laneway.api import openapi
-from laneway.api.batches.services import BatchApi, file_object
+from laneway.api.batches.services import BatchApi, cursor_page, file_object, json_response
 from laneway.api.batches.wire import FileDeleted, FileList, FileObject
-from laneway.api.protocol import encode
 from laneway.api.request import authenticate
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError, invalid_request
-from litestar import Controller, MediaType, Request, Response, delete, get, post
+from litestar import Controller, Request, Response, delete, get, post
 from litestar.datastructures import UploadFile
 from litestar.params import FromPath, FromQuery
 
@@ -25,10 +22,6 @@ FILE_ERRORS = (400, 401, 403, 404, 500, 503)
 
 def missing(file_id: str) -> GatewayError:
     return GatewayError(ErrorCode.NOT_FOUND, f"No such File object: {file_id[:80]}", param="id")
-
-
-def _json(value: Any, status: int = 200) -> Response[bytes]:
-    return Response(encode(value), media_type=MediaType.JSON, status_code=status)
 
 
 class FilesController(Controller):
@@ -57,7 +50,7 @@ class FilesController(Controller):
             raise invalid_request("The file is empty.", param="file")
         name = (upload.filename or "input.jsonl")[:255].replace("\x00", "")
         info = await batch_api.store.create_file(tenant.id, "batch", name, content)
-        return _json(file_object(info))
+        return json_response(file_object(info))
 
     @get("/", operation_class=openapi.operation(openapi.Wire(FileList, errors=(400, 401, 403, 500, 503))))
     async def list_files(
@@ -76,9 +69,7 @@ class FilesController(Controller):
             raise invalid_request("`order` must be 'asc' or 'desc'.", param="order")
         rows = await batch_api.store.list_files(tenant.id, purpose=purpose, after=after, limit=limit + 1,
                                                 order=order)  # fmt: skip
-        page = [file_object(f) for f in rows[:limit]]
-        return _json(FileList(data=page, first_id=page[0].id if page else None,
-                              last_id=page[-1].id if page else None, has_more=len(rows) > limit))  # fmt: skip
+        return json_response(FileList(**cursor_page([file_object(f) for f in rows], limit)))
 
     @get("/{file_id:str}", operation_class=openapi.operation(openapi.Wire(FileObject, errors=FILE_ERRORS)))
     async def get_file(self, request: Request, batch_api: BatchApi, file_id: FromPath[str]) -> Response[bytes]:  # type: ignore[type-arg]
@@ -86,7 +77,7 @@ class FilesController(Controller):
         info = await batch_api.store.get_file(tenant.id, file_id)
         if info is None:
             raise missing(file_id)
-        return _json(file_object(info))
+        return json_response(file_object(info))
 
     @get("/{file_id:str}/content", operation_class=openapi.operation(openapi.Wire(None, errors=FILE_ERRORS)))
     async def content(self, request: Request, batch_api: BatchApi, file_id: FromPath[str]) -> Response[bytes]:  # type: ignore[type-arg]
@@ -102,4 +93,4 @@ class FilesController(Controller):
         tenant = await authenticate(request, batch_api.api.authenticator)
         if not await batch_api.store.delete_file(tenant.id, file_id):
             raise missing(file_id)
-        return _json(FileDeleted(id=file_id))
+        return json_response(FileDeleted(id=file_id))

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from laneway.api.batches.validate import Limits
 from laneway.api.batches.wire import BatchErrorData, BatchErrors, BatchObject, FileObject, RequestCounts, unix
+from laneway.api.protocol import encode
 from laneway.api.services import ApiServices
 from laneway.db.batch_records import BatchInfo, FileInfo
 from laneway.db.batch_store import BatchStore
+from litestar import MediaType, Response
 from litestar.di import NamedDependency
 from litestar.params import SkipValidation
 
@@ -25,6 +27,22 @@ class BatchServices:
 
 
 BatchApi: TypeAlias = SkipValidation[NamedDependency[BatchServices]]
+
+
+def json_response(value: Any) -> Response[bytes]:
+    return Response(encode(value), media_type=MediaType.JSON)
+
+
+def cursor_page(items: list[Any], limit: int) -> dict[str, Any]:
+    """OpenAI's list fields from `limit + 1` rows asked for: the page, its first and last ids
+    (the `after` cursor) and whether more follow."""
+    page = items[:limit]
+    return {
+        "data": page,
+        "first_id": page[0].id if page else None,
+        "last_id": page[-1].id if page else None,
+        "has_more": len(items) > limit,
+    }
 
 
 def file_object(f: FileInfo) -> FileObject:
