@@ -62,7 +62,7 @@ ROWS = (*LANEWAY_ROWS, "vllm-router", "sglang-router")
 WORKLOADS = {"shared": "(a) shared prefix", "sessions": "(b) multi-turn sessions", "unique": "(c) nothing shared"}
 BASE = "least_outstanding"
 QUICK = Sizes(groups=3, prefix_tokens=256, shared_rate=0.6, shared_s=8, sessions_rate=0.4, sessions_s=5,
-              session_system_tokens=128, turns=3, unique_rate=0.6, unique_s=5, unique_tokens=128,
+              session_system_tokens=128, turns=3, think_s=0.5, unique_rate=0.6, unique_s=5, unique_tokens=128,
               max_tokens=16)  # fmt: skip
 
 
@@ -312,6 +312,7 @@ def main() -> None:
         print(
             f"- (b) sessions: {sizes.sessions_rate} new/s for {sizes.sessions_s:.0f} s, {sizes.turns} turns each, "
             f"a ~{sizes.session_system_tokens}-token system prompt, ~35-token turns, max_tokens {sizes.max_tokens}, "
+            f"a pause of {sizes.think_s:g} s on average (exponential) before each next turn, "
             "prompt_cache_key = the session's id"
         )
         print(

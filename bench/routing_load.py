@@ -5,14 +5,15 @@ bench's own bookkeeping never share its event loop):
 
 Open loop: each request (or each session's first turn) is sent at its scheduled time whatever
 the router does, and its TTFT and end-to-end time count from that time, not from when the
-generator got round to it. A session's next turn is sent when its previous answer has arrived,
-with that answer in its history. The client is the official openai SDK (AsyncOpenAI), streamed
+generator got round to it. A session's next turn is sent when its previous answer has arrived
+and the user's pause after it (`think`, seconds, one per later turn) is over, with that answer
+in its history; its times count from that send. The client is the official openai SDK (AsyncOpenAI), streamed
 chat with the usage chunk; a request that raises, ends without finishing, or is still running
 `drain_s` after the last arrival counts as failed.
 
 SPEC: {"base_url", "api_key", "model", "timeout_s", "drain_s", "prompt_cache_key": bool,
 "requests": [{"at", "messages", "max_tokens"}], "sessions": [{"at", "id", "system", "turns",
-"max_tokens"}]}. RESULT: {"records": [{"ttft", "e2e", "tokens", "error"}], "span_s", "late_ms"}.
+"think", "max_tokens"}]}. RESULT: {"records": [{"ttft", "e2e", "tokens", "error"}], "span_s", "late_ms"}.
 """
 
 from __future__ import annotations
@@ -84,7 +85,11 @@ class Run:
     async def session(self, item: dict[str, Any]) -> None:
         scheduled = await self.wait_until(item["at"])
         history = [{"role": "system", "content": item["system"]}]
-        for turn in item["turns"]:
+        pauses = [0.0, *item.get("think", [])]
+        for turn, pause in zip(item["turns"], pauses, strict=False):
+            if pause > 0:
+                await asyncio.sleep(pause)
+                scheduled = time.perf_counter()
             history.append({"role": "user", "content": turn})
             answer = await self.one(history, item["max_tokens"], scheduled, session=item["id"])
             if answer is None:

@@ -145,10 +145,11 @@ class Sizes:
     prefix_tokens: int = 1024
     shared_rate: float = 0.25
     shared_s: float = 100.0
-    sessions_rate: float = 0.12
-    sessions_s: float = 50.0
-    session_system_tokens: int = 256
-    turns: int = 4
+    sessions_rate: float = 0.2
+    sessions_s: float = 60.0
+    session_system_tokens: int = 512
+    turns: int = 6
+    think_s: float = 8.0  # a user's mean pause before each next turn (exponential)
     unique_rate: float = 0.4
     unique_s: float = 30.0
     unique_tokens: int = 256
@@ -202,9 +203,9 @@ class Workloads:
         for i, at in enumerate(arrivals(rng, s.sessions_rate, s.sessions_s)):
             system = f"Session {i} notes. " + text(rng, self._words(s.session_system_tokens))
             turns = [f"{text(rng, 12)}. {self.question(rng)}" for _ in range(s.turns)]
-            sessions.append(
-                {"at": at, "id": f"session-{i}", "system": system, "turns": turns, "max_tokens": s.max_tokens}
-            )
+            think = [round(rng.expovariate(1 / s.think_s), 3) if s.think_s > 0 else 0.0 for _ in turns[1:]]
+            sessions.append({"at": at, "id": f"session-{i}", "system": system, "turns": turns, "think": think,
+                             "max_tokens": s.max_tokens})  # fmt: skip
         return {"sessions": sessions}
 
     def unique(self) -> dict[str, Any]:

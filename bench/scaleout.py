@@ -4,7 +4,10 @@
     step; interactive lane of depth 64, 2 s queue timeout). Tenant B sends one short stream at
     a time (8 tokens); tenant F keeps 100 short streams (40 tokens, then 64) in flight. B's time to first
     token, unloaded (F idle) and during F's flood, in the same run; B's refusals.
-    Goal: loaded p50/p99 <= 1.5x unloaded, 0 refused.
+    Goal: loaded p50/p99 <= 1.5x unloaded, 0 refused. --pin puts F's client process (100
+    clients parsing thousands of SSE lines a second: a core's worth of Python) on the last
+    core and the gateway and B on the others; by default they all share every core. --rounds
+    N repeats each row, interleaved, and pools B's samples.
 (b) Shared slots (1, 2, 3 `laneway serve` replicas on one Redis, in front of one remote engine:
     the vLLM protocol stand-in, 8 slots, 10 ms a token, in this process; it records the most
     requests it ever had in flight). 80 concurrent clients (10x its slots) spread over the
@@ -93,12 +96,39 @@ class BackgroundLoad:
 
 
 def background_load(
-    urls: list[str], key: str, body: dict[str, Any], *, clients: int, seconds: float, retry_s: float = 0.01
+    urls: list[str],
+    key: str,
+    body: dict[str, Any],
+    *,
+    clients: int,
+    seconds: float,
+    retry_s: float = 0.01,
+    cores: set[int] | None = None,
 ) -> BackgroundLoad:
     spec = json.dumps({"urls": urls, "key": key, "body": body, "clients": clients, "seconds": seconds,
                        "retry_s": retry_s})  # fmt: skip
-    proc = subprocess.Popen([sys.executable, __file__, "--load", spec], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, __file__, "--load", spec], stdout=subprocess.PIPE, text=True,
+                            preexec_fn=_pin_to(cores or set()))  # fmt: skip
     return BackgroundLoad(proc)
+
+
+FLOOD_CORES: set[int] = set()  # --pin: where the flooding clients run (none: anywhere)
+
+
+def _pin_to(cores: set[int]) -> Any:
+    return (lambda: os.sched_setaffinity(0, cores)) if cores else None
+
+
+def pin(enabled: bool) -> str:
+    """--pin: this process (B's client, and the gateways it starts) on every core but the last,
+    the flooding clients on the last one. Returns how the cores were shared, for the header."""
+    cores = sorted(os.sched_getaffinity(0))
+    if not enabled or len(cores) < 2:
+        return "unpinned: the gateway, B and F's clients share every core"
+    FLOOD_CORES.clear()
+    FLOOD_CORES.add(cores[-1])
+    os.sched_setaffinity(0, set(cores[:-1]))
+    return f"pinned: the gateway and B on cores {cores[:-1]}, F's client process on core {cores[-1]}"
 
 
 def run_load(spec: dict[str, Any]) -> None:
@@ -135,7 +165,7 @@ def run_load(spec: dict[str, Any]) -> None:
 # ---- (a) fair admission ---------------------------------------------------------------------
 
 
-def fair_admission(seconds: float, work: Path, slots: int = 4, flood_tokens: int = 40) -> list[str]:
+def fair_admission(seconds: float, work: Path, slots: int = 4, flood_tokens: int = 40, rounds: int = 1) -> list[str]:
     url = f"sqlite+aiosqlite:///{work / f'fair-{slots}.db'}"
     model = sim_model("sim", max_concurrency=slots, decode_ms_base=2.0, decode_ms_per_seq=0.0)
     lanes = [{**INTERACTIVE, "max_concurrency": slots}, STANDARD]
@@ -162,26 +192,40 @@ def fair_admission(seconds: float, work: Path, slots: int = 4, flood_tokens: int
                 await asyncio.sleep(0.02)
         return ttfts, refused
 
-    out = ["| tenant B | requests | TTFT p50 | TTFT p99 | ratio p50 / p99 | B refused | F served / refused |",
-           "|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = {"unloaded": None, "F floods, retrying at once (10 ms)": 0.01,
+            "F floods, retrying after its Retry-After (1 s)": 1.0}  # fmt: skip
+    ttfts: dict[str, list[float]] = {label: [] for label in rows}
+    b_refused: dict[str, Counter[str]] = {label: Counter() for label in rows}
+    f_outcomes: dict[str, Counter[str]] = {label: Counter() for label in rows}
     try:
-        unloaded, _ = asyncio.run(b_for(seconds))
-        out.append(f"| unloaded | {len(unloaded)} | {pct(unloaded, 0.5) * 1000:.1f} ms "
-                   f"| {pct(unloaded, 0.99) * 1000:.1f} ms | 1.00x / 1.00x | 0 | - |")  # fmt: skip
-        for label, retry_s in (("retrying at once (10 ms)", 0.01), ("retrying after its Retry-After (1 s)", 1.0)):
-            # The flood runs in its own process: its 100 clients must not slow B's own event loop.
-            flood = background_load([base], keys["f"], body_f, clients=100, seconds=seconds + 2, retry_s=retry_s)
-            time.sleep(1.0)
-            loaded, refused = asyncio.run(b_for(seconds))
-            outcomes = flood.outcomes()
-            f_refused = sum(n for k, n in outcomes.items() if k != "200")
-            ratio = f"{pct(loaded, 0.5) / pct(unloaded, 0.5):.2f}x / {pct(loaded, 0.99) / pct(unloaded, 0.99):.2f}x"
-            out.append(f"| F floods, {label} | {len(loaded) + sum(refused.values())} "
-                       f"| {pct(loaded, 0.5) * 1000:.1f} ms | {pct(loaded, 0.99) * 1000:.1f} ms | {ratio} "
-                       f"| {sum(refused.values())} | {outcomes['200']} / {f_refused} |")  # fmt: skip
+        for _ in range(rounds):  # rows interleaved, round after round: the machine's drift hits each alike
+            for label, retry_s in rows.items():
+                flood = None
+                if retry_s is not None:
+                    # The flood runs in its own process: its 100 clients must not slow B's own event loop.
+                    flood = background_load([base], keys["f"], body_f, clients=100, seconds=seconds + 2,
+                                            retry_s=retry_s, cores=FLOOD_CORES)  # fmt: skip
+                    time.sleep(1.0)
+                loaded, refused = asyncio.run(b_for(seconds))
+                ttfts[label] += loaded
+                b_refused[label] += refused
+                if flood is not None:
+                    f_outcomes[label] += flood.outcomes()
     finally:
         proc.terminate()
         proc.wait(30)
+    out = ["| tenant B | requests | TTFT p50 | TTFT p99 | ratio p50 / p99 | B refused | F served / refused |",
+           "|---|---|---|---|---|---|---|"]  # fmt: skip
+    base_ttft = ttfts["unloaded"]
+    for label, values in ttfts.items():
+        ratio = f"{pct(values, 0.5) / pct(base_ttft, 0.5):.2f}x / {pct(values, 0.99) / pct(base_ttft, 0.99):.2f}x"
+        outcomes = f_outcomes[label]
+        f_refused = sum(n for k, n in outcomes.items() if k != "200")
+        f_cell = "-" if rows[label] is None else f"{outcomes['200']} / {f_refused}"
+        refused_b = sum(b_refused[label].values())
+        codes = f" ({', '.join(f'{k} {n}' for k, n in b_refused[label].items())})" if refused_b else ""
+        out.append(f"| {label} | {len(values) + refused_b} | {pct(values, 0.5) * 1000:.1f} ms "
+                   f"| {pct(values, 0.99) * 1000:.1f} ms | {ratio} | {refused_b}{codes} | {f_cell} |")  # fmt: skip
     out.append("\nGoal: B's TTFT <= 1.5x unloaded, 0 refused.")
     return out
 
@@ -289,6 +333,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--only", choices=("a", "bc"), help="run only part (a), or only (b) and (c)")
+    ap.add_argument("--rounds", type=int, default=1, help="(a): each row again, interleaved; samples pooled")
+    ap.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="(a): F's clients on the last core, the gateway and B on the others",
+    )
     ap.add_argument("--load", help=argparse.SUPPRESS)  # internal: run background clients
     args = ap.parse_args()
     if args.load:
@@ -298,10 +349,14 @@ def main() -> None:
     print(f"# bench/scaleout.py on {platform.node()} ({os.cpu_count()} CPUs, Python {platform.python_version()}), "
           f"{args.seconds:g} s per measurement")  # fmt: skip
     if args.only != "bc":
+        every = os.sched_getaffinity(0)
+        print(f"\n(a) cores: {pin(args.pin)}; {args.rounds} round(s), rows interleaved")
         for slots, tokens in ((4, 40), (8, 64)):
             print(f"\n(a) fair admission: tenant B while tenant F floods the interactive lane "
                   f"({slots} slots, F's streams {tokens} tokens)")  # fmt: skip
-            print("\n".join(fair_admission(args.seconds, work, slots, tokens)))
+            print("\n".join(fair_admission(args.seconds, work, slots, tokens, args.rounds)))
+        os.sched_setaffinity(0, every)
+        FLOOD_CORES.clear()
         print()
     if args.only != "a":
         print("\n".join(scale_out(args.seconds, work)))
