@@ -13,12 +13,11 @@ import time
 from typing import Any
 
 import httpx
-import uvicorn
 from litestar import Litestar
 
 from laneway.runtime import runtime_of
 from laneway.server import server_config
-from laneway.server.uvicorn_fence import server_started, stop_server
+from laneway.server.uvicorn_fence import FencedServer, server_started, stop_server
 from laneway.settings import Settings
 
 
@@ -28,7 +27,7 @@ class EmbeddedServer:
         self.runtime = runtime_of(app)  # None for another ASGI app (a test's stand-in engine)
         # The production server configuration (protocol guards, limits), on a loopback port.
         settings = self.runtime.settings if self.runtime is not None else Settings()
-        self.server = uvicorn.Server(server_config(app, settings, log_level="warning", lifespan="on"))
+        self.server = FencedServer(server_config(app, settings, log_level="warning", lifespan="on"))
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))

@@ -74,7 +74,10 @@ class Settings:
     # Remote engines (vLLM, Triton) fronted by several replicas share their slots through Redis:
     # a replica's leases expire this long after it stops renewing them (it died).
     slot_lease_ttl_s: float = 3.0
-    # How often policy rows are re-read (admin edits from other replicas or the CLI).
+    # How often the configuration's version is read (one counter the database moves on every
+    # edit of models, deployments, lanes and task policies, from any replica or the CLI): the
+    # policies and engines are reloaded when it moved. Also the pace of the engines' health
+    # checks and of retrying a deployment that could not start.
     policy_poll_interval_s: float = 2.0
     # Weighted deficit round robin: tokens credited per visit to a tenant of weight 1.
     scheduler_quantum: int = 64

@@ -23,6 +23,7 @@ TABLES = {
     "files",
     "batches",
     "batch_items",
+    "config_version",
 }
 
 
@@ -33,7 +34,7 @@ async def tables(engine: AsyncEngine) -> set[str]:
 
 async def test_migrations_round_trip(db_engine: AsyncEngine) -> None:
     assert await tables(db_engine) == TABLES
-    assert await migrate.current(db_engine) == "0012"
+    assert await migrate.current(db_engine) == "0013"
     await migrate.downgrade(db_engine, "base")
     assert await tables(db_engine) == set()
     assert await migrate.current(db_engine) is None

@@ -63,3 +63,19 @@ def test_the_shedder_wakes_only_on_the_first_arrival_after_a_quiet_spell() -> No
     assert shedder.quiet()
     shedder.arrived()
     assert len(wakes) == 2
+
+
+async def test_an_idle_gateway_is_woken_once_a_second_by_default() -> None:
+    """The idle tick is the one wake-up an idle gateway cannot avoid: once a second, not four
+    times; a request still brings the short ticks back at once."""
+    ticks: list[float] = []
+    monitor = LoopLagMonitor(interval_s=0.01, busy=lambda: False, on_sample=ticks.append)
+    await monitor.start()
+    try:
+        await asyncio.sleep(0.8)
+        assert monitor.idle and len(ticks) == 1  # the first tick, then one long wait
+        monitor.wake()
+        await asyncio.sleep(0.05)
+        assert len(ticks) >= 2
+    finally:
+        await monitor.stop()

@@ -62,3 +62,41 @@ async def test_a_failed_write_puts_its_batch_back_in_front_in_order() -> None:
     recorder._retry_at = 0.0
     assert await recorder.flush()
     assert recorder.rows == [f"r{i}" for i in range(6)] and recorder.pending == 0
+
+
+class CountedFlushes(UsageRecorder):
+    """A recorder that counts the writer's rounds (each a flush) and writes nowhere."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(None, **kwargs)  # type: ignore[arg-type]
+        self.flushes = 0
+        self.rows: list[str] = []
+
+    async def flush(self) -> bool:
+        self.flushes += 1
+        return await super().flush()
+
+    async def _write(self, batch: list[dict[str, Any]]) -> None:
+        self.rows += [r["request_id"] for r in batch]
+
+
+async def test_the_writer_sleeps_while_nothing_is_pending_and_wakes_on_the_first_row() -> None:
+    """An idle gateway's writer is not woken every interval to find nothing; the first row
+    wakes it, and the rows of one interval still share one write."""
+    recorder = CountedFlushes(interval_s=0.02)
+    await recorder.start()
+    try:
+        await asyncio.sleep(0.3)  # fifteen intervals with nothing to write
+        assert recorder.flushes == 0
+        for i in range(3):
+            recorder.record(row(i))
+        for _ in range(100):
+            if recorder.rows:
+                break
+            await asyncio.sleep(0.01)
+        assert recorder.rows == ["r0", "r1", "r2"] and recorder.flushes == 1  # one write for the three
+        await asyncio.sleep(0.3)  # idle again
+        assert recorder.flushes == 1
+    finally:
+        await recorder.stop()
+    assert recorder._task is not None and recorder._task.done()  # stop() ends the sleeping writer

@@ -9,6 +9,7 @@ import asyncio
 import inspect
 import re
 import socket
+import time
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
@@ -188,6 +189,45 @@ def test_the_server_hooks_and_the_rebuilt_protocol_factory() -> None:
     assert isinstance(protocol, GuardedHttpProtocol) and type(protocol) is config.http_protocol_class
     assert protocol.server_state is server.server_state  # type: ignore[attr-defined]
     assert protocol.app_state is server.lifespan.state  # type: ignore[attr-defined]
+
+
+def test_the_tick_the_main_loop_calls() -> None:
+    for name in uvicorn_fence.SERVER_CALLS:
+        assert parameters(getattr(uvicorn.Server, name)) == ["self", "counter"], name
+
+
+def test_the_main_loop_ticks_once_a_second_and_an_exit_from_another_thread_ends_it_at_once() -> None:
+    """uvicorn's main loop woke an idle gateway ten times a second; the fence's ticks once a
+    second (refreshing the Date header each time) and an exit asked for does not wait for it."""
+    ticks: list[int] = []
+
+    class Counting(FencedServer):
+        async def on_tick(self, counter: int) -> bool:
+            ticks.append(counter)
+            return await super().on_tick(counter)
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(
+        hello, http=protocol_for(Settings()), lifespan="off", log_level="warning", timeout_graceful_shutdown=1
+    )
+    server = Counting(config)
+
+    async def scenario() -> float:
+        serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+        while not uvicorn_fence.server_started(server):
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.7)
+        assert ticks == [0]  # the first tick only, the Date header's refresh with it
+        assert any(name == b"date" for name, _ in server.server_state.default_headers)
+        asked = time.monotonic()
+        await asyncio.get_running_loop().run_in_executor(None, uvicorn_fence.stop_server, server)
+        await serving
+        return time.monotonic() - asked
+
+    took = asyncio.run(scenario())
+    assert took < 0.5, took  # not the rest of a second's tick (uvicorn's shutdown itself sleeps 0.1 s)
+    assert ticks == [0, 0]
 
 
 def test_nothing_outside_the_fence_reaches_into_uvicorn() -> None:

@@ -2,8 +2,9 @@
 waits extra because something else is hogging the loop (a hash, a long prompt, a bug).
 
 The timer ticks every `interval_s` (50 ms) while there is load and every `idle_interval_s`
-(250 ms) while `busy()` says there is none: at 20 wake-ups a second the tick alone cost an idle
-gateway ~0.4 % of a core (bench/overhead.py's idle row: 0.93-1.00 % vs 0.53-0.67 %). Load
+(1 s) while `busy()` says there is none: at 20 wake-ups a second the tick alone cost an idle
+gateway ~0.4 % of a core (bench/overhead.py's idle row: 0.93-1.00 % vs 0.53-0.67 %), and each
+wake-up of an idle process is CPU that an idle vllm-router does not spend (bench/idle_cpu.py). Load
 coming back calls `wake()` (the load shedder does, on its first arrival after a quiet spell),
 which ends the long wait at once with a tick of the listeners (no lag sample: the timer did not
 run late), so the signals that act under load (the shedder's, the surge acceptors') look at
@@ -25,7 +26,7 @@ class LoopLagMonitor:
         keep: int = 1200,
         on_sample: Callable[[float], None] | None = None,
         *,
-        idle_interval_s: float = 0.25,
+        idle_interval_s: float = 1.0,
         busy: Callable[[], bool] | None = None,
     ) -> None:
         self.interval_s = interval_s
@@ -82,7 +83,8 @@ class LoopLagMonitor:
                 woken.clear()
                 expected = time.perf_counter() + self.idle_interval_s
                 try:
-                    await asyncio.wait_for(woken.wait(), self.idle_interval_s)
+                    async with asyncio.timeout(self.idle_interval_s):  # no task per wait, unlike wait_for
+                        await woken.wait()
                 except TimeoutError:
                     pass
                 else:  # woken early: no lag to read, but the listeners look now (a connection

@@ -8,14 +8,12 @@ either the old policies or the new ones, never a mix.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from laneway.core.dependencies import DependencyHealth, database_unreachable
 from laneway.core.prices import Price
 from laneway.db.repositories import ModelRepository, PolicyRepository
 
@@ -116,7 +114,6 @@ class PolicyStore:
     def __init__(self, sessions: async_sessionmaker[AsyncSession] | None, snapshot: PolicySnapshot | None = None):
         self._sessions = sessions
         self.current = snapshot or PolicySnapshot()
-        self._task: asyncio.Task[None] | None = None
 
     async def reload(self) -> PolicySnapshot:
         assert self._sessions is not None
@@ -166,28 +163,3 @@ class PolicyStore:
             log.info("policies reloaded: lanes=%s tasks=%s fallbacks=%s prices=%s", [x.name for x in lanes],
                      sorted(tasks), fallbacks, sorted(prices))  # fmt: skip
         return self.current
-
-    async def start_polling(self, interval_s: float, health: DependencyHealth | None = None) -> None:
-        """Pick up changes made by other replicas or the CLI (the admin UI also calls reload())."""
-        health = health or DependencyHealth()
-
-        async def poll() -> None:
-            while True:
-                await asyncio.sleep(interval_s)
-                try:
-                    await self.reload()
-                except Exception as exc:
-                    if database_unreachable(exc):  # an outage: counted, a line a minute
-                        health.failed("database", exc, "keeping the current lanes and task policies")
-                    else:
-                        log.exception("policy reload failed; keeping the current snapshot")
-
-        self._task = asyncio.create_task(poll(), name="policy-poll")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass

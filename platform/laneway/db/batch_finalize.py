@@ -22,6 +22,7 @@ from laneway.db.batch_records import (
     ITEM_STATES,
     PENDING,
     RUNNING,
+    VALIDATING,
     BatchInfo,
     OutputLine,
     at,
@@ -64,6 +65,14 @@ def ready_to_finalize(now: datetime) -> ColumnElement[bool]:
 
 
 class BatchFinalize(BatchWork):
+    async def any_open(self) -> bool:
+        """Whether any batch has yet to reach a final status: with none, no replica's runner
+        has anything to claim, expire or finalize (one indexed read, ix_batches_status)."""
+        statuses = [VALIDATING, IN_PROGRESS, CANCELLING, FINALIZING]  # by name: an IN reads the index
+        unfinished = select(Batch.id).where(Batch.status.in_(statuses)).limit(1)
+        async with self._sessions() as session:
+            return (await session.execute(unfinished)).first() is not None
+
     async def expire_due(self) -> list[str]:
         """Batches in progress or cancelling past expires_at: their pending items become
         expired (running ones finish or are released; the batch's status is set at finalize).

@@ -216,3 +216,13 @@ class AuditEntry(Base):
     entity_id: Mapped[str] = mapped_column(String(200))
     before: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     after: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class ConfigVersion(Base):
+    """One row (id 1): a counter that database triggers move on every change to models,
+    deployments, lanes and task_policies (migration 0013). A replica polls it and reloads its
+    configuration only when it moved (runtime/config_poll.py)."""
+
+    __tablename__ = "config_version"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version: Mapped[int] = mapped_column(BigInteger)

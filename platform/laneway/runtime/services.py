@@ -2,7 +2,7 @@
 
 `Runtime.start()` brings them up in dependency order (database, engines, policies, rate
 limits, usage recorder, the API key sweeps, shared slots, the gateway, the config listener,
-the engine watcher) and `Runtime.stop()` takes them down in reverse: the requests still
+the config poll) and `Runtime.stop()` takes them down in reverse: the requests still
 running first, the database pool and the tracer last. A start that fails stops what had already started.
 
 Handlers reach the services through Litestar's dependency injection (`RuntimePlugin` adds
@@ -46,12 +46,13 @@ from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimi
 from laneway.core.redis_hub import RedisHub
 from laneway.core.shared_slots import SharedSlots
 from laneway.db import migrate
+from laneway.db.config_version import config_version
 from laneway.db.repositories import ModelRepository
 from laneway.db.session import make_engine, make_sessionmaker
 from laneway.engines.registry import EngineRegistry
 from laneway.metrics import GatewayMetrics
 from laneway.runtime.batch_jobs import batch_services
-from laneway.runtime.engine_watch import enabled_deployments, watch_engines
+from laneway.runtime.config_poll import ConfigPoll, enabled_deployments
 from laneway.runtime.health_access import HealthDetailsAccess
 from laneway.runtime.lifecycle import Lifecycle, cancelled
 from laneway.runtime.readings import runtime_readings
@@ -82,6 +83,7 @@ class Runtime:
     loop_lag: LoopLagMonitor
     live_figures: LiveFigures  # the dashboard's window over the metrics
     config_changes: ConfigChanges
+    config_poll: ConfigPoll
     admin: AdminService
     logins: Logins
     api: ApiServices
@@ -152,6 +154,8 @@ class Runtime:
         steps.started_step("database", db.dispose)
         self.sessions = sessions = make_sessionmaker(db)
         await self._prepare_database(db)
+        # Read before what it versions: a change committed meanwhile is reloaded at the first poll.
+        loaded_version = await config_version(db)
         async with sessions() as session:
             specs = await ModelRepository(session).enabled_deployments()
         self.registry = registry = EngineRegistry()
@@ -162,7 +166,6 @@ class Runtime:
         warmup = asyncio.create_task(registry.warm_up(), name="warm-up")
         steps.started_step("warm-up", lambda: cancelled(warmup))
         self.policies = policies = PolicyStore(sessions)
-        steps.started_step("policies", policies.stop)
         await policies.reload()
         self.lane_cap_log = lane_cap_log = LaneCapLog()
         lane_cap_log.check(policies.current.lanes, seats(registry))  # once at start, with the setting to change
@@ -170,7 +173,6 @@ class Runtime:
         def check_lane_caps() -> None:
             lane_cap_log.check(policies.current.lanes, seats(registry))
 
-        await policies.start_polling(settings.policy_poll_interval_s, health)
         # One Redis hub for the limiter, the quota counters and the shared slots: one pipelined
         # connection, closed after all of them (docs/decisions/0002-redis-pipe.md).
         hub = None
@@ -241,28 +243,32 @@ class Runtime:
         self.metrics.watch(lambda: runtime_readings(gateway, health, recorder, loop_lag, self.shedder))
         self.live_figures = LiveFigures(self.metrics)
 
-        async def apply_config() -> None:
-            authenticator.invalidate()
+        async def reload_config() -> None:
             await policies.reload()
             await registry.sync(lambda: enabled_deployments(sessions))
             check_lane_caps()
             gateway.waiting.dispatch.kick()
 
-        self.config_changes = changes = ConfigChanges(db, apply_config)
+        # A deployment that could not start is retried by every poll, whether or not the
+        # configuration moved (an engine that was down comes up with no edit).
+        self.config_poll = poll = ConfigPoll(lambda: config_version(db), reload_config, seen=loaded_version,
+                                             unsettled=lambda: bool(registry.failed or registry.rejected))  # fmt: skip
+
+        async def apply_notified() -> None:  # NOTIFY covers tenants and keys too: not in the counter
+            authenticator.invalidate()
+            await poll.refresh(force=True)
+
+        self.config_changes = changes = ConfigChanges(db, apply_notified)
         await changes.start()
         steps.started_step("config changes", changes.stop)
-        watcher = asyncio.create_task(
-            watch_engines(
-                registry,
-                sessions,
-                settings.policy_poll_interval_s,
-                health,
-                after_sync=check_lane_caps,
-                after_health=gateway.waiting.dispatch.kick,
-            ),
-            name="engine-watch",
-        )
-        steps.started_step("engine watch", lambda: cancelled(watcher))
+
+        def after_poll() -> None:
+            check_lane_caps()  # an engine's sequence limit may be learnt after its start
+            gateway.waiting.dispatch.kick()  # an ejected replica may be back
+
+        every_s = settings.policy_poll_interval_s
+        watcher = asyncio.create_task(poll.run(registry, every_s, health, after_tick=after_poll), name="config-poll")
+        steps.started_step("config poll", lambda: cancelled(watcher))
         self.started_at = time.time()
         self.admin = AdminService(sessions, changes, authenticator=authenticator, policies=policies, registry=registry,
                                   currency=settings.currency)  # fmt: skip

@@ -57,7 +57,8 @@ PROTOCOL_STATE = ("loop", "transport", "cycle", "server_state", "timeout_keep_al
 REQUEST_STATE = ("scope", "url", "headers")  # set by on_message_begin / the parser's callbacks
 CYCLE_STATE = ("response_complete", "disconnected")  # RequestResponseCycle's, read and written
 SERVER_STATE_FIELDS = ("total_requests",)  # uvicorn.server.ServerState's
-SERVER_OVERRIDES = ("startup", "shutdown", "handle_exit")  # uvicorn.Server's
+SERVER_OVERRIDES = ("startup", "main_loop", "shutdown", "handle_exit")  # uvicorn.Server's
+SERVER_CALLS = ("on_tick",)  # uvicorn.Server's, called with a counter whose multiples of 10 refresh the Date header
 SERVER_ATTRIBUTES = ("servers", "server_state", "lifespan", "should_exit", "started")
 CONFIG_ATTRIBUTES = ("http_protocol_class", "backlog", "ssl", "timeout_keep_alive")
 
@@ -262,11 +263,20 @@ def protocol_for(settings: Settings, shedder: LoadShedder | None = None) -> type
 
 
 ProtocolFactory = Callable[..., asyncio.Protocol]
+# uvicorn's main loop ticks every 0.1 s to see whether it should exit (and, one tick in ten, to
+# refresh the Date header): ten wake-ups a second of an idle gateway. Once a second does the
+# header; an exit asked for wakes the loop at once instead of waiting for a tick.
+TICK_S = 1.0
 
 
 class FencedServer(uvicorn.Server):
     """uvicorn.Server with hooks on its start, stop and exit signals that see no uvicorn
     internals: the listening sockets and a protocol factory, a signal number."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._tick_loop: asyncio.AbstractEventLoop | None = None
+        self._tick_wake: asyncio.Event | None = None  # set: the main loop ticks now
 
     def on_starting(self) -> None:
         """On the server's loop, before the lifespan starts."""
@@ -283,8 +293,30 @@ class FencedServer(uvicorn.Server):
         return False
 
     def request_exit(self) -> None:
-        """Stop as after an exit signal: the main loop ends on its next tick, then shutdown."""
+        """Stop as after an exit signal: the main loop ends now, then shutdown (from any
+        thread, or a signal handler)."""
         self.should_exit = True
+        self._wake_main_loop()
+
+    def _wake_main_loop(self) -> None:
+        wake, loop = self._tick_wake, self._tick_loop
+        if wake is not None and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(wake.set)
+
+    async def main_loop(self) -> None:
+        """uvicorn's main loop with one tick a second: each tick refreshes the Date header
+        (counter 0) and returns True once the server should exit."""
+        self._tick_loop = asyncio.get_running_loop()
+        self._tick_wake = wake = asyncio.Event()
+        while not await self.on_tick(0):
+            wake.clear()
+            if self.should_exit:  # set between the tick's check and the clear
+                continue
+            try:
+                async with asyncio.timeout(TICK_S):
+                    await wake.wait()
+            except TimeoutError:
+                pass
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self.on_starting()
@@ -307,6 +339,7 @@ class FencedServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit or not self.on_exit_signal(sig):
             super().handle_exit(sig, frame)
+            self._wake_main_loop()
 
 
 def server_started(server: uvicorn.Server) -> bool:
@@ -316,4 +349,7 @@ def server_started(server: uvicorn.Server) -> bool:
 
 def stop_server(server: uvicorn.Server) -> None:
     """Have `server` stop as after an exit signal (from any thread)."""
-    server.should_exit = True
+    if isinstance(server, FencedServer):
+        server.request_exit()
+    else:
+        server.should_exit = True

@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,10 @@ from laneway.core.pipeline.outcome import Outcome
 from laneway.db.repositories import TenantRepository, UsageRepository
 
 log = logging.getLogger("laneway.accounting")
+# An API key's last_used_at is written at most this often (per replica): it tells an admin
+# whether a key is still in use, and writing it with every batch of usage rows was a row
+# update per key per flush.
+KEY_TOUCH_EVERY_S = 60.0
 
 
 def is_row_fault(exc: BaseException) -> bool:
@@ -56,15 +60,21 @@ class UsageRecorder:
         max_pending: int = 100_000,
         health: DependencyHealth | None = None,
         spool_dir: Path | None = None,
+        key_touch_every_s: float = KEY_TOUCH_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._sessions = sessions
+        self._touch_every = key_touch_every_s
+        self._clock = clock
+        self._touched: dict[int, float] = {}  # API key id -> when its last_used_at was last written
         self._interval = interval_s
         self._batch = batch_size
         self._max_pending = max_pending
         self._health = health or DependencyHealth()
         self._spool_dir = spool_dir
         self._pending: deque[dict[str, Any]] = deque()
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()  # a full batch: write it now
+        self._arrived = asyncio.Event()  # a row after none was pending: the writer's interval starts
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # one flush at a time: a batch is never written twice
         self._stopping = False
@@ -111,6 +121,8 @@ class UsageRecorder:
             self._pending.popleft()
             self.dropped += 1
         self._pending.append(row)
+        if len(self._pending) == 1:
+            self._arrived.set()
         if len(self._pending) >= self._batch:
             self._wake.set()
 
@@ -133,6 +145,7 @@ class UsageRecorder:
         and bookkeeping would write a batch twice."""
         self._stopping = True
         self._wake.set()
+        self._arrived.set()
         if self._task is not None:
             await self._task
         self._retry_at = 0.0
@@ -143,9 +156,17 @@ class UsageRecorder:
         self._spool()
 
     async def _run(self) -> None:
+        """With nothing pending the writer sleeps until a row arrives (an idle gateway is not
+        woken every interval to find nothing); from the first row on, it writes every interval
+        (sooner for a full batch), so rows arriving together share a transaction."""
         while not self._stopping:
+            if not self._pending:
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self._interval)
+                async with asyncio.timeout(self._interval):  # no task per wait, unlike wait_for
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()
@@ -201,9 +222,17 @@ class UsageRecorder:
         return True
 
     async def _write(self, batch: list[dict[str, Any]]) -> None:
+        now = self._clock()
+        touched = self._touched
+        due = [key for key in _key_ids(batch) if key not in touched or now - touched[key] >= self._touch_every]
         async with self._sessions() as session, session.begin():
             await UsageRepository(session).add_many(batch)
-            await TenantRepository(session).touch_keys(_key_ids(batch), datetime.now(UTC))
+            if due:
+                await TenantRepository(session).touch_keys(due, datetime.now(UTC))
+        if due:  # committed: not again within the interval
+            if len(touched) > 10_000:  # keys not touched within the interval are due anyway
+                self._touched = touched = {k: at for k, at in touched.items() if now - at < self._touch_every}
+            touched.update(dict.fromkeys(due, now))
 
     # ---- the spool: rows that outlive a shutdown during a database outage ----
     def _spool(self) -> None:

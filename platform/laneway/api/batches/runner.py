@@ -30,6 +30,10 @@ from laneway.metrics import Reading
 log = logging.getLogger("laneway.batches")
 MIN_TICK_GAP_S = 0.02
 IDLE_POLL_FACTOR = 5  # with nothing to do, look for batches created on other replicas this much less often
+# With no batch open on any replica, one indexed read this much less often than poll_s, not
+# the round's four queries: a batch created on this replica kicks the runner at once, one
+# created on another is found within this.
+NO_BATCH_POLL_FACTOR = 10
 STATES_EVERY_S = 10.0  # the lines-by-state gauge: one GROUP BY query this often, not per scrape
 WRITE_TRIES = 3  # a result's write, while the database blinks; past it the lease runs out and the line reruns
 
@@ -55,6 +59,9 @@ class BatchRunner:
         self._running: dict[int, tuple[ClaimedItem, asyncio.Task[None]]] = {}
         self._models_of: dict[str, str] = {}  # batch id -> its model, for the batches this replica ran
         self._claiming = True
+        self._quiet = True  # the last round found nothing to do: first ask whether any batch is open
+        self._kicked = False  # work was announced here (a batch created): no need to ask
+        self._none_open = False  # the last ask found none (the lines-by-state gauge is read once then)
         self._wake = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
         self._last_renew = 0.0
@@ -90,6 +97,7 @@ class BatchRunner:
 
     def kick(self) -> None:
         """Look for work now (a batch was created, a line ended)."""
+        self._kicked = True
         self._wake.set()
 
     @property
@@ -99,9 +107,13 @@ class BatchRunner:
     # ---- the loop ----
     async def _run(self) -> None:
         while True:
-            busy = True
+            pace = 1
             try:
-                busy = await self._tick()
+                if await self._open():
+                    self._quiet = not await self._tick()
+                    pace = IDLE_POLL_FACTOR if self._quiet else 1
+                else:
+                    pace = NO_BATCH_POLL_FACTOR
             except asyncio.CancelledError:
                 raise
             except Exception:  # the database blinked: the next tick tries again
@@ -111,10 +123,26 @@ class BatchRunner:
             await asyncio.sleep(MIN_TICK_GAP_S)
             self._wake.clear()
             try:
-                async with asyncio.timeout(self.poll_s if busy else self.poll_s * IDLE_POLL_FACTOR):
+                async with asyncio.timeout(self.poll_s * pace):
                     await self._wake.wait()
             except TimeoutError:
                 pass
+
+    async def _open(self) -> bool:
+        """Whether a round of the work may find any: yes while the last one found some, after
+        a kick, or when some batch is open anywhere (asked only after a quiet round)."""
+        kicked, self._kicked = self._kicked, False
+        if kicked or self._running or not self._quiet:
+            self._none_open = False
+            return True
+        if await self.store.any_open():
+            self._none_open = False
+            return True
+        if not self._none_open:  # the last batch ended: the gauge's final counts, once
+            self._none_open = True
+            self._last_states = time.monotonic()
+            self.states = await self.store.counts_by_state()
+        return False
 
     async def _tick(self) -> bool:
         """One round of the work; whether there was any (lines, batches to finish)."""
