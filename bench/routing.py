@@ -17,8 +17,10 @@ Workloads, each offered open loop by bench/routing_load.py (a process of its own
 SDK, streamed chat, Poisson arrivals from a fixed seed: every row gets the same requests at the
 same times):
 (a) shared prefix: G groups, each a distinct ~1024-token system prompt; a short question;
-(b) multi-turn sessions: a session's next turn is sent when its previous answer has arrived,
-    its history growing; sessions arrive at random and interleave (prompt_cache_key = session);
+(b) multi-turn sessions: a session's next turn is sent when its previous answer has arrived
+    and its user has paused (exponential, --think-s on average), its history growing;
+    sessions arrive at random and overlap, about three times as many live at once as one
+    replica's cache holds (prompt_cache_key = session);
 (c) nothing shared: every request has a system prompt of its own (the template's default
     system prompt, shared by all, would otherwise be used).
 Reported per row: TTFT p50/p99 and end-to-end p50 (from each request's scheduled time), output
@@ -27,7 +29,7 @@ caches over prompt tokens, from their /metrics), requests per replica, failures;
 to the laneway least_outstanding row of the same run.
 
 Run: PYTHONPATH=platform .venv/bin/python bench/routing.py [--quick] [--rows ...] [--workloads ...]
-[--rounds N]. The defaults take about 20 minutes on a 2-core machine, --quick a few (a smoke
+[--rounds N]. The defaults take about 25 minutes on a 2-core machine, --quick a few (a smoke
 check). The replicas share the machine's cores with the router, the load generator and
 whatever else runs there, and a workload offers tens of requests: rows of the same routing
 can differ by 2x on a busy machine. --rounds N runs the rows again, interleaved, and pools
