@@ -112,23 +112,18 @@ def background_load(
     return BackgroundLoad(proc)
 
 
-FLOOD_CORES: set[int] = set()  # --pin: where the flooding clients run (none: anywhere)
-
-
 def _pin_to(cores: set[int]) -> Any:
     return (lambda: os.sched_setaffinity(0, cores)) if cores else None
 
 
-def pin(enabled: bool) -> str:
-    """--pin: this process (B's client, and the gateways it starts) on every core but the last,
-    the flooding clients on the last one. Returns how the cores were shared, for the header."""
+def pin(enabled: bool) -> tuple[set[int], str]:
+    """--pin: this process (B's client, and the gateways it starts) on every core but the last;
+    -> the cores for the flooding clients (none: anywhere) and how the cores were shared."""
     cores = sorted(os.sched_getaffinity(0))
     if not enabled or len(cores) < 2:
-        return "unpinned: the gateway, B and F's clients share every core"
-    FLOOD_CORES.clear()
-    FLOOD_CORES.add(cores[-1])
+        return set(), "unpinned: the gateway, B and F's clients share every core"
     os.sched_setaffinity(0, set(cores[:-1]))
-    return f"pinned: the gateway and B on cores {cores[:-1]}, F's client process on core {cores[-1]}"
+    return {cores[-1]}, f"pinned: the gateway and B on cores {cores[:-1]}, F's client process on core {cores[-1]}"
 
 
 def run_load(spec: dict[str, Any]) -> None:
@@ -165,7 +160,14 @@ def run_load(spec: dict[str, Any]) -> None:
 # ---- (a) fair admission ---------------------------------------------------------------------
 
 
-def fair_admission(seconds: float, work: Path, slots: int = 4, flood_tokens: int = 40, rounds: int = 1) -> list[str]:
+def fair_admission(
+    seconds: float,
+    work: Path,
+    slots: int = 4,
+    flood_tokens: int = 40,
+    rounds: int = 1,
+    flood_cores: set[int] | None = None,
+) -> list[str]:
     url = f"sqlite+aiosqlite:///{work / f'fair-{slots}.db'}"
     model = sim_model("sim", max_concurrency=slots, decode_ms_base=2.0, decode_ms_per_seq=0.0)
     lanes = [{**INTERACTIVE, "max_concurrency": slots}, STANDARD]
@@ -204,7 +206,7 @@ def fair_admission(seconds: float, work: Path, slots: int = 4, flood_tokens: int
                 if retry_s is not None:
                     # The flood runs in its own process: its 100 clients must not slow B's own event loop.
                     flood = background_load([base], keys["f"], body_f, clients=100, seconds=seconds + 2,
-                                            retry_s=retry_s, cores=FLOOD_CORES)  # fmt: skip
+                                            retry_s=retry_s, cores=flood_cores)  # fmt: skip
                     time.sleep(1.0)
                 loaded, refused = asyncio.run(b_for(seconds))
                 ttfts[label] += loaded
@@ -350,13 +352,13 @@ def main() -> None:
           f"{args.seconds:g} s per measurement")  # fmt: skip
     if args.only != "bc":
         every = os.sched_getaffinity(0)
-        print(f"\n(a) cores: {pin(args.pin)}; {args.rounds} round(s), rows interleaved")
+        flood_cores, shared = pin(args.pin)
+        print(f"\n(a) cores: {shared}; {args.rounds} round(s), rows interleaved")
         for slots, tokens in ((4, 40), (8, 64)):
             print(f"\n(a) fair admission: tenant B while tenant F floods the interactive lane "
                   f"({slots} slots, F's streams {tokens} tokens)")  # fmt: skip
-            print("\n".join(fair_admission(args.seconds, work, slots, tokens, args.rounds)))
+            print("\n".join(fair_admission(args.seconds, work, slots, tokens, args.rounds, flood_cores)))
         os.sched_setaffinity(0, every)
-        FLOOD_CORES.clear()
         print()
     if args.only != "a":
         print("\n".join(scale_out(args.seconds, work)))
