@@ -20,9 +20,9 @@ from laneway.db.batch_records import (
     FINALIZING,
     IN_PROGRESS,
     ITEM_STATES,
+    OPEN_STATUSES,
     PENDING,
     RUNNING,
-    VALIDATING,
     BatchInfo,
     OutputLine,
     at,
@@ -68,8 +68,8 @@ class BatchFinalize(BatchWork):
     async def any_open(self) -> bool:
         """Whether any batch has yet to reach a final status: with none, no replica's runner
         has anything to claim, expire or finalize (one indexed read, ix_batches_status)."""
-        statuses = [VALIDATING, IN_PROGRESS, CANCELLING, FINALIZING]  # by name: an IN reads the index
-        unfinished = select(Batch.id).where(Batch.status.in_(statuses)).limit(1)
+        # By name, not "not final": an IN reads the status index.
+        unfinished = select(Batch.id).where(Batch.status.in_(OPEN_STATUSES)).limit(1)
         async with self._sessions() as session:
             return (await session.execute(unfinished)).first() is not None
 

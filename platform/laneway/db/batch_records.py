@@ -25,6 +25,7 @@ ITEM_STATES = (PENDING, RUNNING, SUCCEEDED, FAILED, EXPIRED, CANCELLED)
 VALIDATING, IN_PROGRESS, FINALIZING, CANCELLING = "validating", "in_progress", "finalizing", "cancelling"
 COMPLETED = "completed"
 FINAL_STATUSES = (COMPLETED, FAILED, EXPIRED, CANCELLED)
+OPEN_STATUSES = (VALIDATING, IN_PROGRESS, CANCELLING, FINALIZING)  # the rest: work may remain
 
 
 @dataclass(frozen=True, slots=True)

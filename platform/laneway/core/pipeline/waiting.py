@@ -88,11 +88,7 @@ class Waiting:
             gen = call.generation
             route = self.dispatch.ticket_route(gen.prompt, gen.cache_salt, call.prompt_cache_key, call.needs,
                                                gen.prompt_tokens, gen.prompt_ids)  # fmt: skip
-            placement = Ticket(request_id=call.request_id, tenant_id=call.tenant.id, weight=call.tenant.weight,
-                               cost=cost, lane=call.lane, route=route)  # fmt: skip
-            lease.placement = placement
-            if call.lane.background:
-                placement.preempt = _preempter(lease)
+            lease.placement = placement = _ticket(lease, cost, route)
             await queue.acquire(placement)
             queue.taken(placement)  # no await since the grant: the lease owns it from here
             call.deployment = placement.replica
@@ -101,10 +97,7 @@ class Waiting:
             call.route_reason, call.cached_estimate = chosen.reason, chosen.cached_tokens
         elif call.embedding is None and len(self.registry.replicas(call.alias)) > 1:
             call.route_reason = self.dispatch.routing  # a baseline's choice, made at arrival
-        lease.ticket = Ticket(request_id=call.request_id, tenant_id=call.tenant.id, weight=call.tenant.weight,
-                              cost=cost, lane=call.lane)  # fmt: skip
-        if call.lane.background:
-            lease.ticket.preempt = _preempter(lease)
+        lease.ticket = _ticket(lease, cost)
         await self.scheduler(call.deployment).acquire(lease.ticket)
         call.dispatched_at = time.perf_counter()
 
@@ -132,10 +125,12 @@ class Waiting:
         return out
 
 
-def _preempter(lease: Lease) -> Callable[[], None]:
-    """How a background request gives its slot back when a foreground one needs it."""
-
-    def preempt() -> None:
-        lease.interrupt(preempted())
-
-    return preempt
+def _ticket(lease: Lease, cost: int, route: Any = None) -> Ticket:
+    """The lease's place in a queue: the alias's (with its `route`) or its replica's. A
+    background request's ticket carries how it gives its slot back when a foreground one needs it."""
+    call = lease.call
+    ticket = Ticket(request_id=call.request_id, tenant_id=call.tenant.id, weight=call.tenant.weight, cost=cost,
+                    lane=call.lane, route=route)  # fmt: skip
+    if call.lane.background:
+        ticket.preempt = lambda: lease.interrupt(preempted())
+    return ticket
