@@ -141,10 +141,14 @@ def main() -> None:
         print(json.dumps(asyncio.run(measure(url, int(keys), float(rate), float(seconds)))))
         return
     which = str(args.src) if args.src else "this tree"
-    print(f"# bench/auth_keys.py ({which}): {args.rate:.0f} requests/s over N keys, {args.seconds:.0f} s a row, "
-          f"ttl 0.5 s; baseline: the 1-key row of this run\n")  # fmt: skip
-    print("| keys | DB queries/s | requests that waited on a lookup | p50 | p99 | max | CPU / request | vs 1 key "
-          "| after an admin change: queries, all keys answered in |")  # fmt: skip
+    print(
+        f"# bench/auth_keys.py ({which}): {args.rate:.0f} requests/s over N keys, {args.seconds:.0f} s a row, "
+        f"ttl 0.5 s; baseline: the 1-key row of this run\n"
+    )
+    print(
+        "| keys | DB queries/s | requests that waited on a lookup | p50 | p99 | max | CPU / request | vs 1 key "
+        "| after an admin change: queries, all keys answered in |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     base = None
     with tempfile.TemporaryDirectory() as tmp:
@@ -152,10 +156,13 @@ def main() -> None:
             url = args.database_url or f"sqlite+aiosqlite:///{Path(tmp) / f'auth-{keys}.db'}"
             r = run_in(args.src, url, keys, args.rate, args.seconds)
             base = base or r["cpu_ms"]
-            print(f"| {keys} | {r['queries_per_s']:.1f} | {r['waited']} of {r['requests']} | {r['p50_ms']:.3f} ms "
-                  f"| {r['p99_ms']:.3f} ms | {r['max_ms']:.1f} ms | {r['cpu_ms'] * 1000:.0f} us "
-                  f"| {r['cpu_ms'] / base:.2f}x | {r.get('change_queries', '-')}, "
-                  f"{r.get('change_ms', float('nan')):.1f} ms |", flush=True)  # fmt: skip
+            print(
+                f"| {keys} | {r['queries_per_s']:.1f} | {r['waited']} of {r['requests']} | {r['p50_ms']:.3f} ms "
+                f"| {r['p99_ms']:.3f} ms | {r['max_ms']:.1f} ms | {r['cpu_ms'] * 1000:.0f} us "
+                f"| {r['cpu_ms'] / base:.2f}x | {r.get('change_queries', '-')}, "
+                f"{r.get('change_ms', float('nan')):.1f} ms |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -178,19 +178,29 @@ def ms(value: float | None) -> str:
 def report(args: argparse.Namespace, res: Results) -> bool:
     """Prints the table and the goals; True when every goal was met."""
     assert res.alone and res.both and res.batch_alone and res.batch_both
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())  # fmt: skip
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.processor(),
+    )
     rate = args.load * capacity_rps(args.max_tokens)
-    print(f"\nlaneway batch bench: {platform.machine()} {os.cpu_count()} cores ({cpu}), python "
-          f"{platform.python_version()}; laneway serve on core {GATEWAY_CORE}, "
-          f"clients on core {CLIENT_CORE}")  # fmt: skip
+    print(
+        f"\nlaneway batch bench: {platform.machine()} {os.cpu_count()} cores ({cpu}), python "
+        f"{platform.python_version()}; laneway serve on core {GATEWAY_CORE}, "
+        f"clients on core {CLIENT_CORE}"
+    )
     print(f"sim engine: {SIM}; capacity {capacity_rps(args.max_tokens):.1f} req/s of {args.max_tokens} tokens")
-    print(f"interactive: Poisson {rate:.2f} req/s ({args.load:.0%} of capacity) for {args.duration:g} s, "
-          f"max_tokens {args.max_tokens}; batch: {args.lines} lines, max_tokens {args.batch_tokens[0]}-"
-          f"{args.batch_tokens[1]} (mean {res.line_tokens:.1f}), "
-          f"measured over {args.batch_window:g} s alone; {args.probes} probes {args.quiet:g}-{args.quiet + 2:g} s "
-          f"apart; "
-          f"LANEWAY_BACKGROUND_RESERVE_SLOTS={args.reserve}\n")  # fmt: skip
+    print(
+        f"interactive: Poisson {rate:.2f} req/s ({args.load:.0%} of capacity) for {args.duration:g} s, "
+        f"max_tokens {args.max_tokens}; batch: {args.lines} lines, max_tokens {args.batch_tokens[0]}-"
+        f"{args.batch_tokens[1]} (mean {res.line_tokens:.1f}), "
+        f"measured over {args.batch_window:g} s alone; {args.probes} probes {args.quiet:g}-{args.quiet + 2:g} s "
+        f"apart; "
+        f"LANEWAY_BACKGROUND_RESERVE_SLOTS={args.reserve}\n"
+    )
     a, b = res.alone, res.both
     a50, a99, b50, b99 = pct(a.ttft_ms, 0.5), pct(a.ttft_ms, 0.99), pct(b.ttft_ms, 0.5), pct(b.ttft_ms, 0.99)
     share = res.batch_both.tokens_s / res.batch_alone.tokens_s if res.batch_alone.tokens_s else 0.0
@@ -200,8 +210,10 @@ def report(args: argparse.Namespace, res: Results) -> bool:
         s = res.seqs.get(row, {})
         return f"{s.get('batch', 0.0):.1f} + {sum(v for k, v in s.items() if k != 'batch'):.1f}"
 
-    head = ("| row | interactive reqs (failed) | TTFT p50 | TTFT p99 | vs (1) p50 / p99 | slot wait p99 | "
-            "TTFT less slot wait p99 | batch lines/s | batch tokens/s | vs (2) | seqs: batch + fg |")  # fmt: skip
+    head = (
+        "| row | interactive reqs (failed) | TTFT p50 | TTFT p99 | vs (1) p50 / p99 | slot wait p99 | "
+        "TTFT less slot wait p99 | batch lines/s | batch tokens/s | vs (2) | seqs: batch + fg |"
+    )
     print(head)
     print("|" + "|".join("---" for _ in head.split("|")[1:-1]) + "|")
     ratio50 = f"{b50 / a50:.2f}x" if a50 and b50 else "-"
@@ -210,42 +222,63 @@ def report(args: argparse.Namespace, res: Results) -> bool:
     def waits(row: str) -> str:
         return f"{ms(pct(res.queue_ms[row], 0.99))} | {ms(pct(res.served_ms[row], 0.99))}"
 
-    print(f"| 1 interactive alone | {len(a.ttft_ms)} ({a.failed}) | {ms(a50)} | {ms(a99)} | 1.00x / 1.00x | "
-          f"{waits('alone')} | - | - | - | {seqs('1')} |")  # fmt: skip
-    print(f"| 2 batch alone | - | - | - | - | - | - | {res.batch_alone.lines_s:.2f} | {res.batch_alone.tokens_s:.0f} "
-          f"| 1.00x | {seqs('2')} |")  # fmt: skip
-    print(f"| 3 both | {len(b.ttft_ms)} ({b.failed}) | {ms(b50)} | {ms(b99)} | {ratio50} / {ratio99} | "
-          f"{waits('both')} | {res.batch_both.lines_s:.2f} | {res.batch_both.tokens_s:.0f} | {share:.2f}x | "
-          f"{seqs('3')} |")  # fmt: skip
-    print(f"| 4 arrival, batch on every slot | {len(res.probes)} ({res.probes_failed}) | {ms(pct(res.probes, 0.5))} | "
-          f"{ms(max(res.probes, default=None))} (max) | - | {waits('probes')} | - | - | - | {seqs('4')} |")  # fmt: skip
-    print(f"\nbatch line service time (slot held, {len(res.line_hold_ms)} lines ended in row 4): p50 {ms(hold50)}, "
-          f"max {ms(hold_max)}; batch lines running before each probe: {res.probe_slots}")  # fmt: skip
+    print(
+        f"| 1 interactive alone | {len(a.ttft_ms)} ({a.failed}) | {ms(a50)} | {ms(a99)} | 1.00x / 1.00x | "
+        f"{waits('alone')} | - | - | - | {seqs('1')} |"
+    )
+    print(
+        f"| 2 batch alone | - | - | - | - | - | - | {res.batch_alone.lines_s:.2f} | {res.batch_alone.tokens_s:.0f} "
+        f"| 1.00x | {seqs('2')} |"
+    )
+    print(
+        f"| 3 both | {len(b.ttft_ms)} ({b.failed}) | {ms(b50)} | {ms(b99)} | {ratio50} / {ratio99} | "
+        f"{waits('both')} | {res.batch_both.lines_s:.2f} | {res.batch_both.tokens_s:.0f} | {share:.2f}x | "
+        f"{seqs('3')} |"
+    )
+    print(
+        f"| 4 arrival, batch on every slot | {len(res.probes)} ({res.probes_failed}) | {ms(pct(res.probes, 0.5))} | "
+        f"{ms(max(res.probes, default=None))} (max) | - | {waits('probes')} | - | - | - | {seqs('4')} |"
+    )
+    print(
+        f"\nbatch line service time (slot held, {len(res.line_hold_ms)} lines ended in row 4): p50 {ms(hold50)}, "
+        f"max {ms(hold_max)}; batch lines running before each probe: {res.probe_slots}"
+    )
     for row, name in (("alone", "1"), ("both", "3")):
         waits_ms = res.queue_ms[row]
         waited = sum(w > WAITED_MS for w in waits_ms)
-        print(f"row {name}: {waited} of {len(waits_ms)} interactive requests waited more than {WAITED_MS:g} ms for a "
-              f"slot; slot wait p90 {ms(pct(waits_ms, 0.9))}, p95 {ms(pct(waits_ms, 0.95))}, "
-              f"max {ms(max(waits_ms, default=None))}")  # fmt: skip
-    print(f"load generator lateness (max): row 1 {a.late_ms:.1f} ms, row 3 {b.late_ms:.1f} ms; "
-          f"batches ended as {res.status}")  # fmt: skip
+        print(
+            f"row {name}: {waited} of {len(waits_ms)} interactive requests waited more than {WAITED_MS:g} ms for a "
+            f"slot; slot wait p90 {ms(pct(waits_ms, 0.9))}, p95 {ms(pct(waits_ms, 0.95))}, "
+            f"max {ms(max(waits_ms, default=None))}"
+        )
+    print(
+        f"load generator lateness (max): row 1 {a.late_ms:.1f} ms, row 3 {b.late_ms:.1f} ms; "
+        f"batches ended as {res.status}"
+    )
     # The share of the engine's output the interactive streams take (tokens a second, against the
     # batch's alone): with every slot busy, what is left for the batch is at most 1 minus this.
     fg_share = b.tokens / max(1e-9, b.last_at) / max(1e-9, res.batch_alone.lines_s * res.line_tokens)
     firsts = [(w, r) for w, r in res.probe_waits if r is not None]
     took_first = sum(w <= r + FIRST_SLOT_SLACK_MS for w, r in firsts)
-    print("row 4, each probe's wait for a slot / from its arrival at the gateway to the next batch line's end (ms): "
-          + ", ".join(f"{w:.0f}/{r:.0f}" for w, r in firsts))  # fmt: skip
+    print(
+        "row 4, each probe's wait for a slot / from its arrival at the gateway to the next batch line's end (ms): "
+        + ", ".join(f"{w:.0f}/{r:.0f}" for w, r in firsts)
+    )
     goals = [
         ("row 3 TTFT p99 <= 1.2x row 1", bool(a99 and b99 and b99 <= 1.2 * a99), ratio99),
-        ("row 3 batch throughput >= 0.9 of row 2", share >= 0.9,
-         f"{share:.2f} (the interactive requests took {fg_share:.2f} of the engine: the most left is "
-         f"{1 - fg_share:.2f})"),
-        ("row 4 arrival waits at most one batch line's remaining time (the first slot freed)",
-         bool(firsts) and took_first == len(firsts) == len(res.probes),
-         f"{took_first} of {len(res.probes)} probes took the first slot a line freed; arrival -> first token "
-         f"max {ms(max(res.probes, default=None))}, a line's service time p50 {ms(hold50)}"),
-    ]  # fmt: skip
+        (
+            "row 3 batch throughput >= 0.9 of row 2",
+            share >= 0.9,
+            f"{share:.2f} (the interactive requests took {fg_share:.2f} of the engine: the most left is "
+            f"{1 - fg_share:.2f})",
+        ),
+        (
+            "row 4 arrival waits at most one batch line's remaining time (the first slot freed)",
+            bool(firsts) and took_first == len(firsts) == len(res.probes),
+            f"{took_first} of {len(res.probes)} probes took the first slot a line freed; arrival -> first token "
+            f"max {ms(max(res.probes, default=None))}, a line's service time p50 {ms(hold50)}",
+        ),
+    ]
     print()
     for name, met, value in goals:
         print(f"goal: {name}: {value} -> {'MET' if met else 'NOT MET'}")

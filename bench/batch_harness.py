@@ -104,9 +104,15 @@ def gateway(work: Path, reserve: int) -> Iterator[Gateway]:
     url = f"sqlite+aiosqlite:///{db}"
     tenants: dict[str, dict[str, Any]] = {"chat": {}, "batch": {}}
     keys = asyncio.run(seed(url, models={"sim": sim_model("sim", **SIM)}, lanes=lanes, tenants=tenants))
-    env = {**os.environ, "LANEWAY_DATA_DIR": str(work), "LANEWAY_DATABASE_URL": url, "LANEWAY_BOOTSTRAP_DEMO": "false",
-           "LANEWAY_ADMIN_PASSWORD": "bench-admin-password", "LANEWAY_LOG_LEVEL": "error",
-           "LANEWAY_BACKGROUND_RESERVE_SLOTS": str(reserve)}  # fmt: skip
+    env = {
+        **os.environ,
+        "LANEWAY_DATA_DIR": str(work),
+        "LANEWAY_DATABASE_URL": url,
+        "LANEWAY_BOOTSTRAP_DEMO": "false",
+        "LANEWAY_ADMIN_PASSWORD": "bench-admin-password",
+        "LANEWAY_LOG_LEVEL": "error",
+        "LANEWAY_BACKGROUND_RESERVE_SLOTS": str(reserve),
+    }
     proc, port = serve(env, log=work / "gateway.log")
     if shutil.which("taskset") and (os.cpu_count() or 1) > 1:
         subprocess.run(["taskset", "-apc", str(GATEWAY_CORE), str(proc.pid)], capture_output=True, check=False)
@@ -172,8 +178,14 @@ class Interactive:
 
 
 def interactive(gw: Gateway, requests: list[dict[str, Any]], work: Path) -> Interactive:
-    spec = {"base_url": gw.url + "/v1", "api_key": gw.keys["chat"], "model": "sim", "timeout_s": 60, "drain_s": 60,
-            "requests": requests}  # fmt: skip
+    spec = {
+        "base_url": gw.url + "/v1",
+        "api_key": gw.keys["chat"],
+        "model": "sim",
+        "timeout_s": 60,
+        "drain_s": 60,
+        "requests": requests,
+    }
     spec_path, result_path = work / "load.json", work / "load-result.json"
     spec_path.write_text(json.dumps(spec))
     started = time.monotonic()
@@ -200,8 +212,12 @@ def batch_input(lines: int, tokens: tuple[int, int], seed_: int = 5) -> tuple[by
         max_tokens = rng.randint(*tokens)
         total += max_tokens
         body = {"model": "sim", "max_tokens": max_tokens, "messages": [{"role": "user", "content": text}]}
-        out.write(json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
-                              "body": body}).encode() + b"\n")  # fmt: skip
+        out.write(
+            json.dumps(
+                {"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+            ).encode()
+            + b"\n"
+        )
     return out.getvalue(), total / max(1, lines)
 
 
@@ -250,8 +266,9 @@ def probe(client: OpenAI, max_tokens: int) -> float:
     """One streamed chat: ms from its send to its first token."""
     sent = time.perf_counter()
     first = None
-    stream = client.chat.completions.create(model="sim", max_tokens=max_tokens, stream=True,
-                                            messages=[{"role": "user", "content": "Is anyone there?"}])  # fmt: skip
+    stream = client.chat.completions.create(
+        model="sim", max_tokens=max_tokens, stream=True, messages=[{"role": "user", "content": "Is anyone there?"}]
+    )
     for chunk in stream:
         if first is None and any(c.delta.content for c in chunk.choices):
             first = time.perf_counter()

@@ -120,11 +120,24 @@ async def started(model: Model, batched: bool, parallel: int, **config: Any) -> 
     return engine
 
 
-async def request(engine: LlamaCppEngine, max_tokens: int, seed: int, *, prompt: str | None = None,
-                  messages: list[ChatTurn] | None = None) -> GenerationRequest:  # fmt: skip
+async def request(
+    engine: LlamaCppEngine,
+    max_tokens: int,
+    seed: int,
+    *,
+    prompt: str | None = None,
+    messages: list[ChatTurn] | None = None,
+) -> GenerationRequest:
     m = await engine.measure(prompt=prompt, messages=messages)
-    return GenerationRequest(request_id=str(seed), prompt=m.text, prompt_tokens=m.tokens, prompt_ids=m.ids,
-                             max_tokens=max_tokens, temperature=0.7, seed=seed)  # fmt: skip
+    return GenerationRequest(
+        request_id=str(seed),
+        prompt=m.text,
+        prompt_tokens=m.tokens,
+        prompt_ids=m.ids,
+        max_tokens=max_tokens,
+        temperature=0.7,
+        seed=seed,
+    )
 
 
 _calls = itertools.count()
@@ -147,8 +160,10 @@ async def stream(engine: LlamaCppEngine, req: GenerationRequest) -> tuple[float,
 async def streams(engine: LlamaCppEngine, n: int, max_tokens: int) -> tuple[float, float, float]:
     """n concurrent streams: (aggregate tokens/s, mean TTFT in seconds, tokens per CPU second of
     this process, every thread's: what the design costs, whatever else the machine runs)."""
-    reqs = [await request(engine, max_tokens, i, messages=[ChatTurn("user", f"Tell story {i} about a cat.")])
-            for i in range(n)]  # fmt: skip
+    reqs = [
+        await request(engine, max_tokens, i, messages=[ChatTurn("user", f"Tell story {i} about a cat.")])
+        for i in range(n)
+    ]
     t0, cpu0 = time.perf_counter(), time.process_time()
     done = await asyncio.gather(*(stream(engine, r) for r in reqs))
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
@@ -236,28 +251,73 @@ async def bench_model(model: Model, args: argparse.Namespace) -> list[Row]:
         base_tps, base_ttft, base_cpu = agg[False, n]
         for batched in (False, True):
             tps, ttft, cpu = agg[batched, n]
-            rows.append((model.name, f"{n} streams: tokens/s (TTFT)", design[batched],
-                         f"{tps:.0f} ({ttft * 1000:.0f} ms)", f"{base_tps:.0f} ({base_ttft * 1000:.0f} ms)",
-                         f"{tps / base_tps:.2f}x"))  # fmt: skip
-            rows.append((model.name, f"{n} streams: tokens per CPU-second", design[batched], f"{cpu:.0f}",
-                         f"{base_cpu:.0f}", f"{cpu / base_cpu:.2f}x"))  # fmt: skip
+            rows.append(
+                (
+                    model.name,
+                    f"{n} streams: tokens/s (TTFT)",
+                    design[batched],
+                    f"{tps:.0f} ({ttft * 1000:.0f} ms)",
+                    f"{base_tps:.0f} ({base_ttft * 1000:.0f} ms)",
+                    f"{tps / base_tps:.2f}x",
+                )
+            )
+            rows.append(
+                (
+                    model.name,
+                    f"{n} streams: tokens per CPU-second",
+                    design[batched],
+                    f"{cpu:.0f}",
+                    f"{base_cpu:.0f}",
+                    f"{cpu / base_cpu:.2f}x",
+                )
+            )
     for batched in (False, None, True):
         unloaded, loaded, worst, _ = latency[batched]
-        rows.append((model.name, f"short TTFT, {args.long_tokens}-token prompt prefilling", design[batched],
-                     f"{loaded * 1000:.0f} ms", f"{unloaded * 1000:.0f} ms idle",
-                     f"{loaded / unloaded:.2f}x"))  # fmt: skip
-        rows.append((model.name, f"worst short TTFT of {args.repeat}, prefilling", design[batched],
-                     f"{worst * 1000:.0f} ms", f"{unloaded * 1000:.0f} ms idle",
-                     f"{worst / unloaded:.2f}x"))  # fmt: skip
+        rows.append(
+            (
+                model.name,
+                f"short TTFT, {args.long_tokens}-token prompt prefilling",
+                design[batched],
+                f"{loaded * 1000:.0f} ms",
+                f"{unloaded * 1000:.0f} ms idle",
+                f"{loaded / unloaded:.2f}x",
+            )
+        )
+        rows.append(
+            (
+                model.name,
+                f"worst short TTFT of {args.repeat}, prefilling",
+                design[batched],
+                f"{worst * 1000:.0f} ms",
+                f"{unloaded * 1000:.0f} ms idle",
+                f"{worst / unloaded:.2f}x",
+            )
+        )
     base_long = latency[None][3]
     for batched in (None, True):
         long = latency[batched][3]
-        rows.append((model.name, f"{args.long_tokens}-token prompt's TTFT alone", design[batched],
-                     f"{long * 1000:.0f} ms", f"{base_long * 1000:.0f} ms", f"{long / base_long:.2f}x"))  # fmt: skip
+        rows.append(
+            (
+                model.name,
+                f"{args.long_tokens}-token prompt's TTFT alone",
+                design[batched],
+                f"{long * 1000:.0f} ms",
+                f"{base_long * 1000:.0f} ms",
+                f"{long / base_long:.2f}x",
+            )
+        )
     for batched in (False, True) if args.system_tokens else ():
         cold, warm = await prefix(model, batched, args.parallel, args.system_tokens, args.repeat)
-        rows.append((model.name, f"TTFT, {args.system_tokens}-token system prompt warmed", design[batched],
-                     f"{warm * 1000:.0f} ms", f"{cold * 1000:.0f} ms cold", f"{warm / cold:.2f}x"))  # fmt: skip
+        rows.append(
+            (
+                model.name,
+                f"TTFT, {args.system_tokens}-token system prompt warmed",
+                design[batched],
+                f"{warm * 1000:.0f} ms",
+                f"{cold * 1000:.0f} ms cold",
+                f"{warm / cold:.2f}x",
+            )
+        )
     return rows
 
 
@@ -292,11 +352,16 @@ def main() -> None:
     ap.add_argument("--system-tokens", type=int, default=400, help="0: skip the prefix rows")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--n-batch", type=int, default=0, help="tokens per batched step (0: the default, 512)")
-    ap.add_argument("--max-step-ms", type=float, default=-1,
-                    help="the batched design's step budget (-1: the default, 100; 0: none)")  # fmt: skip
+    ap.add_argument(
+        "--max-step-ms", type=float, default=-1, help="the batched design's step budget (-1: the default, 100; 0: none)"
+    )
     ap.add_argument("--threads", type=int, default=0, help="n_threads of every context (0: each design's default)")
-    ap.add_argument("--min-step-tokens", type=int, default=0,
-                    help="the step budget's floor of prompt tokens (0: MIN_STEP_PROMPT_TOKENS)")  # fmt: skip
+    ap.add_argument(
+        "--min-step-tokens",
+        type=int,
+        default=0,
+        help="the step budget's floor of prompt tokens (0: MIN_STEP_PROMPT_TOKENS)",
+    )
     args = ap.parse_args()
     if args.min_step_tokens:
         llamacpp_batch.MIN_STEP_PROMPT_TOKENS = args.min_step_tokens  # read at each step

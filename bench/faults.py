@@ -54,8 +54,10 @@ from support import PrivatePostgres, closed_by_server
 
 def request_bytes(env: Env, body: dict[str, Any], *, path: str = "/v1/completions") -> bytes:
     payload = json.dumps(body).encode()
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {env.keys['attacker']}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n").encode() + payload  # fmt: skip
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {env.keys['attacker']}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    ).encode() + payload
 
 
 def rst_socket(env: Env) -> socket.socket:
@@ -235,8 +237,9 @@ def login_attackers(env: Env, row: Row) -> None:
     """The suite's attacker script, in a process of its own (as remote attackers are): 16
     threads from 16 loopback addresses post wrong passwords as fast as they are answered."""
     script = ROOT / "tests" / "standins" / "login_attackers.py"
-    proc = subprocess.Popen([sys.executable, str(script), env.base, "16"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, str(script), env.base, "16"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
     time.sleep(5)
     out, _ = proc.communicate("", timeout=90)
@@ -292,8 +295,13 @@ def sigterm_with_streams(pg: PrivatePostgres | None, work: Path) -> Row:
 
         def one(_: int) -> None:
             try:
-                with httpx.stream("POST", env.base + "/v1/completions", headers=env.headers("attacker"), timeout=60,
-                                  json={**STREAM, "max_tokens": 200}) as r:  # fmt: skip
+                with httpx.stream(
+                    "POST",
+                    env.base + "/v1/completions",
+                    headers=env.headers("attacker"),
+                    timeout=60,
+                    json={**STREAM, "max_tokens": 200},
+                ) as r:
                     for _ in r.iter_lines():
                         pass
                     results.append(r.status_code)
@@ -348,15 +356,18 @@ def print_table(rows: list[Row]) -> None:
         rows_col = "-" if r.rows_expected is None else f"{r.rows_expected} / {r.rows_stored}"
         ok = "-" if r.victim_ok is None else f"{r.victim_ok * 100:.1f} %"
         leaked = "-" if r.leaked is None else str(r.leaked)
-        print(f"| {r.name} | {r.requests} | {r.status_500} | {r.refused} | {leaked} | {rows_col} | "
-              f"{fmt_ms(r.baseline_p95)} → {fmt_ms(r.loaded_p95)} | {ratio} | {ok} | {r.note} |")  # fmt: skip
+        print(
+            f"| {r.name} | {r.requests} | {r.status_500} | {r.refused} | {leaked} | {rows_col} | "
+            f"{fmt_ms(r.baseline_p95)} → {fmt_ms(r.loaded_p95)} | {ratio} | {ok} | {r.note} |"
+        )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 
-    ap.add_argument("--only", nargs="*", choices=[*SCENARIOS, "sigterm", *REPLICA_SCENARIOS],
-                    help="run only these scenarios")  # fmt: skip
+    ap.add_argument(
+        "--only", nargs="*", choices=[*SCENARIOS, "sigterm", *REPLICA_SCENARIOS], help="run only these scenarios"
+    )
     ap.add_argument("--victim", nargs="+", help=argparse.SUPPRESS)  # internal: the victim's own process
     args = ap.parse_args()
     if args.victim:
@@ -372,8 +383,10 @@ def main() -> None:
     except BaseException as exc:  # no initdb here: SQLite, and the PostgreSQL row is skipped
         pg, pg_note = None, f"private PostgreSQL unavailable ({exc}); SQLite used"
     database = "a private PostgreSQL cluster" if pg else pg_note
-    print(f"# bench/faults.py on {platform.node()} ({os.cpu_count()} CPUs, Python {platform.python_version()}); "
-          f"database: {database}; Redis: a private redis-server per scenario")  # fmt: skip
+    print(
+        f"# bench/faults.py on {platform.node()} ({os.cpu_count()} CPUs, Python {platform.python_version()}); "
+        f"database: {database}; Redis: a private redis-server per scenario"
+    )
     rows: list[Row] = []
     try:
         for key in chosen:

@@ -30,10 +30,18 @@ from support import PrivatePostgres, PrivateRedis, seed, serve, sim_model  # noq
 
 ADMIN_PASSWORD = "bench-admin-password"
 LANES = [
-    {"name": "interactive", "priority": 0, "match_max_prompt_tokens": 511, "match_stream": True,
-     "max_concurrency": 8, "max_queue_depth": 256, "queue_timeout_s": 10.0, "max_unacked_tokens": 4096},
+    {
+        "name": "interactive",
+        "priority": 0,
+        "match_max_prompt_tokens": 511,
+        "match_stream": True,
+        "max_concurrency": 8,
+        "max_queue_depth": 256,
+        "queue_timeout_s": 10.0,
+        "max_unacked_tokens": 4096,
+    },
     {"name": "standard", "priority": 1, "max_concurrency": 8, "max_queue_depth": 256, "queue_timeout_s": 10.0},
-]  # fmt: skip
+]
 TENANTS = {"attacker": {"max_concurrency": 10_000}, "victim": {}}
 
 
@@ -95,8 +103,10 @@ class Victim:
     def __enter__(self) -> Victim:
         self._proc = subprocess.Popen(
             [sys.executable, str(FAULTS), "--victim", self.env.base, self.env.keys["victim"], self.model],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self._proc.stdout is not None and self._proc.stdout.readline().strip() == "started"
         return self
 
@@ -175,9 +185,18 @@ def gateway(
     data = Path(tempfile.mkdtemp(dir=work))
     r = PrivateRedis().start()
     prefix = f"bench:{uuid.uuid4().hex[:8]}:"
-    env = {**os.environ, "LANEWAY_DATA_DIR": str(data), "LANEWAY_DATABASE_URL": url, "LANEWAY_BOOTSTRAP_DEMO": "false",
-           "LANEWAY_REDIS_URL": r.url, "LANEWAY_REDIS_PREFIX": prefix, "LANEWAY_ADMIN_PASSWORD": ADMIN_PASSWORD,
-           "LANEWAY_DEFAULT_MAX_TOKENS": "100000", "LANEWAY_LOG_LEVEL": "error", **env_extra}  # fmt: skip
+    env = {
+        **os.environ,
+        "LANEWAY_DATA_DIR": str(data),
+        "LANEWAY_DATABASE_URL": url,
+        "LANEWAY_BOOTSTRAP_DEMO": "false",
+        "LANEWAY_REDIS_URL": r.url,
+        "LANEWAY_REDIS_PREFIX": prefix,
+        "LANEWAY_ADMIN_PASSWORD": ADMIN_PASSWORD,
+        "LANEWAY_DEFAULT_MAX_TOKENS": "100000",
+        "LANEWAY_LOG_LEVEL": "error",
+        **env_extra,
+    }
     proc, port = serve(env)
     e = Env(proc, port, keys, url, r, prefix, pg)
     try:
@@ -213,8 +232,13 @@ def redis_holders(env: Env) -> int:
 
 def held(env: Env) -> int:
     m = metrics(env)
-    names = ("laneway_leases_in_flight", "laneway_engine_active_slots", "laneway_requests_running",
-             "laneway_requests_waiting", "laneway_ratelimit_local_holders")  # fmt: skip
+    names = (
+        "laneway_leases_in_flight",
+        "laneway_engine_active_slots",
+        "laneway_requests_running",
+        "laneway_requests_waiting",
+        "laneway_ratelimit_local_holders",
+    )
     return int(sum(m.get(n, 0.0) for n in names)) + redis_holders(env)
 
 

@@ -46,8 +46,11 @@ class Replica:
         self.start()
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(STANDIN), str(self.port), str(TOKEN_DELAY_S)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, str(STANDIN), str(self.port), str(TOKEN_DELAY_S)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         wait_for(self._up, what=f"the stand-in on port {self.port}", within=30)
 
     def _up(self) -> bool:
@@ -180,10 +183,12 @@ def replica_row(
             m = metrics(env)
             retries, exhausted = (int(m.get(f"laneway_{n}_total", 0)) for n in ("retries", "retry_budget_exhausted"))
             statuses = json.dumps(clients.statuses, sort_keys=True)
-            row.note = (f"failed before first byte: {clients.failed_before_first_byte}; streams cut after start: "
-                        f"{clients.cut_after_start}; statuses {statuses}; retries {retries}, "
-                        f"budget exhausted {exhausted}; rows by replica: {served_by(env)}; broken: "
-                        f"{ALIAS}-{replicas.index(broken[0])}, it took {back} requests in the 2 s after")  # fmt: skip
+            row.note = (
+                f"failed before first byte: {clients.failed_before_first_byte}; streams cut after start: "
+                f"{clients.cut_after_start}; statuses {statuses}; retries {retries}, "
+                f"budget exhausted {exhausted}; rows by replica: {served_by(env)}; broken: "
+                f"{ALIAS}-{replicas.index(broken[0])}, it took {back} requests in the 2 s after"
+            )
     finally:
         for r in replicas:
             r.kill()
@@ -207,9 +212,12 @@ def failing(replica: Replica) -> int:
 REPLICA_SCENARIOS: dict[str, tuple[str, Callable[[Replica], int], dict[str, str]]] = {
     "replica-killed": ("replica killed under load (1 of 3, SIGKILL, back 5 s later)", killed, {}),
     "replica-500": ("replica returns 500 for 5 s (1 of 3)", failing, {}),
-    "replica-500-budget-50": ("replica returns 500 for 5 s (1 of 3), retry budget min 50", failing,
-                              {"LANEWAY_RETRY_BUDGET_MIN": "50"}),
-}  # fmt: skip
+    "replica-500-budget-50": (
+        "replica returns 500 for 5 s (1 of 3), retry budget min 50",
+        failing,
+        {"LANEWAY_RETRY_BUDGET_MIN": "50"},
+    ),
+}
 
 
 def run_replica_scenario(key: str, pg: PrivatePostgres | None, work: Path) -> Row:

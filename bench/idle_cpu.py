@@ -65,8 +65,13 @@ def gateway(work: Path, name: str, platform_path: str | None) -> Iterator[tuple[
     url = f"sqlite+aiosqlite:///{work / f'{name}.db'}"
     what = {"models": {"m": sim_model("m", **SIM)}, "tenants": {"bench": {}}}
     keys = seed_with_tree(url, what, platform_path or str(ROOT / "platform"))
-    env = {**os.environ, "LANEWAY_DATA_DIR": str(work / f"data-{name}"), "LANEWAY_DATABASE_URL": url,
-           "LANEWAY_BOOTSTRAP_DEMO": "false", "LANEWAY_LOG_LEVEL": "warning"}  # fmt: skip
+    env = {
+        **os.environ,
+        "LANEWAY_DATA_DIR": str(work / f"data-{name}"),
+        "LANEWAY_DATABASE_URL": url,
+        "LANEWAY_BOOTSTRAP_DEMO": "false",
+        "LANEWAY_LOG_LEVEL": "warning",
+    }
     # This tree's code, not the installed laneway's (an editable install may be another checkout's).
     env["PYTHONPATH"] = platform_path or str(ROOT / "platform")
     proc, port = serve(env)
@@ -97,8 +102,11 @@ def steady(proc: subprocess.Popen[bytes], port: int, key: str, rate: float, seco
     res = load(f"http://127.0.0.1:{port}/v1/chat/completions", rate, seconds, key, False, BODY)
     used = cpu_seconds(proc.pid) - before
     ok = len(res["latencies"].get("200", []))
-    return {"cpu_ms_req": used * 1000 / max(1, ok), "ok": ok / max(1, res["sent"]),
-            "p50": pct(res["latencies"].get("200", []), 0.5)}  # fmt: skip
+    return {
+        "cpu_ms_req": used * 1000 / max(1, ok),
+        "ok": ok / max(1, res["sent"]),
+        "p50": pct(res["latencies"].get("200", []), 0.5),
+    }
 
 
 def main() -> None:
@@ -139,11 +147,13 @@ def main() -> None:
 
 def report(args: argparse.Namespace, trees: dict[str, str | None], got: dict[tuple[str, str], list[float]]) -> None:
     base = "baseline" if "baseline" in trees else "this tree"
-    print(f"# bench/idle_cpu.py{f' --ab {args.ab}' if args.ab else ''} on {platform.node()} ({os.cpu_count()} CPUs, "
-          f"load {os.getloadavg()[0]:.1f}); gateways pinned to core {GATEWAY_CORE}, the load generator to core "
-          f"{OTHER_CORE}; {args.idle_seconds:g} s idle windows (all gateways at once), {args.rate:g} req/s for "
-          f"{args.seconds:g} s (one gateway at a time, the order swapped each round); medians of {args.rounds} "
-          "rounds\n")  # fmt: skip
+    print(
+        f"# bench/idle_cpu.py{f' --ab {args.ab}' if args.ab else ''} on {platform.node()} ({os.cpu_count()} CPUs, "
+        f"load {os.getloadavg()[0]:.1f}); gateways pinned to core {GATEWAY_CORE}, the load generator to core "
+        f"{OTHER_CORE}; {args.idle_seconds:g} s idle windows (all gateways at once), {args.rate:g} req/s for "
+        f"{args.seconds:g} s (one gateway at a time, the order swapped each round); medians of {args.rounds} "
+        "rounds\n"
+    )
     print(
         "| tree | idle CPU (ms/s) | vs baseline | idle wake-ups (/s) | vs baseline | CPU / request at "
         f"{args.rate:g}/s (ms) | vs baseline | success | p50 (ms) | every round: idle ms/s; ms/request |"
@@ -151,8 +161,9 @@ def report(args: argparse.Namespace, trees: dict[str, str | None], got: dict[tup
     print("|---|---|---|---|---|---|---|---|---|---|")
     med = {key: pct(values, 0.5) for key, values in got.items()}
     for tree in trees:
-        every = " / ".join(f"{i:.1f}; {r:.2f}" for i, r in zip(got[(tree, "idle cpu")], got[(tree, "cpu/req")],
-                                                                 strict=True))  # fmt: skip
+        every = " / ".join(
+            f"{i:.1f}; {r:.2f}" for i, r in zip(got[(tree, "idle cpu")], got[(tree, "cpu/req")], strict=True)
+        )
         print(
             f"| {tree} | {med[(tree, 'idle cpu')]:.2f} | {ratio(med, tree, base, 'idle cpu')} "
             f"| {med[(tree, 'idle wakeups')]:.0f} | {ratio(med, tree, base, 'idle wakeups')} "

@@ -73,8 +73,16 @@ class _Client(asyncio.Protocol):
 class _Generator:
     """The connections and the counts of one run."""
 
-    def __init__(self, host: str, port: int, request: bytes, deadline_s: float, max_connections: int,
-                 stream: bool, with_timeline: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        request: bytes,
+        deadline_s: float,
+        max_connections: int,
+        stream: bool,
+        with_timeline: bool,
+    ) -> None:
         self.host, self.port, self.request = host, port, request
         self.deadline_s, self.max_connections = deadline_s, max_connections
         self.stream, self.with_timeline = stream, with_timeline
@@ -170,15 +178,24 @@ class _Generator:
             self.quiet.set()
 
 
-async def run(url: str, body: dict[str, Any], rate: float, seconds: float, key: str | None = None,
-              deadline_s: float = 10.0, max_connections: int = 4000,
-              with_timeline: bool = False) -> dict[str, Any]:  # fmt: skip
+async def run(
+    url: str,
+    body: dict[str, Any],
+    rate: float,
+    seconds: float,
+    key: str | None = None,
+    deadline_s: float = 10.0,
+    max_connections: int = 4000,
+    with_timeline: bool = False,
+) -> dict[str, Any]:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     payload = json.dumps(body).encode()
     auth = f"Authorization: Bearer {key}\r\n" if key else ""
-    request = (f"POST {parts.path} HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Type: application/json\r\n"
-               f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload  # fmt: skip
+    request = (
+        f"POST {parts.path} HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
+    ).encode() + payload
     gen = _Generator(host, port, request, deadline_s, max_connections, bool(body.get("stream")), with_timeline)
     cpu = time.process_time()
     gen.start = start = time.perf_counter() + 0.05
@@ -203,9 +220,18 @@ async def run(url: str, body: dict[str, Any], rate: float, seconds: float, key: 
     for client in gen.idle:
         if client.transport is not None:
             client.transport.close()
-    return {"sent": n, "elapsed": elapsed, "latencies": gen.latencies, "ttfb": gen.ttfb, "late": gen.late,
-            "timeouts": gen.timeouts, "errors": gen.errors, "connections": gen.opened, "cpu_s": cpu,
-            **({"timeline": gen.timeline} if with_timeline else {})}  # fmt: skip
+    return {
+        "sent": n,
+        "elapsed": elapsed,
+        "latencies": gen.latencies,
+        "ttfb": gen.ttfb,
+        "late": gen.late,
+        "timeouts": gen.timeouts,
+        "errors": gen.errors,
+        "connections": gen.opened,
+        "cpu_s": cpu,
+        **({"timeline": gen.timeline} if with_timeline else {}),
+    }
 
 
 def main() -> None:
@@ -231,8 +257,9 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
-    result = asyncio.run(run(args.url, body, args.rate, args.seconds, args.key, args.timeout,
-                             with_timeline=args.timeline))  # fmt: skip
+    result = asyncio.run(
+        run(args.url, body, args.rate, args.seconds, args.key, args.timeout, with_timeline=args.timeline)
+    )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f)

@@ -85,10 +85,27 @@ def pinned(core: str, *cmd: str) -> list[str]:
     return ["taskset", "-c", core, *cmd] if shutil.which("taskset") else list(cmd)
 
 
-def load_cmd(url: str, rate: float, seconds: float, key: str | None, stream: bool,
-             body: dict[str, Any] | None = None, timeline: bool = False) -> list[str]:  # fmt: skip
-    cmd = pinned(OTHER_CORE, PY, str(ROOT / "bench" / "loadgen.py"), url, "--rate", str(rate),
-                 "--seconds", str(seconds), "--body", json.dumps(body or BODY))  # fmt: skip
+def load_cmd(
+    url: str,
+    rate: float,
+    seconds: float,
+    key: str | None,
+    stream: bool,
+    body: dict[str, Any] | None = None,
+    timeline: bool = False,
+) -> list[str]:
+    cmd = pinned(
+        OTHER_CORE,
+        PY,
+        str(ROOT / "bench" / "loadgen.py"),
+        url,
+        "--rate",
+        str(rate),
+        "--seconds",
+        str(seconds),
+        "--body",
+        json.dumps(body or BODY),
+    )
     if key:
         cmd += ["--key", key]
     if stream:
@@ -98,8 +115,15 @@ def load_cmd(url: str, rate: float, seconds: float, key: str | None, stream: boo
     return cmd
 
 
-def load(url: str, rate: float, seconds: float, key: str | None, stream: bool,
-         body: dict[str, Any] | None = None, timeline: bool = False) -> dict[str, Any]:  # fmt: skip
+def load(
+    url: str,
+    rate: float,
+    seconds: float,
+    key: str | None,
+    stream: bool,
+    body: dict[str, Any] | None = None,
+    timeline: bool = False,
+) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile("r", suffix=".json") as result:
         cmd = [*load_cmd(url, rate, seconds, key, stream, body, timeline), "--out", result.name]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds * 20 + 60)
@@ -108,8 +132,10 @@ def load(url: str, rate: float, seconds: float, key: str | None, stream: bool,
         return dict(json.loads(text))
     except json.JSONDecodeError as exc:  # say what the load generator wrote instead
         around = text[max(0, exc.pos - 200) : exc.pos + 200]
-        raise SystemExit(f"the load generator's output is not its JSON ({exc}; exit {out.returncode}): "
-                         f"...{around!r}... stderr: {out.stderr[-2000:]}") from None  # fmt: skip
+        raise SystemExit(
+            f"the load generator's output is not its JSON ({exc}; exit {out.returncode}): "
+            f"...{around!r}... stderr: {out.stderr[-2000:]}"
+        ) from None
 
 
 @contextmanager
@@ -135,12 +161,19 @@ def seed_with_tree(url: str, what: dict[str, Any], platform_path: str | None) ->
     if platform_path is None:
         return asyncio.run(seed(url, **what))
     seeding = Path(__file__).resolve().parents[1] / "tests" / "support" / "seeding.py"
-    code = ("import asyncio, importlib.util, json, sys\n"
-            "spec = importlib.util.spec_from_file_location('seeding', sys.argv[1])\n"
-            "module = sys.modules['seeding'] = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
-            "print(json.dumps(asyncio.run(module.seed(sys.argv[2], **json.loads(sys.argv[3])))))")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code, str(seeding), url, json.dumps(what)], check=True,
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": platform_path})  # fmt: skip
+    code = (
+        "import asyncio, importlib.util, json, sys\n"
+        "spec = importlib.util.spec_from_file_location('seeding', sys.argv[1])\n"
+        "module = sys.modules['seeding'] = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
+        "print(json.dumps(asyncio.run(module.seed(sys.argv[2], **json.loads(sys.argv[3])))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(seeding), url, json.dumps(what)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": platform_path},
+    )
     keys: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1])
     return keys
 
@@ -155,17 +188,36 @@ def gateway(
     env_extra: dict[str, str] | None = None,
 ) -> Iterator[tuple[subprocess.Popen[bytes], int, str]]:
     url = f"sqlite+aiosqlite:///{work / f'overhead-{time.time_ns()}.db'}"
-    config = {"base_url": upstream, "model": "m", "max_concurrency": 1024, "metrics_poll_s": 1.0,
-              "shared_slots": shared_slots}  # fmt: skip
+    config = {
+        "base_url": upstream,
+        "model": "m",
+        "max_concurrency": 1024,
+        "metrics_poll_s": 1.0,
+        "shared_slots": shared_slots,
+    }
     # "long": a second deployment of the same engine, for the long-prompt flood.
-    models = {alias: [{"name": f"{alias}-vllm", "engine_kind": "vllm", "max_model_len": 100_000, "config": config}]
-              for alias in ("m", "long")}  # fmt: skip
-    lanes = [{"name": "standard", "max_concurrency": 1024, "max_queue_depth": 4096, "queue_timeout_s": 30,
-              "max_unacked_tokens": 100_000}]  # fmt: skip
+    models = {
+        alias: [{"name": f"{alias}-vllm", "engine_kind": "vllm", "max_model_len": 100_000, "config": config}]
+        for alias in ("m", "long")
+    }
+    lanes = [
+        {
+            "name": "standard",
+            "max_concurrency": 1024,
+            "max_queue_depth": 4096,
+            "queue_timeout_s": 30,
+            "max_unacked_tokens": 100_000,
+        }
+    ]
     what = {"models": models, "lanes": lanes, "tenants": {"bench": BENCH_LIMITS, "flood": {}}}
     keys = seed_with_tree(url, what, (env_extra or {}).get("PYTHONPATH"))
-    env = {**os.environ, "LANEWAY_DATA_DIR": str(work / f"data-{time.time_ns()}"), "LANEWAY_DATABASE_URL": url,
-           "LANEWAY_BOOTSTRAP_DEMO": "false", "LANEWAY_LOG_LEVEL": "warning"}  # fmt: skip
+    env = {
+        **os.environ,
+        "LANEWAY_DATA_DIR": str(work / f"data-{time.time_ns()}"),
+        "LANEWAY_DATABASE_URL": url,
+        "LANEWAY_BOOTSTRAP_DEMO": "false",
+        "LANEWAY_LOG_LEVEL": "warning",
+    }
     if redis_url:
         env["LANEWAY_REDIS_URL"] = redis_url
     env.update(env_extra or {})
@@ -223,9 +275,12 @@ general_settings:
 """)
     log = work / "litellm.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(pinned(GATEWAY_CORE, binary, "--config", str(config), "--port", str(port),
-                                       "--num_workers", "1"),
-                                env={**os.environ, "LITELLM_LOG": "ERROR"}, stdout=out, stderr=out)  # fmt: skip
+        proc = subprocess.Popen(
+            pinned(GATEWAY_CORE, binary, "--config", str(config), "--port", str(port), "--num_workers", "1"),
+            env={**os.environ, "LITELLM_LOG": "ERROR"},
+            stdout=out,
+            stderr=out,
+        )
     GATEWAYS.append(proc)
     try:
         deadline = time.monotonic() + 180
@@ -245,8 +300,13 @@ general_settings:
         proc.wait(30)
 
 
-def litellm_rows(litellm: tuple[subprocess.Popen[bytes], int], memory: tuple[subprocess.Popen[bytes], int, str],
-                 up_url: str, rates: list[float], seconds: float) -> list[dict[str, Any]]:  # fmt: skip
+def litellm_rows(
+    litellm: tuple[subprocess.Popen[bytes], int],
+    memory: tuple[subprocess.Popen[bytes], int, str],
+    up_url: str,
+    rates: list[float],
+    seconds: float,
+) -> list[dict[str, Any]]:
     """Direct, laneway (memory) and LiteLLM's proxy at rates LiteLLM can sustain (plus 16-chunk
     streams at the lowest), each LiteLLM row followed by a wait until it is idle again: behind
     a rate it cannot keep up with it works through its backlog for seconds, on a core that the
@@ -306,9 +366,17 @@ def row(label: str, rate: float, res: dict[str, Any], cpu_ms: float | None) -> d
     }
 
 
-def measure(port: int, proc: subprocess.Popen[bytes], key: str, label: str, rate: float, seconds: float,
-            stream: bool = False, body: dict[str, Any] | None = None,
-            timeline: bool = False) -> dict[str, Any]:  # fmt: skip
+def measure(
+    port: int,
+    proc: subprocess.Popen[bytes],
+    key: str,
+    label: str,
+    rate: float,
+    seconds: float,
+    stream: bool = False,
+    body: dict[str, Any] | None = None,
+    timeline: bool = False,
+) -> dict[str, Any]:
     alone_on_core(proc)
     before = cpu_seconds(proc.pid)
     res = load(f"http://127.0.0.1:{port}/v1/completions", rate, seconds, key, stream, body, timeline)
@@ -328,11 +396,13 @@ def long_prompt_flood(port: int, proc: subprocess.Popen[bytes], key: str, second
     short = {**BODY, "stream": True}
     alone = measure(port, proc, key, "alone", SHORT_RATE, seconds, stream=True, body=short)
     url = f"http://127.0.0.1:{port}/v1/completions"
-    flood = subprocess.Popen(load_cmd(url, LONG_RATE, seconds + 1.0, FLOOD_KEYS[port], False, LONG_BODY),
-                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    flood = subprocess.Popen(
+        load_cmd(url, LONG_RATE, seconds + 1.0, FLOOD_KEYS[port], False, LONG_BODY), stdout=subprocess.PIPE, text=True
+    )
     time.sleep(0.5)  # the flood is under way
-    flooded = measure(port, proc, key, "during a 4K-token flood on another deployment", SHORT_RATE, seconds,
-                      stream=True, body=short)  # fmt: skip
+    flooded = measure(
+        port, proc, key, "during a 4K-token flood on another deployment", SHORT_RATE, seconds, stream=True, body=short
+    )
     out, _ = flood.communicate(timeout=seconds * 20 + 60)
     res = json.loads(out)
     flooded["flood_sent"], flooded["flood_ok"] = res["sent"], len(res["latencies"].get("200", []))
@@ -375,8 +445,9 @@ def find_capacity(
     return capacity or CAPACITY_START, probes
 
 
-def overloaded(port: int, proc: subprocess.Popen[bytes], key: str, label: str, capacity: float,
-               seconds: float) -> dict[str, Any]:  # fmt: skip
+def overloaded(
+    port: int, proc: subprocess.Popen[bytes], key: str, label: str, capacity: float, seconds: float
+) -> dict[str, Any]:
     """A row at 5x capacity from a settled gateway, with what its shedder refused by reason."""
     settle(port)
     before = shed_counts(port)
@@ -401,34 +472,46 @@ def fmt(v: float | None, unit: str = " ms", digits: int = 2) -> str:
 
 def print_overload(capacity: float, probes: list[dict[str, Any]], overloads: list[dict[str, Any]]) -> None:
     for r in probes:
-        print(f"| {r['label']} | {r['rate']:.0f}/s | {fmt(r['p50'])} | {fmt(r['p99'])} | {fmt(r['max'], digits=1)} "
-              f"| {r['success'] * 100:.1f} % | {r['rps']:.0f} | {fmt(r['cpu_ms'])} |")  # fmt: skip
-    print(f"\nCapacity: {capacity:.0f}/s (the best achieved rate of a ramp from {CAPACITY_START:.0f}/s with p99 "
-          f"< 100 ms and 99 % success). At 5x ({5 * capacity:.0f}/s offered), from a settled gateway:")  # fmt: skip
-    print("\n| 5x overload | goodput | of capacity | success p50 / p99 | refused (503) | refused p50 / p99 "
-          "| refused p99 after 1 s (from the write) | timed out or failed | shed by reason "
-          "| gateway core busy | load generator late p99 (busy) |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+        print(
+            f"| {r['label']} | {r['rate']:.0f}/s | {fmt(r['p50'])} | {fmt(r['p99'])} | {fmt(r['max'], digits=1)} "
+            f"| {r['success'] * 100:.1f} % | {r['rps']:.0f} | {fmt(r['cpu_ms'])} |"
+        )
+    print(
+        f"\nCapacity: {capacity:.0f}/s (the best achieved rate of a ramp from {CAPACITY_START:.0f}/s with p99 "
+        f"< 100 ms and 99 % success). At 5x ({5 * capacity:.0f}/s offered), from a settled gateway:"
+    )
+    print(
+        "\n| 5x overload | goodput | of capacity | success p50 / p99 | refused (503) | refused p50 / p99 "
+        "| refused p99 after 1 s (from the write) | timed out or failed | shed by reason "
+        "| gateway core busy | load generator late p99 (busy) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|"
+    )
     for o in overloads:
-        print(f"| {o['label']} | {o['rps']:.0f}/s | {o['rps'] / capacity:.2f} | {fmt(o['p50'])} / {fmt(o['p99'])} "
-              f"| {o['refused']} | {fmt(o['refused_p50'])} / {fmt(o['refused_p99'])} "
-              f"| {fmt(o['refused_after_1s_p99'])} ({fmt(o['refused_after_1s_written_p99'])}) | {o['timeouts']} | "
-              + ", ".join(f"{k} {v}" for k, v in o["shed_by"].items() if v)
-              + f" | {o['core_busy'] * 100:.0f} % "
-              f"| {fmt(o['late_p99'])} ({o['gen_busy'] * 100:.0f} %) |")  # fmt: skip
+        print(
+            f"| {o['label']} | {o['rps']:.0f}/s | {o['rps'] / capacity:.2f} | {fmt(o['p50'])} / {fmt(o['p99'])} "
+            f"| {o['refused']} | {fmt(o['refused_p50'])} / {fmt(o['refused_p99'])} "
+            f"| {fmt(o['refused_after_1s_p99'])} ({fmt(o['refused_after_1s_written_p99'])}) | {o['timeouts']} | "
+            + ", ".join(f"{k} {v}" for k, v in o["shed_by"].items() if v)
+            + f" | {o['core_busy'] * 100:.0f} % "
+            f"| {fmt(o['late_p99'])} ({o['gen_busy'] * 100:.0f} %) |"
+        )
     labels = list(dict.fromkeys(o["label"] for o in overloads))
     if len(overloads) > len(labels):  # several rounds: the medians
-        print("\n| 5x overload, rounds interleaved | goodput of capacity (median) | every round "
-              "| refused p99 after 1 s (median) | every round | the same from the write (median) |\n"
-              "|---|---|---|---|---|---|")  # fmt: skip
+        print(
+            "\n| 5x overload, rounds interleaved | goodput of capacity (median) | every round "
+            "| refused p99 after 1 s (median) | every round | the same from the write (median) |\n"
+            "|---|---|---|---|---|---|"
+        )
         for label in labels:
             mine = [o for o in overloads if o["label"] == label]
             share = [o["rps"] / capacity for o in mine]
             after = [o["refused_after_1s_p99"] for o in mine]
             written = [o["refused_after_1s_written_p99"] for o in mine]
-            print(f"| {label} | {pct(share, 0.5):.2f} | {' / '.join(f'{v:.2f}' for v in share)} "
-                  f"| {fmt(pct(after, 0.5))} | {' / '.join(fmt(v, '', 1) for v in after)} "
-                  f"| {fmt(pct(written, 0.5))} |")  # fmt: skip
+            print(
+                f"| {label} | {pct(share, 0.5):.2f} | {' / '.join(f'{v:.2f}' for v in share)} "
+                f"| {fmt(pct(after, 0.5))} | {' / '.join(fmt(v, '', 1) for v in after)} "
+                f"| {fmt(pct(written, 0.5))} |"
+            )
 
 
 def main() -> None:
@@ -436,13 +519,26 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rates", type=float, nargs="*", default=[100, 300, 1000])
     ap.add_argument("--overload-only", action="store_true", help="only the capacity ramp and the 5x rows")
-    ap.add_argument("--litellm", default=shutil.which("litellm"), metavar="BIN",
-                    help="LiteLLM's `litellm` executable: rows of its proxy too (default: on PATH)")  # fmt: skip
-    ap.add_argument("--litellm-rates", type=float, nargs="*", default=[20, 50],
-                    help="the rates of LiteLLM's rows (one worker saturates near 80/s here)")  # fmt: skip
+    ap.add_argument(
+        "--litellm",
+        default=shutil.which("litellm"),
+        metavar="BIN",
+        help="LiteLLM's `litellm` executable: rows of its proxy too (default: on PATH)",
+    )
+    ap.add_argument(
+        "--litellm-rates",
+        type=float,
+        nargs="*",
+        default=[20, 50],
+        help="the rates of LiteLLM's rows (one worker saturates near 80/s here)",
+    )
     ap.add_argument("--overload-rounds", type=int, default=1, help="the 5x rows this many times, interleaved")
-    ap.add_argument("--capacity", type=float, help="take this capacity (a rate a second) instead of the ramp's; "
-                    "with --ab: a 5x row of it for each tree in each round")  # fmt: skip
+    ap.add_argument(
+        "--capacity",
+        type=float,
+        help="take this capacity (a rate a second) instead of the ramp's; "
+        "with --ab: a 5x row of it for each tree in each round",
+    )
     ap.add_argument("--ab-redis", action="store_true", help="--ab with Redis limits on both trees")
     ap.add_argument(
         "--limits-only",
@@ -467,29 +563,47 @@ def main() -> None:
         return
     rows: list[dict[str, Any]] = []
     with bench_services() as (work, up_url, redis):
-        with gateway(up_url, work, None) as (mem, mem_port, mem_key), \
-                gateway(up_url, work, redis.url, shared_slots=False) as (red, red_port, red_key), \
-                gateway(up_url, work, redis.url) as (shr, shr_port, shr_key), \
-                gateway(up_url, work, None, env_extra=CPU_SHEDDING) as (cpu, cpu_port, cpu_key), \
-                gateway(up_url, work, None, env_extra=ONE_ACCEPT) as (one, one_port, one_key), \
-                gateway(up_url, work, None, env_extra=HIGH_CAP_ONLY) as (high, high_port, high_key), \
-                litellm_proxy(None if args.overload_only else args.litellm, up_url, work) as litellm:  # fmt: skip
-            for port, key in ((mem_port, mem_key), (red_port, red_key), (shr_port, shr_key), (cpu_port, cpu_key),
-                              (one_port, one_key), (high_port, high_key)):  # fmt: skip
+        with (
+            gateway(up_url, work, None) as (mem, mem_port, mem_key),
+            gateway(up_url, work, redis.url, shared_slots=False) as (red, red_port, red_key),
+            gateway(up_url, work, redis.url) as (shr, shr_port, shr_key),
+            gateway(up_url, work, None, env_extra=CPU_SHEDDING) as (cpu, cpu_port, cpu_key),
+            gateway(up_url, work, None, env_extra=ONE_ACCEPT) as (one, one_port, one_key),
+            gateway(up_url, work, None, env_extra=HIGH_CAP_ONLY) as (high, high_port, high_key),
+            litellm_proxy(None if args.overload_only else args.litellm, up_url, work) as litellm,
+        ):
+            for port, key in (
+                (mem_port, mem_key),
+                (red_port, red_key),
+                (shr_port, shr_key),
+                (cpu_port, cpu_key),
+                (one_port, one_key),
+                (high_port, high_key),
+            ):
                 load(f"http://127.0.0.1:{port}/v1/completions", 100, 1, key, False)
             for rate in [] if args.overload_only else args.rates:
                 direct = load(up_url + "/v1/completions", rate, args.seconds, None, False)
                 rows.append(row("direct", rate, direct, None))
                 rows.append(measure(mem_port, mem, mem_key, "laneway (memory)", rate, args.seconds))
                 rows.append(measure(red_port, red, red_key, "laneway (redis limits)", rate, args.seconds))
-                rows.append(measure(shr_port, shr, shr_key, "laneway (redis limits + shared slots)", rate,
-                                    args.seconds))  # fmt: skip
+                rows.append(
+                    measure(shr_port, shr, shr_key, "laneway (redis limits + shared slots)", rate, args.seconds)
+                )
             stream_rate = args.rates[min(1, len(args.rates) - 1)]
             if not args.overload_only:
                 direct = load(up_url + "/v1/completions", stream_rate, args.seconds, None, True)
                 rows.append(row("direct, 16-chunk streams", stream_rate, direct, None))
-                rows.append(measure(mem_port, mem, mem_key, "laneway (memory), 16-chunk streams", stream_rate,
-                                    args.seconds, stream=True))  # fmt: skip
+                rows.append(
+                    measure(
+                        mem_port,
+                        mem,
+                        mem_key,
+                        "laneway (memory), 16-chunk streams",
+                        stream_rate,
+                        args.seconds,
+                        stream=True,
+                    )
+                )
                 if litellm is not None:
                     rows += litellm_rows(litellm, (mem, mem_port, mem_key), up_url, args.litellm_rates, args.seconds)
             if args.capacity:
@@ -497,14 +611,19 @@ def main() -> None:
             else:
                 capacity, probes = find_capacity(mem_port, mem, mem_key, args.seconds)
                 rows += probes
-            variants = [(mem_port, mem, mem_key, "laneway (memory)"),
-                        (cpu_port, cpu, cpu_key, "laneway (memory, cpu shedding at 0.9)"),
-                        (one_port, one, one_key, "laneway (memory, one accept a loop turn)"),
-                        (high_port, high, high_key, "laneway (memory, backlog cap 64 alone)")]  # fmt: skip
+            variants = [
+                (mem_port, mem, mem_key, "laneway (memory)"),
+                (cpu_port, cpu, cpu_key, "laneway (memory, cpu shedding at 0.9)"),
+                (one_port, one, one_key, "laneway (memory, one accept a loop turn)"),
+                (high_port, high, high_key, "laneway (memory, backlog cap 64 alone)"),
+            ]
             # Rounds interleaved: a 5x row depends on the load generator's own lateness (it shares
             # a core with the fake engine), so one round can favour any variant.
-            overloads = [overloaded(port, proc, key, label, capacity, args.seconds)
-                         for _ in range(args.overload_rounds) for port, proc, key, label in variants]  # fmt: skip
+            overloads = [
+                overloaded(port, proc, key, label, capacity, args.seconds)
+                for _ in range(args.overload_rounds)
+                for port, proc, key, label in variants
+            ]
             if args.overload_only:
                 print_overload(capacity, rows, overloads)
                 return
@@ -520,15 +639,20 @@ def main() -> None:
             for _ in range(2):
                 before = {label: cpu_seconds(p.pid) for label, p in idle_cpu.items()}
                 time.sleep(IDLE_S)
-                idle_after.append({label: (cpu_seconds(p.pid) - before[label]) / IDLE_S * 100
-                                   for label, p in idle_cpu.items()})  # fmt: skip
-    print(f"# bench/overhead.py on {platform.node()} ({os.cpu_count()} CPUs, Python {platform.python_version()}); "
-          f"gateway pinned to core {GATEWAY_CORE}; {args.seconds:g} s per row; answers of 16 tokens")  # fmt: skip
+                idle_after.append(
+                    {label: (cpu_seconds(p.pid) - before[label]) / IDLE_S * 100 for label, p in idle_cpu.items()}
+                )
+    print(
+        f"# bench/overhead.py on {platform.node()} ({os.cpu_count()} CPUs, Python {platform.python_version()}); "
+        f"gateway pinned to core {GATEWAY_CORE}; {args.seconds:g} s per row; answers of 16 tokens"
+    )
     print("\n| client | rate | p50 | p99 | max | success | achieved RPS | gateway CPU / request |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['label']} | {r['rate']:.0f}/s | {fmt(r['p50'])} | {fmt(r['p99'])} | {fmt(r['max'], digits=1)} "
-              f"| {r['success'] * 100:.1f} % | {r['rps']:.0f} | {fmt(r['cpu_ms'])} |")  # fmt: skip
+        print(
+            f"| {r['label']} | {r['rate']:.0f}/s | {fmt(r['p50'])} | {fmt(r['p99'])} | {fmt(r['max'], digits=1)} "
+            f"| {r['success'] * 100:.1f} % | {r['rps']:.0f} | {fmt(r['cpu_ms'])} |"
+        )
     print("\n| overhead vs direct | rate | p50 | p99 |\n|---|---|---|---|")
     direct = {r["rate"]: r for r in rows if r["label"] == "direct"}
     for r in rows:
@@ -543,8 +667,10 @@ def main() -> None:
     print("\n| short streams | TTFT p50 | TTFT p99 | e2e p99 | success | gateway CPU / request |")
     print("|---|---|---|---|---|---|")
     for r in long_rows:
-        print(f"| {r['label']} | {fmt(r['ttfb_p50'])} | {fmt(r['ttfb_p99'])} | {fmt(r['p99'])} "
-              f"| {r['success'] * 100:.1f} % | {fmt(r['cpu_ms'])} |")  # fmt: skip
+        print(
+            f"| {r['label']} | {fmt(r['ttfb_p50'])} | {fmt(r['ttfb_p99'])} | {fmt(r['p99'])} "
+            f"| {r['success'] * 100:.1f} % | {fmt(r['cpu_ms'])} |"
+        )
     alone, flooded = long_rows
     print(
         f"TTFT p99 during the flood / alone: {flooded['ttfb_p99'] / alone['ttfb_p99']:.2f}x (goal <= 1.5x); "
@@ -566,8 +692,11 @@ def limits_only(rates: list[float], seconds: float, rounds: int) -> None:
     got: dict[tuple[str, float], list[dict[str, Any]]] = {}
     redis_us: dict[tuple[str, float], list[float]] = {}
     with bench_services() as (work, up_url, redis):
-        with gateway(up_url, work, None) as mem, gateway(up_url, work, redis.url, shared_slots=False) as red, \
-                gateway(up_url, work, redis.url) as shr:  # fmt: skip
+        with (
+            gateway(up_url, work, None) as mem,
+            gateway(up_url, work, redis.url, shared_slots=False) as red,
+            gateway(up_url, work, redis.url) as shr,
+        ):
             gateways = dict(zip(modes, (mem, red, shr), strict=True))
             for _, port, key in gateways.values():  # warm all up
                 load(f"http://127.0.0.1:{port}/v1/completions", 100, 1, key, False)
@@ -579,8 +708,10 @@ def limits_only(rates: list[float], seconds: float, rounds: int) -> None:
                         spent = asyncio.run(redis_usec(redis.url)) - before
                         got.setdefault((mode, rate), []).append(r)
                         redis_us.setdefault((mode, rate), []).append(spent / max(1, r["rps"] * seconds))
-    print(f"# bench/overhead.py --limits-only {rounds} on {platform.node()} ({os.cpu_count()} CPUs); gateway pinned "
-          f"to core {GATEWAY_CORE}; {seconds:g} s per row; medians of {rounds} interleaved rounds")  # fmt: skip
+    print(
+        f"# bench/overhead.py --limits-only {rounds} on {platform.node()} ({os.cpu_count()} CPUs); gateway pinned "
+        f"to core {GATEWAY_CORE}; {seconds:g} s per row; medians of {rounds} interleaved rounds"
+    )
     print("\n| mode | rate | p50 | p99 | success | gateway CPU / request | vs memory | Redis time / request |")
     print("|---|---|---|---|---|---|---|---|")
     for rate in rates:
@@ -588,16 +719,29 @@ def limits_only(rates: list[float], seconds: float, rounds: int) -> None:
         for mode in modes:
             rs = got[(mode, rate)]
             cpu = pct([r["cpu_ms"] for r in rs], 0.5)
-            print(f"| {mode} | {rate:.0f}/s | {fmt(pct([r['p50'] for r in rs], 0.5))} "
-                  f"| {fmt(pct([r['p99'] for r in rs], 0.5))} | {pct([r['success'] for r in rs], 0.5) * 100:.1f} % "
-                  f"| {fmt(cpu)} | {cpu / base:.2f}x | {pct(redis_us[(mode, rate)], 0.5):.0f} us |")  # fmt: skip
-    print("\nAll rounds, CPU / request (ms): " + "; ".join(
-        f"{mode} {rate:.0f}/s " + " ".join(f"{r['cpu_ms']:.2f}" for r in got[(mode, rate)])
-        for rate in rates for mode in modes))  # fmt: skip
+            print(
+                f"| {mode} | {rate:.0f}/s | {fmt(pct([r['p50'] for r in rs], 0.5))} "
+                f"| {fmt(pct([r['p99'] for r in rs], 0.5))} | {pct([r['success'] for r in rs], 0.5) * 100:.1f} % "
+                f"| {fmt(cpu)} | {cpu / base:.2f}x | {pct(redis_us[(mode, rate)], 0.5):.0f} us |"
+            )
+    print(
+        "\nAll rounds, CPU / request (ms): "
+        + "; ".join(
+            f"{mode} {rate:.0f}/s " + " ".join(f"{r['cpu_ms']:.2f}" for r in got[(mode, rate)])
+            for rate in rates
+            for mode in modes
+        )
+    )
 
 
-def ab(src: Path, rates: list[float], seconds: float, rounds: int, redis_limits: bool = False,
-       capacity: float | None = None) -> None:  # fmt: skip
+def ab(
+    src: Path,
+    rates: list[float],
+    seconds: float,
+    rounds: int,
+    redis_limits: bool = False,
+    capacity: float | None = None,
+) -> None:
     """This tree against another source tree (its `platform/` first on PYTHONPATH), same fake
     engine, memory limits (or Redis limits: `redis_limits`), rows interleaved round after round;
     the medians, and this tree's ratio to the other (the baseline). With `capacity`, each round
@@ -610,8 +754,10 @@ def ab(src: Path, rates: list[float], seconds: float, rounds: int, redis_limits:
     got: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
     with bench_services() as (work, up_url, redis):
         limits = redis.url if redis_limits else None
-        with gateway(up_url, work, limits, shared_slots=False, env_extra=trees["baseline"]) as base, \
-                gateway(up_url, work, limits, shared_slots=False) as this:  # fmt: skip
+        with (
+            gateway(up_url, work, limits, shared_slots=False, env_extra=trees["baseline"]) as base,
+            gateway(up_url, work, limits, shared_slots=False) as this,
+        ):
             gateways = {"baseline": base, "this tree": this}
             for _, port, key in gateways.values():
                 load(f"http://127.0.0.1:{port}/v1/completions", 100, 1, key, False)
@@ -625,10 +771,13 @@ def ab(src: Path, rates: list[float], seconds: float, rounds: int, redis_limits:
                 if capacity:
                     for tree, (proc, port, key) in gateways.items():
                         got.setdefault((tree, "5x", 5 * capacity), []).append(
-                            overloaded(port, proc, key, tree, capacity, seconds))  # fmt: skip
-    print(f"# bench/overhead.py --ab {src} {rounds} on {platform.node()} ({os.cpu_count()} CPUs, load "
-          f"{os.getloadavg()[0]:.1f}); gateway pinned to core {GATEWAY_CORE}; {seconds:g} s per row; medians of "
-          f"{rounds} interleaved rounds; {'redis' if redis_limits else 'memory'} limits")  # fmt: skip
+                            overloaded(port, proc, key, tree, capacity, seconds)
+                        )
+    print(
+        f"# bench/overhead.py --ab {src} {rounds} on {platform.node()} ({os.cpu_count()} CPUs, load "
+        f"{os.getloadavg()[0]:.1f}); gateway pinned to core {GATEWAY_CORE}; {seconds:g} s per row; medians of "
+        f"{rounds} interleaved rounds; {'redis' if redis_limits else 'memory'} limits"
+    )
     print("\n| kind | rate | tree | p50 | p99 | success | gateway CPU / request | vs baseline | every round |")
     print("|---|---|---|---|---|---|---|---|---|")
     for rate in rates:
@@ -637,21 +786,27 @@ def ab(src: Path, rates: list[float], seconds: float, rounds: int, redis_limits:
             for tree in trees:
                 rs = got[(tree, kind, rate)]
                 cpu = pct([r["cpu_ms"] for r in rs], 0.5)
-                print(f"| {kind} | {rate:.0f}/s | {tree} | {fmt(pct([r['p50'] for r in rs], 0.5))} "
-                      f"| {fmt(pct([r['p99'] for r in rs], 0.5))} | {pct([r['success'] for r in rs], 0.5) * 100:.1f} % "
-                      f"| {fmt(cpu)} | {cpu / base_cpu:.2f}x | {every(rs)} |")  # fmt: skip
+                print(
+                    f"| {kind} | {rate:.0f}/s | {tree} | {fmt(pct([r['p50'] for r in rs], 0.5))} "
+                    f"| {fmt(pct([r['p99'] for r in rs], 0.5))} | {pct([r['success'] for r in rs], 0.5) * 100:.1f} % "
+                    f"| {fmt(cpu)} | {cpu / base_cpu:.2f}x | {every(rs)} |"
+                )
     if capacity:
-        print(f"\n5x rows: {5 * capacity:.0f}/s offered (5x the given capacity of {capacity:.0f}/s)\n"
-              "\n| tree | goodput of capacity (median) | every round | refused p50 (median) | every round "
-              "| gateway core busy | load generator late p99 |\n|---|---|---|---|---|---|---|")  # fmt: skip
+        print(
+            f"\n5x rows: {5 * capacity:.0f}/s offered (5x the given capacity of {capacity:.0f}/s)\n"
+            "\n| tree | goodput of capacity (median) | every round | refused p50 (median) | every round "
+            "| gateway core busy | load generator late p99 |\n|---|---|---|---|---|---|---|"
+        )
         for tree in trees:
             rs = got[(tree, "5x", 5 * capacity)]
             shares = [r["rps"] / capacity for r in rs]
-            print(f"| {tree} | {pct(shares, 0.5):.2f} | {' / '.join(f'{s:.2f}' for s in shares)} "
-                  f"| {fmt(pct([r['refused_p50'] for r in rs], 0.5))} "
-                  f"| {' / '.join(fmt(r['refused_p50'], '', 1) for r in rs)} "
-                  f"| {' / '.join(fmt(r['core_busy'] * 100, ' %', 0) for r in rs)} "
-                  f"| {' / '.join(fmt(r['late_p99'], '', 1) for r in rs)} |")  # fmt: skip
+            print(
+                f"| {tree} | {pct(shares, 0.5):.2f} | {' / '.join(f'{s:.2f}' for s in shares)} "
+                f"| {fmt(pct([r['refused_p50'] for r in rs], 0.5))} "
+                f"| {' / '.join(fmt(r['refused_p50'], '', 1) for r in rs)} "
+                f"| {' / '.join(fmt(r['core_busy'] * 100, ' %', 0) for r in rs)} "
+                f"| {' / '.join(fmt(r['late_p99'], '', 1) for r in rs)} |"
+            )
 
 
 def every(rows: list[dict[str, Any]]) -> str:

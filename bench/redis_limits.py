@@ -37,9 +37,19 @@ sys.path.insert(0, str(ROOT / "tests"))
 from support import PrivateRedis  # noqa: E402
 
 # Limits on everything the script checks: both buckets, concurrency, both quotas, the key's too.
-LIMITED = dict(id=1, name="bench", api_key_id=11, rpm=10**9, tpm=10**12, max_concurrency=10**6,
-               tokens_per_day=10**15, tokens_per_month=10**16,
-               key_rpm=10**9, key_tpm=10**12, key_max_concurrency=10**6)  # fmt: skip
+LIMITED = dict(
+    id=1,
+    name="bench",
+    api_key_id=11,
+    rpm=10**9,
+    tpm=10**12,
+    max_concurrency=10**6,
+    tokens_per_day=10**15,
+    tokens_per_month=10**16,
+    key_rpm=10**9,
+    key_tpm=10**12,
+    key_max_concurrency=10**6,
+)
 PLAIN = dict(id=2, name="plain", api_key_id=12)  # no limits: what bench/overhead.py's tenant has
 TENANTS = {"no limits": PLAIN, "every limit": LIMITED}
 LIMITERS = {"memory": None, "redis, each decided by Redis (share 0)": 0.0, "redis, admitting at once (share 0.1)": 0.1}
@@ -106,8 +116,9 @@ async def row(url: str, tenant_name: str, share: float | None, requests: int, co
 def in_child(tree: Path, url: str, tenant: str, share: float | None, requests: int, concurrency: int) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(tree / "platform")}
     spec = json.dumps([url, tenant, share, requests, concurrency])
-    done = subprocess.run([sys.executable, __file__, "--child", spec], env=env, check=True, capture_output=True,
-                          text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", spec], env=env, check=True, capture_output=True, text=True
+    )
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
@@ -129,11 +140,15 @@ def main() -> None:
         return
     trees = [("this", ROOT)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
     redis = PrivateRedis().start()
-    print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-          f"{args.requests} requests a row, median of {args.rounds} round(s); trees: "
-          + ", ".join(f"{name} = {path}" for name, path in trees))  # fmt: skip
-    print("| tenant | concurrency | limiter | tree | CPU / request | reserve p50 | reserve p99 | Redis time / request "
-          "| CPU vs memory | CPU vs baseline |")  # fmt: skip
+    print(
+        f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+        f"{args.requests} requests a row, median of {args.rounds} round(s); trees: "
+        + ", ".join(f"{name} = {path}" for name, path in trees)
+    )
+    print(
+        "| tenant | concurrency | limiter | tree | CPU / request | reserve p50 | reserve p99 | Redis time / request "
+        "| CPU vs memory | CPU vs baseline |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     try:
         for tenant in TENANTS:
@@ -150,9 +165,11 @@ def main() -> None:
                         cpu = median(rs, "cpu_us")
                         mem = median(results[("memory", name)], "cpu_us")
                         base = median(results[(label, "baseline")], "cpu_us") if args.baseline else None
-                        print(f"| {tenant} | {c} | {label} | {name} | {cpu:.0f} us | {median(rs, 'p50'):.0f} us "
-                              f"| {median(rs, 'p99'):.0f} us | {median(rs, 'redis_us'):.1f} us | {cpu / mem:.2f}x "
-                              f"| {f'{cpu / base:.2f}x' if base else '-'} |")  # fmt: skip
+                        print(
+                            f"| {tenant} | {c} | {label} | {name} | {cpu:.0f} us | {median(rs, 'p50'):.0f} us "
+                            f"| {median(rs, 'p99'):.0f} us | {median(rs, 'redis_us'):.1f} us | {cpu / mem:.2f}x "
+                            f"| {f'{cpu / base:.2f}x' if base else '-'} |"
+                        )
     finally:
         redis.stop()
 

@@ -73,8 +73,9 @@ class Job:
 
 class Engine:
     def __init__(self, model: str, *, n_ctx: int, threads: int, n_batch: int, cache_bytes: int) -> None:
-        self.llm = llama_cpp.Llama(model_path=model, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                                   n_batch=n_batch, verbose=False)  # fmt: skip
+        self.llm = llama_cpp.Llama(
+            model_path=model, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=n_batch, verbose=False
+        )
         self.n_ctx = n_ctx
         self.cache = llama_cpp.LlamaRAMCache(capacity_bytes=cache_bytes)
         eos = self.llm.token_eos()
@@ -200,8 +201,12 @@ class Engine:
         self.counts["generation"] += produced
         self.counts[finish] += 1
         n = len(job.tokens)
-        usage = {"prompt_tokens": n, "completion_tokens": produced, "total_tokens": n + produced,
-                 "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
+        usage = {
+            "prompt_tokens": n,
+            "completion_tokens": produced,
+            "total_tokens": n + produced,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
         job.emit("end", "length" if finish == "abort" else finish, usage)
 
     def reset(self, cache_bytes: int | None) -> int:
@@ -214,19 +219,23 @@ class Engine:
     def metrics(self, name: str) -> str:
         label = f'{{model_name="{name}"}}'
         c = self.counts
-        rows = [("vllm:num_requests_running", "gauge", self.running),
-                ("vllm:num_requests_waiting", "gauge", self.queue.qsize()),
-                ("vllm:kv_cache_usage_perc", "gauge", round(self.live_tokens / self.n_ctx, 4)),  # running only
-                ("vllm:prompt_tokens_total", "counter", c["prompt"]),
-                ("vllm:generation_tokens_total", "counter", c["generation"]),
-                ("vllm:prefix_cache_queries_total", "counter", c["prompt"]),
-                ("vllm:prefix_cache_hits_total", "counter", c["hits"]),
-                ("replica_prefix_cache_bytes", "gauge", self.cache.cache_size),
-                ("replica_prefix_cache_capacity_bytes", "gauge", self.cache.capacity_bytes)]  # fmt: skip
+        rows = [
+            ("vllm:num_requests_running", "gauge", self.running),
+            ("vllm:num_requests_waiting", "gauge", self.queue.qsize()),
+            ("vllm:kv_cache_usage_perc", "gauge", round(self.live_tokens / self.n_ctx, 4)),  # running only
+            ("vllm:prompt_tokens_total", "counter", c["prompt"]),
+            ("vllm:generation_tokens_total", "counter", c["generation"]),
+            ("vllm:prefix_cache_queries_total", "counter", c["prompt"]),
+            ("vllm:prefix_cache_hits_total", "counter", c["hits"]),
+            ("replica_prefix_cache_bytes", "gauge", self.cache.cache_size),
+            ("replica_prefix_cache_capacity_bytes", "gauge", self.cache.capacity_bytes),
+        ]
         out = [f"# TYPE {n} {t}\n{n}{label} {v}" for n, t, v in rows]
         out.append("# TYPE vllm:request_success_total counter")
-        out += [f'vllm:request_success_total{{model_name="{name}",finished_reason="{r}"}} {c[r]}'
-                for r in ("stop", "length", "abort")]  # fmt: skip
+        out += [
+            f'vllm:request_success_total{{model_name="{name}",finished_reason="{r}"}} {c[r]}'
+            for r in ("stop", "length", "abort")
+        ]
         return "\n".join(out) + "\n"
 
 
@@ -256,24 +265,40 @@ def build(engine: Engine, name: str) -> Litestar:
         room = engine.n_ctx - len(tokens)
         limit = body.get("max_completion_tokens") or body.get("max_tokens") or room
         if room <= 0 or int(limit) > room:
-            raise BadRequest(f"This model's maximum context length is {engine.n_ctx} tokens. However, you "
-                             f"requested {len(tokens) + int(limit)} tokens ({len(tokens)} in the prompt).")  # fmt: skip
+            raise BadRequest(
+                f"This model's maximum context length is {engine.n_ctx} tokens. However, you "
+                f"requested {len(tokens) + int(limit)} tokens ({len(tokens)} in the prompt)."
+            )
         stop = body.get("stop") or []
         temperature = body.get("temperature")
-        return Job(tokens=tokens, max_tokens=int(limit), temperature=1.0 if temperature is None else float(temperature),
-                   top_p=float(body.get("top_p") or 1.0), seed=body.get("seed"),
-                   stop=[stop] if isinstance(stop, str) else list(stop), salt=body.get("cache_salt"),
-                   loop=asyncio.get_running_loop())  # fmt: skip
+        return Job(
+            tokens=tokens,
+            max_tokens=int(limit),
+            temperature=1.0 if temperature is None else float(temperature),
+            top_p=float(body.get("top_p") or 1.0),
+            seed=body.get("seed"),
+            stop=[stop] if isinstance(stop, str) else list(stop),
+            salt=body.get("cache_salt"),
+            loop=asyncio.get_running_loop(),
+        )
 
     def shape(chat: bool, rid: str, text: str | None, finish: str | None, delta: bool) -> dict[str, Any]:
         if not chat:
             choice: dict[str, Any] = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
         elif delta:
-            choice = {"index": 0, "delta": {} if text is None else {"content": text}, "logprobs": None,
-                      "finish_reason": finish}  # fmt: skip
+            choice = {
+                "index": 0,
+                "delta": {} if text is None else {"content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
         else:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish}  # fmt: skip
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
         kind = ("chat.completion.chunk" if delta else "chat.completion") if chat else "text_completion"
         return {"id": rid, "object": kind, "created": int(time.time()), "model": name, "choices": [choice]}
 
@@ -343,8 +368,14 @@ def build(engine: Engine, name: str) -> Litestar:
 
     @get("/v1/models", sync_to_thread=False)
     def models() -> dict[str, Any]:
-        card = {"id": name, "object": "model", "created": 0, "owned_by": "laneway-bench", "root": name,
-                "max_model_len": engine.n_ctx}  # fmt: skip
+        card = {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "laneway-bench",
+            "root": name,
+            "max_model_len": engine.n_ctx,
+        }
         return {"object": "list", "data": [card]}
 
     @get("/metrics", sync_to_thread=False, media_type="text/plain; version=0.0.4")
@@ -354,8 +385,12 @@ def build(engine: Engine, name: str) -> Litestar:
     @get("/stats", sync_to_thread=False)
     def stats() -> dict[str, Any]:
         keys = list(engine.cache.cache_state)
-        return {"cache_bytes": engine.cache.cache_size, "capacity_bytes": engine.cache.capacity_bytes,
-                "entries": [len(k) - 1 for k in keys], "counts": engine.counts}  # fmt: skip
+        return {
+            "cache_bytes": engine.cache.cache_size,
+            "capacity_bytes": engine.cache.capacity_bytes,
+            "entries": [len(k) - 1 for k in keys],
+            "counts": engine.counts,
+        }
 
     @post("/tokenize", status_code=200)
     async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
@@ -383,10 +418,10 @@ def main() -> None:
     ap.add_argument("--n-batch", type=int, default=256)
     ap.add_argument("--cache-bytes", type=int, default=256 << 20, help="the prefix cache's capacity")
     args = ap.parse_args()
-    engine = Engine(args.model, n_ctx=args.n_ctx, threads=args.threads, n_batch=args.n_batch,
-                    cache_bytes=args.cache_bytes)  # fmt: skip
-    uvicorn.run(build(engine, args.served_name), host=args.host, port=args.port, log_level="warning",
-                access_log=False)  # fmt: skip
+    engine = Engine(
+        args.model, n_ctx=args.n_ctx, threads=args.threads, n_batch=args.n_batch, cache_bytes=args.cache_bytes
+    )
+    uvicorn.run(build(engine, args.served_name), host=args.host, port=args.port, log_level="warning", access_log=False)
 
 
 if __name__ == "__main__":

@@ -63,9 +63,21 @@ LANEWAY_ROWS = ("cache_aware", "least_outstanding", "round_robin")
 ROWS = (*LANEWAY_ROWS, "vllm-router", "sglang-router")
 WORKLOADS = {"shared": "(a) shared prefix", "sessions": "(b) multi-turn sessions", "unique": "(c) nothing shared"}
 BASE = "least_outstanding"
-QUICK = Sizes(groups=3, prefix_tokens=256, shared_rate=0.6, shared_s=8, sessions_rate=0.4, sessions_s=5,
-              session_system_tokens=128, turns=3, think_s=0.5, unique_rate=0.6, unique_s=5, unique_tokens=128,
-              max_tokens=16)  # fmt: skip
+QUICK = Sizes(
+    groups=3,
+    prefix_tokens=256,
+    shared_rate=0.6,
+    shared_s=8,
+    sessions_rate=0.4,
+    sessions_s=5,
+    session_system_tokens=128,
+    turns=3,
+    think_s=0.5,
+    unique_rate=0.6,
+    unique_s=5,
+    unique_tokens=128,
+    max_tokens=16,
+)
 
 
 @dataclass
@@ -99,10 +111,20 @@ class Cell:
             return self if self.note else other
         errors = {k: self.errors.get(k, 0) + other.errors.get(k, 0) for k in {*self.errors, *other.errors}}
         split = [a + b for a, b in zip(self.split, other.split, strict=True)]
-        return Cell("", self.ttft + other.ttft, self.e2e + other.e2e, self.tokens + other.tokens,
-                    self.span_s + other.span_s, self.sent + other.sent, self.failed + other.failed, errors,
-                    self.hits + other.hits, self.queries + other.queries, split,
-                    max(self.late_ms, other.late_ms))  # fmt: skip
+        return Cell(
+            "",
+            self.ttft + other.ttft,
+            self.e2e + other.e2e,
+            self.tokens + other.tokens,
+            self.span_s + other.span_s,
+            self.sent + other.sent,
+            self.failed + other.failed,
+            errors,
+            self.hits + other.hits,
+            self.queries + other.queries,
+            split,
+            max(self.late_ms, other.late_ms),
+        )
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -126,8 +148,12 @@ def probe(front: Front, within: float = 90.0) -> None:
     body = {"model": front.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
     while True:
         try:
-            r = httpx.post(front.base_url + "/chat/completions", json=body, timeout=60,
-                           headers={"Authorization": f"Bearer {front.api_key}"})  # fmt: skip
+            r = httpx.post(
+                front.base_url + "/chat/completions",
+                json=body,
+                timeout=60,
+                headers={"Authorization": f"Bearer {front.api_key}"},
+            )
             if r.status_code == 200:
                 return
             said = f"{r.status_code} {r.text[:160]}"
@@ -138,20 +164,29 @@ def probe(front: Front, within: float = 90.0) -> None:
         time.sleep(1)
 
 
-def run_workload(front: Front, spec: dict[str, Any], replicas: Replicas, work: Path, name: str,
-                 seconds: float, drain_s: float) -> Cell:  # fmt: skip
+def run_workload(
+    front: Front, spec: dict[str, Any], replicas: Replicas, work: Path, name: str, seconds: float, drain_s: float
+) -> Cell:
     cell = Cell()
     if not replicas.idle():
         cell.note = "the replicas were still busy with the previous workload"
         return cell
     replicas.reset()
     before = replicas.metrics()
-    spec = {**spec, "base_url": front.base_url, "api_key": front.api_key, "model": front.model,
-            "timeout_s": 600.0, "drain_s": drain_s, "prompt_cache_key": True}  # fmt: skip
+    spec = {
+        **spec,
+        "base_url": front.base_url,
+        "api_key": front.api_key,
+        "model": front.model,
+        "timeout_s": 600.0,
+        "drain_s": drain_s,
+        "prompt_cache_key": True,
+    }
     spec_path, result_path = work / f"{name}.spec.json", work / f"{name}.result.json"
     spec_path.write_text(json.dumps(spec))
-    subprocess.run([sys.executable, str(LOADGEN), str(spec_path), str(result_path)], check=True,
-                   timeout=seconds + drain_s + 120)  # fmt: skip
+    subprocess.run(
+        [sys.executable, str(LOADGEN), str(spec_path), str(result_path)], check=True, timeout=seconds + drain_s + 120
+    )
     result = json.loads(result_path.read_text())
     after = replicas.metrics()
     for rec in result["records"]:
@@ -200,8 +235,11 @@ def ratio(value: float | None, base: float | None) -> str:
 
 
 def table(title: str, cells: dict[str, Cell]) -> list[str]:
-    out = [f"\n### {title}\n", "| router | TTFT p50 | TTFT p99 | e2e p50 | output tok/s | prefix hit rate | "
-           "requests per replica | failed |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    out = [
+        f"\n### {title}\n",
+        "| router | TTFT p50 | TTFT p99 | e2e p50 | output tok/s | prefix hit rate | requests per replica | failed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for row, c in cells.items():
         name = f"laneway {row}" if row in LANEWAY_ROWS else row
         if c.note:
@@ -210,20 +248,27 @@ def table(title: str, cells: dict[str, Cell]) -> list[str]:
         hit = "-" if c.hit_rate is None else f"{c.hit_rate:.0%}"
         errors = f" ({', '.join(f'{k} {n}' for k, n in c.errors.items())})" if c.errors else ""
         split = "/".join(map(str, c.split))
-        out.append(f"| {name} | {fmt(pct(c.ttft, 0.5))} | {fmt(pct(c.ttft, 0.99))} | {fmt(pct(c.e2e, 0.5))} | "
-                   f"{c.tok_s:.1f} | {hit} | {split} | {c.failed} of {c.sent}{errors} |")  # fmt: skip
+        out.append(
+            f"| {name} | {fmt(pct(c.ttft, 0.5))} | {fmt(pct(c.ttft, 0.99))} | {fmt(pct(c.e2e, 0.5))} | "
+            f"{c.tok_s:.1f} | {hit} | {split} | {c.failed} of {c.sent}{errors} |"
+        )
     base = cells.get(BASE)
     if base is None or base.note:
         return out
-    out += [f"\nRatios to laneway {BASE} (lower is better, but tok/s):\n",
-            "| router | TTFT p50 | TTFT p99 | e2e p50 | output tok/s |", "|---|---|---|---|---|"]  # fmt: skip
+    out += [
+        f"\nRatios to laneway {BASE} (lower is better, but tok/s):\n",
+        "| router | TTFT p50 | TTFT p99 | e2e p50 | output tok/s |",
+        "|---|---|---|---|---|",
+    ]
     for row, c in cells.items():
         if row == BASE or c.note:
             continue
         name = f"laneway {row}" if row in LANEWAY_ROWS else row
-        out.append(f"| {name} | {ratio(pct(c.ttft, 0.5), pct(base.ttft, 0.5))} | "
-                   f"{ratio(pct(c.ttft, 0.99), pct(base.ttft, 0.99))} | {ratio(pct(c.e2e, 0.5), pct(base.e2e, 0.5))} | "
-                   f"{ratio(c.tok_s, base.tok_s)} |")  # fmt: skip
+        out.append(
+            f"| {name} | {ratio(pct(c.ttft, 0.5), pct(base.ttft, 0.5))} | "
+            f"{ratio(pct(c.ttft, 0.99), pct(base.ttft, 0.99))} | {ratio(pct(c.e2e, 0.5), pct(base.e2e, 0.5))} | "
+            f"{ratio(c.tok_s, base.tok_s)} |"
+        )
     return out
 
 
@@ -263,9 +308,15 @@ def replicas_of(args: argparse.Namespace, work: Path) -> Iterator[Replicas]:
         replicas.stop()
 
 
-def run_row(row: str, args: argparse.Namespace, work: Path, replicas: Replicas,
-            specs: dict[str, Callable[[], dict[str, Any]]], seconds: dict[str, float],
-            round_: str) -> dict[str, Cell]:  # fmt: skip
+def run_row(
+    row: str,
+    args: argparse.Namespace,
+    work: Path,
+    replicas: Replicas,
+    specs: dict[str, Callable[[], dict[str, Any]]],
+    seconds: dict[str, float],
+    round_: str,
+) -> dict[str, Cell]:
     """One router in front of the replicas, every workload through it; a router that does not
     install or start gets its reason in each of its cells."""
     started, cells = time.monotonic(), {}
@@ -295,7 +346,10 @@ def main() -> None:
         workloads = Workloads(sizes, replicas)
         cache_bytes, one, one_tokens = cache_size(replicas, workloads, entries)
         specs: dict[str, Callable[[], dict[str, Any]]] = {
-            "shared": workloads.shared, "sessions": workloads.sessions, "unique": workloads.unique}  # fmt: skip
+            "shared": workloads.shared,
+            "sessions": workloads.sessions,
+            "unique": workloads.unique,
+        }
         seconds = {"shared": sizes.shared_s, "sessions": sizes.sessions_s, "unique": sizes.unique_s}
         st = workloads.system_tokens
         print(f"# Routing bench ({'quick' if args.quick else 'full'}), {platform.machine()}, {os.cpu_count()} cores\n")

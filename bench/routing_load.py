@@ -30,15 +30,17 @@ from openai import AsyncOpenAI
 class Run:
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
-        self.client = AsyncOpenAI(base_url=spec["base_url"], api_key=spec["api_key"], max_retries=0,
-                                  timeout=spec["timeout_s"])  # fmt: skip
+        self.client = AsyncOpenAI(
+            base_url=spec["base_url"], api_key=spec["api_key"], max_retries=0, timeout=spec["timeout_s"]
+        )
         self.records: list[dict[str, Any]] = []
         self.late: list[float] = []
         self.start = 0.0
         self.last_end = 0.0
 
-    async def one(self, messages: list[dict[str, str]], max_tokens: int, scheduled: float,
-                  session: str | None = None) -> str | None:  # fmt: skip
+    async def one(
+        self, messages: list[dict[str, str]], max_tokens: int, scheduled: float, session: str | None = None
+    ) -> str | None:
         """One streamed chat; its record; the answer's text (None if it failed)."""
         record: dict[str, Any] = {"ttft": None, "e2e": None, "tokens": 0, "error": None}
         self.records.append(record)
@@ -50,9 +52,14 @@ class Run:
         chunks = 0
         try:
             stream = await self.client.chat.completions.create(
-                model=self.spec["model"], messages=messages, max_tokens=max_tokens, temperature=0, stream=True,  # type: ignore[arg-type]
-                stream_options={"include_usage": True}, **extra,
-            )  # fmt: skip
+                model=self.spec["model"],
+                messages=messages,
+                max_tokens=max_tokens,
+                temperature=0,
+                stream=True,  # type: ignore[arg-type]
+                stream_options={"include_usage": True},
+                **extra,
+            )
             async for chunk in stream:
                 if chunk.usage is not None:
                     record["tokens"] = chunk.usage.completion_tokens

@@ -29,14 +29,15 @@ SERVER = Path(__file__).with_name("replica_server.py")
 SERVED = "smollm2"  # the replicas' model name, and laneway's alias for them
 ROUTERS_VENV = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "laneway" / "routers-venv"
 PEERS = {"vllm-router": "vllm-router==0.1.17", "sglang-router": "sglang-router==0.3.2"}
-WORDS = ("time year people way day man thing woman life child world school state family student group country "
-         "problem hand part place case week company system program question work government number night point "
-         "home water room mother area money story fact month lot right study book eye job word business issue side "
-         "kind head house service friend father power hour game line end member law car city community name "
-         "president team minute idea kid body information back parent face others level office door health person "
-         "art war history party result change morning reason research girl guy moment air teacher force education "
-         "river garden bridge market winter summer letter window table paper music field road station"
-         ).split()  # fmt: skip
+WORDS = (
+    "time year people way day man thing woman life child world school state family student group country "
+    "problem hand part place case week company system program question work government number night point "
+    "home water room mother area money story fact month lot right study book eye job word business issue side "
+    "kind head house service friend father power hour game line end member law car city community name "
+    "president team minute idea kid body information back parent face others level office door health person "
+    "art war history party result change morning reason research girl guy moment air teacher force education "
+    "river garden bridge market winter summer letter window table paper music field road station"
+).split()
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -85,11 +86,30 @@ class Replicas:
             for i in range(n):
                 port = free_port()
                 with (work / f"replica-{i}.log").open("wb") as log:
-                    self.procs.append(subprocess.Popen(
-                        [sys.executable, str(SERVER), "--model", str(model), "--port", str(port), "--served-name",
-                         SERVED, "--n-ctx", str(n_ctx), "--threads", str(threads), "--cache-bytes", str(cache_bytes)],
-                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=child_env(),
-                    ))  # fmt: skip
+                    self.procs.append(
+                        subprocess.Popen(
+                            [
+                                sys.executable,
+                                str(SERVER),
+                                "--model",
+                                str(model),
+                                "--port",
+                                str(port),
+                                "--served-name",
+                                SERVED,
+                                "--n-ctx",
+                                str(n_ctx),
+                                "--threads",
+                                str(threads),
+                                "--cache-bytes",
+                                str(cache_bytes),
+                            ],
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                            env=child_env(),
+                        )
+                    )
                 self.urls.append(f"http://127.0.0.1:{port}")
             for url, proc in zip(self.urls, self.procs, strict=True):
                 wait_http(url + "/health", proc, 120, f"replica {url}")
@@ -204,8 +224,16 @@ class Workloads:
             system = f"Session {i} notes. " + text(rng, self._words(s.session_system_tokens))
             turns = [f"{text(rng, 12)}. {self.question(rng)}" for _ in range(s.turns)]
             think = [round(rng.expovariate(1 / s.think_s), 3) if s.think_s > 0 else 0.0 for _ in turns[1:]]
-            sessions.append({"at": at, "id": f"session-{i}", "system": system, "turns": turns, "think": think,
-                             "max_tokens": s.max_tokens})  # fmt: skip
+            sessions.append(
+                {
+                    "at": at,
+                    "id": f"session-{i}",
+                    "system": system,
+                    "turns": turns,
+                    "think": think,
+                    "max_tokens": s.max_tokens,
+                }
+            )
         return {"sessions": sessions}
 
     def unique(self) -> dict[str, Any]:
@@ -231,30 +259,59 @@ class Front:
     model: str
 
 
-LANE = {"name": "bench", "priority": 0, "max_concurrency": 512, "max_queue_depth": 4096, "queue_timeout_s": 600.0,
-        "max_unacked_tokens": 1_000_000}  # fmt: skip
+LANE = {
+    "name": "bench",
+    "priority": 0,
+    "max_concurrency": 512,
+    "max_queue_depth": 4096,
+    "queue_timeout_s": 600.0,
+    "max_unacked_tokens": 1_000_000,
+}
 
 
 @contextmanager
 def laneway(work: Path, replicas: Replicas, routing: str, slots: int) -> Iterator[Front]:
     """`laneway serve` (this tree's) with the replicas as one alias of three vLLM deployments."""
-    config = {"model": SERVED, "tokenize": "never", "metrics_poll_s": 0.25, "shared_slots": False,
-              "max_concurrency": slots}  # fmt: skip
-    deployments = [{"name": f"{SERVED}-{i}", "engine_kind": "vllm", "max_model_len": replicas.n_ctx,
-                    "config": {**config, "base_url": url}} for i, url in enumerate(replicas.urls)]  # fmt: skip
+    config = {
+        "model": SERVED,
+        "tokenize": "never",
+        "metrics_poll_s": 0.25,
+        "shared_slots": False,
+        "max_concurrency": slots,
+    }
+    deployments = [
+        {
+            "name": f"{SERVED}-{i}",
+            "engine_kind": "vllm",
+            "max_model_len": replicas.n_ctx,
+            "config": {**config, "base_url": url},
+        }
+        for i, url in enumerate(replicas.urls)
+    ]
     url = f"sqlite+aiosqlite:///{work / f'laneway-{routing}.db'}"
     keys = asyncio.run(seed(url, models={SERVED: deployments}, lanes=[LANE], tenants={"bench": {}}))
     data = work / f"laneway-{routing}"
     data.mkdir(exist_ok=True)
     # The replicas share the gateway's two cores here (GPU engines would not): its event loop
     # lags behind them, and the loop-delay shedding would refuse requests for that.
-    env = child_env(LANEWAY_DATA_DIR=str(data), LANEWAY_DATABASE_URL=url, LANEWAY_BOOTSTRAP_DEMO="false",
-                    LANEWAY_ADMIN_PASSWORD="bench-admin-password", LANEWAY_LOG_LEVEL="warning",
-                    LANEWAY_ROUTING=routing, LANEWAY_SHED_LOOP_DELAY_S="0")  # fmt: skip
+    env = child_env(
+        LANEWAY_DATA_DIR=str(data),
+        LANEWAY_DATABASE_URL=url,
+        LANEWAY_BOOTSTRAP_DEMO="false",
+        LANEWAY_ADMIN_PASSWORD="bench-admin-password",
+        LANEWAY_LOG_LEVEL="warning",
+        LANEWAY_ROUTING=routing,
+        LANEWAY_SHED_LOOP_DELAY_S="0",
+    )
     port = free_port()
     with (work / f"laneway-{routing}.log").open("ab") as log:
-        proc = subprocess.Popen([EXE, "serve"], env={**env, "LANEWAY_PORT": str(port)}, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [EXE, "serve"],
+            env={**env, "LANEWAY_PORT": str(port)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         # Ready once every deployment is warm: laneway's warm-up computes a prompt of half the
         # context on each replica, tens of seconds on one busy core.
@@ -271,10 +328,18 @@ def peer_binary(name: str, log: Path) -> Path:
         return exe
     with log.open("ab") as out:
         if not (ROUTERS_VENV / "bin" / "pip").exists():
-            subprocess.run([sys.executable, "-m", "venv", "--clear", str(ROUTERS_VENV)], check=True, stdout=out,
-                           stderr=subprocess.STDOUT)  # fmt: skip
-        done = subprocess.run([str(ROUTERS_VENV / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
-                               PEERS[name]], stdout=out, stderr=subprocess.STDOUT, timeout=900)  # fmt: skip
+            subprocess.run(
+                [sys.executable, "-m", "venv", "--clear", str(ROUTERS_VENV)],
+                check=True,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        done = subprocess.run(
+            [str(ROUTERS_VENV / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", PEERS[name]],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=900,
+        )
     if done.returncode != 0 or not exe.exists():
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
         raise RuntimeError(f"pip install {PEERS[name]} failed: {tail[0][:160]}")
@@ -287,9 +352,22 @@ def peer(name: str, work: Path, replicas: Replicas) -> Iterator[Front]:
     log = work / f"{name}.log"
     exe = peer_binary(name, log)
     port = free_port()
-    cmd = [str(exe), *(["launch"] if name == "sglang-router" else []), "--host", "127.0.0.1", "--port", str(port),
-           "--worker-urls", *replicas.urls, "--policy", "cache_aware", "--prometheus-port", str(free_port()),
-           "--log-level", "warning" if name == "vllm-router" else "warn"]  # fmt: skip
+    cmd = [
+        str(exe),
+        *(["launch"] if name == "sglang-router" else []),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        *replicas.urls,
+        "--policy",
+        "cache_aware",
+        "--prometheus-port",
+        str(free_port()),
+        "--log-level",
+        "warning" if name == "vllm-router" else "warn",
+    ]
     with log.open("ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -57,11 +57,24 @@ from support import (  # noqa: E402
     sim_model,
 )
 
-INTERACTIVE = {"name": "interactive", "priority": 0, "match_max_prompt_tokens": 511, "match_stream": True,
-               "max_concurrency": 8, "max_queue_depth": 64, "queue_timeout_s": 2.0,
-               "max_unacked_tokens": 100_000}  # fmt: skip
-STANDARD = {"name": "standard", "priority": 1, "max_concurrency": 6, "max_queue_depth": 512,
-            "queue_timeout_s": 60.0, "max_unacked_tokens": 100_000}  # fmt: skip
+INTERACTIVE = {
+    "name": "interactive",
+    "priority": 0,
+    "match_max_prompt_tokens": 511,
+    "match_stream": True,
+    "max_concurrency": 8,
+    "max_queue_depth": 64,
+    "queue_timeout_s": 2.0,
+    "max_unacked_tokens": 100_000,
+}
+STANDARD = {
+    "name": "standard",
+    "priority": 1,
+    "max_concurrency": 6,
+    "max_queue_depth": 512,
+    "queue_timeout_s": 60.0,
+    "max_unacked_tokens": 100_000,
+}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -105,10 +118,15 @@ def background_load(
     retry_s: float = 0.01,
     cores: set[int] | None = None,
 ) -> BackgroundLoad:
-    spec = json.dumps({"urls": urls, "key": key, "body": body, "clients": clients, "seconds": seconds,
-                       "retry_s": retry_s})  # fmt: skip
-    proc = subprocess.Popen([sys.executable, __file__, "--load", spec], stdout=subprocess.PIPE, text=True,
-                            preexec_fn=_pin_to(cores or set()))  # fmt: skip
+    spec = json.dumps(
+        {"urls": urls, "key": key, "body": body, "clients": clients, "seconds": seconds, "retry_s": retry_s}
+    )
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--load", spec],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=_pin_to(cores or set()),
+    )
     return BackgroundLoad(proc)
 
 
@@ -132,8 +150,9 @@ def run_load(spec: dict[str, Any]) -> None:
     async def go() -> Counter[str]:
         outcomes: Counter[str] = Counter()
         limits = httpx.Limits(max_connections=spec["clients"] + 10)
-        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {spec['key']}"}, timeout=120,
-                                     limits=limits) as c:  # fmt: skip
+        async with httpx.AsyncClient(
+            headers={"Authorization": f"Bearer {spec['key']}"}, timeout=120, limits=limits
+        ) as c:
             end = time.monotonic() + spec["seconds"]
 
             async def client(i: int) -> None:
@@ -172,8 +191,13 @@ def fair_admission(
     model = sim_model("sim", max_concurrency=slots, decode_ms_base=2.0, decode_ms_per_seq=0.0)
     lanes = [{**INTERACTIVE, "max_concurrency": slots}, STANDARD]
     keys = asyncio.run(seed(url, models={"sim": model}, lanes=lanes, tenants={"f": {}, "b": {}}))
-    env = {**os.environ, "LANEWAY_DATA_DIR": str(work / f"fair-{slots}"), "LANEWAY_DATABASE_URL": url,
-           "LANEWAY_BOOTSTRAP_DEMO": "false", "LANEWAY_LOG_LEVEL": "error"}  # fmt: skip
+    env = {
+        **os.environ,
+        "LANEWAY_DATA_DIR": str(work / f"fair-{slots}"),
+        "LANEWAY_DATABASE_URL": url,
+        "LANEWAY_BOOTSTRAP_DEMO": "false",
+        "LANEWAY_LOG_LEVEL": "error",
+    }
     proc, port = serve(env)
     base = f"http://127.0.0.1:{port}/v1/completions"
 
@@ -194,8 +218,11 @@ def fair_admission(
                 await asyncio.sleep(0.02)
         return ttfts, refused
 
-    rows = {"unloaded": None, "F floods, retrying at once (10 ms)": 0.01,
-            "F floods, retrying after its Retry-After (1 s)": 1.0}  # fmt: skip
+    rows = {
+        "unloaded": None,
+        "F floods, retrying at once (10 ms)": 0.01,
+        "F floods, retrying after its Retry-After (1 s)": 1.0,
+    }
     ttfts: dict[str, list[float]] = {label: [] for label in rows}
     b_refused: dict[str, Counter[str]] = {label: Counter() for label in rows}
     f_outcomes: dict[str, Counter[str]] = {label: Counter() for label in rows}
@@ -205,8 +232,9 @@ def fair_admission(
                 flood = None
                 if retry_s is not None:
                     # The flood runs in its own process: its 100 clients must not slow B's own event loop.
-                    flood = background_load([base], keys["f"], body_f, clients=100, seconds=seconds + 2,
-                                            retry_s=retry_s, cores=flood_cores)  # fmt: skip
+                    flood = background_load(
+                        [base], keys["f"], body_f, clients=100, seconds=seconds + 2, retry_s=retry_s, cores=flood_cores
+                    )
                     time.sleep(1.0)
                 loaded, refused = asyncio.run(b_for(seconds))
                 ttfts[label] += loaded
@@ -216,8 +244,10 @@ def fair_admission(
     finally:
         proc.terminate()
         proc.wait(30)
-    out = ["| tenant B | requests | TTFT p50 | TTFT p99 | ratio p50 / p99 | B refused | F served / refused |",
-           "|---|---|---|---|---|---|---|"]  # fmt: skip
+    out = [
+        "| tenant B | requests | TTFT p50 | TTFT p99 | ratio p50 / p99 | B refused | F served / refused |",
+        "|---|---|---|---|---|---|---|",
+    ]
     base_ttft = ttfts["unloaded"]
     for label, values in ttfts.items():
         ratio = f"{pct(values, 0.5) / pct(base_ttft, 0.5):.2f}x / {pct(values, 0.99) / pct(base_ttft, 0.99):.2f}x"
@@ -226,8 +256,10 @@ def fair_admission(
         f_cell = "-" if rows[label] is None else f"{outcomes['200']} / {f_refused}"
         refused_b = sum(b_refused[label].values())
         codes = f" ({', '.join(f'{k} {n}' for k, n in b_refused[label].items())})" if refused_b else ""
-        out.append(f"| {label} | {len(values) + refused_b} | {pct(values, 0.5) * 1000:.1f} ms "
-                   f"| {pct(values, 0.99) * 1000:.1f} ms | {ratio} | {refused_b}{codes} | {f_cell} |")  # fmt: skip
+        out.append(
+            f"| {label} | {len(values) + refused_b} | {pct(values, 0.5) * 1000:.1f} ms "
+            f"| {pct(values, 0.99) * 1000:.1f} ms | {ratio} | {refused_b}{codes} | {f_cell} |"
+        )
     out.append("\nGoal: B's TTFT <= 1.5x unloaded, 0 refused.")
     return out
 
@@ -241,8 +273,14 @@ def replicas(
 ) -> Iterator[tuple[list[int], dict[str, str]]]:
     redis = PrivateRedis().start()
     url = f"sqlite+aiosqlite:///{work / f'replicas-{uuid.uuid4().hex[:6]}.db'}"
-    config = {"base_url": engine.base_url, "model": "m", "max_concurrency": 8, "metrics_poll_s": 0, "tokenize": False,  # type: ignore[attr-defined]
-              "shared_slots": shared}  # fmt: skip
+    config = {
+        "base_url": engine.base_url,
+        "model": "m",
+        "max_concurrency": 8,
+        "metrics_poll_s": 0,
+        "tokenize": False,  # type: ignore[attr-defined]
+        "shared_slots": shared,
+    }
     models = {"m": [{"name": "m-vllm", "engine_kind": "vllm", "max_model_len": 100_000, "config": config}]}
     tenants = {"load": {"max_concurrency": 10_000}, "short": {}, "noisy": {"max_concurrency": 10_000}}
     keys = asyncio.run(seed(url, models=models, lanes=[INTERACTIVE, STANDARD], tenants=tenants))
@@ -250,9 +288,15 @@ def replicas(
     ports = []
     try:
         for i in range(n):
-            env = {**os.environ, "LANEWAY_DATA_DIR": str(work / f"r{i}-{uuid.uuid4().hex[:4]}"),
-                   "LANEWAY_DATABASE_URL": url, "LANEWAY_BOOTSTRAP_DEMO": "false", "LANEWAY_REDIS_URL": redis.url,
-                   "LANEWAY_DEFAULT_MAX_TOKENS": "100000", "LANEWAY_LOG_LEVEL": "error"}  # fmt: skip
+            env = {
+                **os.environ,
+                "LANEWAY_DATA_DIR": str(work / f"r{i}-{uuid.uuid4().hex[:4]}"),
+                "LANEWAY_DATABASE_URL": url,
+                "LANEWAY_BOOTSTRAP_DEMO": "false",
+                "LANEWAY_REDIS_URL": redis.url,
+                "LANEWAY_DEFAULT_MAX_TOKENS": "100000",
+                "LANEWAY_LOG_LEVEL": "error",
+            }
             proc, port = serve(env)
             procs.append(proc)
             ports.append(port)
@@ -299,10 +343,14 @@ def scale_out(seconds: float, work: Path) -> list[str]:
     server = ServerThread(engine.app).start(wait_ready=False)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the stand-in's app logs at INFO: not each request
     engine.base_url = server.base_url  # type: ignore[attr-defined]
-    rows_b = ["| replicas | slots shared | engine in flight max / cap | completed | req/s | vs 1 replica |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
-    rows_c = ["| replicas | short-prompt TTFT p50 unloaded | p99 unloaded | p50 noisy | p99 noisy | p99 ratio |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
+    rows_b = [
+        "| replicas | slots shared | engine in flight max / cap | completed | req/s | vs 1 replica |",
+        "|---|---|---|---|---|---|",
+    ]
+    rows_c = [
+        "| replicas | short-prompt TTFT p50 unloaded | p99 unloaded | p50 noisy | p99 noisy | p99 ratio |",
+        "|---|---|---|---|---|---|",
+    ]
     base_rps = None
     try:
         for n, shared in ((1, True), (2, True), (3, True), (2, False)):
@@ -310,8 +358,10 @@ def scale_out(seconds: float, work: Path) -> list[str]:
                 engine.max_running = 0
                 done, rps = load(ports, keys["load"], 80, seconds)  # streams: the interactive lane, 8 slots
                 base_rps = base_rps or rps
-                rows_b.append(f"| {n} | {'yes' if shared else 'no (per-replica slots)'} | {engine.max_running} / 8 "
-                              f"| {done} | {rps:.1f} | {rps / base_rps:.2f}x |")  # fmt: skip
+                rows_b.append(
+                    f"| {n} | {'yes' if shared else 'no (per-replica slots)'} | {engine.max_running} / 8 "
+                    f"| {done} | {rps:.1f} | {rps / base_rps:.2f}x |"
+                )
                 if not shared:
                     continue
                 calm = short_ttfts(ports[0], keys["short"], seconds)
@@ -321,14 +371,20 @@ def scale_out(seconds: float, work: Path) -> list[str]:
                 time.sleep(1.0)
                 noisy = short_ttfts(ports[0], keys["short"], seconds)
                 noisy_load.outcomes()
-                rows_c.append(f"| {n} | {pct(calm, 0.5) * 1000:.1f} ms | {pct(calm, 0.99) * 1000:.1f} ms "
-                              f"| {pct(noisy, 0.5) * 1000:.1f} ms | {pct(noisy, 0.99) * 1000:.1f} ms "
-                              f"| {pct(noisy, 0.99) / pct(calm, 0.99):.2f}x |")  # fmt: skip
+                rows_c.append(
+                    f"| {n} | {pct(calm, 0.5) * 1000:.1f} ms | {pct(calm, 0.99) * 1000:.1f} ms "
+                    f"| {pct(noisy, 0.5) * 1000:.1f} ms | {pct(noisy, 0.99) * 1000:.1f} ms "
+                    f"| {pct(noisy, 0.99) / pct(calm, 0.99):.2f}x |"
+                )
     finally:
         server.stop()
-    return ["(b) one engine (8 slots) behind N replicas, 80 concurrent clients", *rows_b, "",
-            "(c) short prompts through replica 1 while a noisy tenant sends long prompts through all",
-            *rows_c]  # fmt: skip
+    return [
+        "(b) one engine (8 slots) behind N replicas, 80 concurrent clients",
+        *rows_b,
+        "",
+        "(c) short prompts through replica 1 while a noisy tenant sends long prompts through all",
+        *rows_c,
+    ]
 
 
 def main() -> None:
@@ -348,15 +404,19 @@ def main() -> None:
         run_load(json.loads(args.load))
         return
     work = Path(tempfile.mkdtemp(prefix="lw-scaleout-"))
-    print(f"# bench/scaleout.py on {platform.node()} ({os.cpu_count()} CPUs, Python {platform.python_version()}), "
-          f"{args.seconds:g} s per measurement")  # fmt: skip
+    print(
+        f"# bench/scaleout.py on {platform.node()} ({os.cpu_count()} CPUs, Python {platform.python_version()}), "
+        f"{args.seconds:g} s per measurement"
+    )
     if args.only != "bc":
         every = os.sched_getaffinity(0)
         flood_cores, shared = pin(args.pin)
         print(f"\n(a) cores: {shared}; {args.rounds} round(s), rows interleaved")
         for slots, tokens in ((4, 40), (8, 64)):
-            print(f"\n(a) fair admission: tenant B while tenant F floods the interactive lane "
-                  f"({slots} slots, F's streams {tokens} tokens)")  # fmt: skip
+            print(
+                f"\n(a) fair admission: tenant B while tenant F floods the interactive lane "
+                f"({slots} slots, F's streams {tokens} tokens)"
+            )
             print("\n".join(fair_admission(args.seconds, work, slots, tokens, args.rounds, flood_cores)))
         os.sched_setaffinity(0, every)
         print()

@@ -150,8 +150,9 @@ class Answer:
 def shipped_tasks() -> dict[str, TaskPolicy]:
     rows = yaml.safe_load((ROOT / "policies" / "tasks.yaml").read_text())["tasks"]
     fields = set(TaskPolicy.__dataclass_fields__)
-    return {r["task"]: TaskPolicy(**{k: tuple(v) if k == "stop" else v for k, v in r.items() if k in fields})
-            for r in rows}  # fmt: skip
+    return {
+        r["task"]: TaskPolicy(**{k: tuple(v) if k == "stop" else v for k, v in r.items() if k in fields}) for r in rows
+    }
 
 
 _tenants = iter(range(1, 1_000_000))
@@ -159,9 +160,16 @@ _tenants = iter(range(1, 1_000_000))
 
 async def ask(gw: Gateway, prompt: Prompt, record: bool) -> Answer:
     tenant = TenantSnapshot(id=next(_tenants), name="bench", api_key_id=1)  # its own cache partition
-    intent = GenerationIntent(endpoint="chat", alias="smollm2", stream=False, task=prompt.task, temperature=0.0,
-                              seed=0, messages=[ChatTurn("user", prompt.text)],
-                              response_format=JSON_MODE if prompt.json_mode else None)  # fmt: skip
+    intent = GenerationIntent(
+        endpoint="chat",
+        alias="smollm2",
+        stream=False,
+        task=prompt.task,
+        temperature=0.0,
+        seed=0,
+        messages=[ChatTurn("user", prompt.text)],
+        response_format=JSON_MODE if prompt.json_mode else None,
+    )
     call = await gw.prepare(tenant, intent)
     lease = await gw.admit(call)
     t0 = time.perf_counter()
@@ -171,9 +179,15 @@ async def ask(gw: Gateway, prompt: Prompt, record: bool) -> Answer:
             deltas.append((d.text, d.tokens))
     finally:
         lease.release()
-    return Answer(text="".join(t for t, _ in deltas), tokens=call.completion_tokens, finish=call.finish_reason,
-                  early_stop=call.early_stop, saved_estimate=call.tokens_saved, deltas=deltas if record else [],
-                  seconds=time.perf_counter() - t0)  # fmt: skip
+    return Answer(
+        text="".join(t for t, _ in deltas),
+        tokens=call.completion_tokens,
+        finish=call.finish_reason,
+        early_stop=call.early_stop,
+        saved_estimate=call.tokens_saved,
+        deltas=deltas if record else [],
+        seconds=time.perf_counter() - t0,
+    )
 
 
 def saved_metric(metrics: GatewayMetrics) -> float:
@@ -207,9 +221,20 @@ async def main() -> None:
     shipped = shipped_tasks()
     off = {k: replace(v, repetition_ngram=None, json_stop=False) for k, v in shipped.items()}
     registry = EngineRegistry()
-    await registry.load([DeploymentSpec(id=1, name="smollm2-llamacpp", alias="smollm2", engine_kind="llamacpp",
-                                        config={"model_path": str(model), "parallel": 1, "n_threads": args.threads},
-                                        quantization="Q4_1", gpu_type="cpu", max_model_len=2048)])  # fmt: skip
+    await registry.load(
+        [
+            DeploymentSpec(
+                id=1,
+                name="smollm2-llamacpp",
+                alias="smollm2",
+                engine_kind="llamacpp",
+                config={"model_path": str(model), "parallel": 1, "n_threads": args.threads},
+                quantization="Q4_1",
+                gpu_type="cpu",
+                max_model_len=2048,
+            )
+        ]
+    )
     metrics = GatewayMetrics()
     store = PolicyStore(None, PolicySnapshot(tasks=shipped))
     gw = Gateway(registry, store, sinks=[metrics], default_max_tokens=384)
@@ -222,24 +247,42 @@ async def main() -> None:
             store.current = PolicySnapshot(tasks=shipped)
             with_ = await ask(gw, prompt, record=False)
             rows.append((prompt, without, with_))
-            print(f"[{i + 1}/{len(prompts)}] {prompt.task:8} without {without.tokens:4} ({without.finish}) "
-                  f"with {with_.tokens:4} ({with_.early_stop or with_.finish})", flush=True)  # fmt: skip
+            print(
+                f"[{i + 1}/{len(prompts)}] {prompt.task:8} without {without.tokens:4} ({without.finish}) "
+                f"with {with_.tokens:4} ({with_.early_stop or with_.finish})",
+                flush=True,
+            )
     finally:
         await registry.close()
     report(rows, shipped, saved_metric(metrics), time.perf_counter() - started, args.threads)
     if args.json:
-        args.json.write_text(json.dumps([{"task": p.task, "json_mode": p.json_mode, "prompt": p.text,
-                                          "without": {**vars(a), "deltas": a.deltas}, "with": vars(b)}
-                                         for p, a, b in rows], indent=1))  # fmt: skip
+        args.json.write_text(
+            json.dumps(
+                [
+                    {
+                        "task": p.task,
+                        "json_mode": p.json_mode,
+                        "prompt": p.text,
+                        "without": {**vars(a), "deltas": a.deltas},
+                        "with": vars(b),
+                    }
+                    for p, a, b in rows
+                ],
+                indent=1,
+            )
+        )
 
 
-def report(rows: list[tuple[Prompt, Answer, Answer]], tasks: dict[str, TaskPolicy], metric: float, seconds: float,
-           threads: int) -> None:  # fmt: skip
+def report(
+    rows: list[tuple[Prompt, Answer, Answer]], tasks: dict[str, TaskPolicy], metric: float, seconds: float, threads: int
+) -> None:
     def cap(p: Prompt) -> int:
         return tasks[p.task].max_tokens
 
-    print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores; SmolLM2-135M-Instruct Q4_1, llama.cpp "
-          f"{threads} thread(s); {len(rows)} prompts; temperature 0; {seconds:.0f} s")  # fmt: skip
+    print(
+        f"\nmachine: {platform.machine()}, {os.cpu_count()} cores; SmolLM2-135M-Instruct Q4_1, llama.cpp "
+        f"{threads} thread(s); {len(rows)} prompts; temperature 0; {seconds:.0f} s"
+    )
     print("\n| task | prompts | decode tokens without | with | saved | early stops | changed | cut short |")
     print("|---|---|---|---|---|---|---|---|")
     groups = [("chat", False), ("extract", False), ("extract", True), ("reason", False), ("batch", False)]

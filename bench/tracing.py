@@ -82,9 +82,20 @@ async def pipeline(n: int, traced: bool) -> float:
     from laneway.usage import UsageRecorder
 
     registry = EngineRegistry()
-    await registry.load([DeploymentSpec(1, "sim-1", "sim", "sim", {"decode_ms_base": 0.0, "decode_ms_per_seq": 0.0,
-                                                      "prefill_ms_per_token": 0.0, "max_concurrency": 64},
-                                        "sim", "sim", 4096)])  # fmt: skip
+    await registry.load(
+        [
+            DeploymentSpec(
+                1,
+                "sim-1",
+                "sim",
+                "sim",
+                {"decode_ms_base": 0.0, "decode_ms_per_seq": 0.0, "prefill_ms_per_token": 0.0, "max_concurrency": 64},
+                "sim",
+                "sim",
+                4096,
+            )
+        ]
+    )
     gw = Gateway(registry, PolicyStore(None), sinks=[UsageRecorder(None, interval_s=3600)])  # type: ignore[arg-type]
     tenant = TenantSnapshot(id=1, name="acme", api_key_id=1)
     tracer = None
@@ -135,11 +146,20 @@ def main() -> None:
     args = parser.parse_args()
     data = Path(tempfile.mkdtemp(prefix="laneway-bench-tracing-"))
     url = f"sqlite+aiosqlite:///{data / 'laneway.db'}"
-    keys = asyncio.run(seed(url, models={"sim": sim_model("sim", decode_ms_base=0.0, decode_ms_per_seq=0.0,
-                                                    prefill_ms_per_token=0.0, max_concurrency=64)},
-                            tenants={"acme": {}}))  # fmt: skip
-    base = Settings(data_dir=data, database_url=url, bootstrap_demo=False, shed_loop_delay_s=0,
-                    usage_flush_interval_s=0.5)  # fmt: skip
+    keys = asyncio.run(
+        seed(
+            url,
+            models={
+                "sim": sim_model(
+                    "sim", decode_ms_base=0.0, decode_ms_per_seq=0.0, prefill_ms_per_token=0.0, max_concurrency=64
+                )
+            },
+            tenants={"acme": {}},
+        )
+    )
+    base = Settings(
+        data_dir=data, database_url=url, bootstrap_demo=False, shed_loop_delay_s=0, usage_flush_interval_s=0.5
+    )
     modes: list[tuple[str, Settings]] = [("off", base)]
     traced = "otlp_traces_endpoint" in {f.name for f in dataclasses.fields(Settings)}
     if traced:
@@ -147,9 +167,11 @@ def main() -> None:
         threading.Thread(target=receiver.serve_forever, daemon=True).start()
         endpoint = f"http://127.0.0.1:{receiver.server_address[1]}/v1/traces"
         modes.append(("on", dataclasses.replace(base, otlp_traces_endpoint=endpoint)))
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-          f"laneway from {Path(laneway.__file__).parent}; {args.requests} sequential "
-          f"{'streamed' if args.stream else 'non-streaming'} /v1/completions, 4 tokens, sim engine")  # fmt: skip
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+        f"laneway from {Path(laneway.__file__).parent}; {args.requests} sequential "
+        f"{'streamed' if args.stream else 'non-streaming'} /v1/completions, 4 tokens, sim engine"
+    )
     print(f"{'mode':<6} {'wall us/request':>16} {'CPU us/request':>15}")
     for name, settings in modes:
         wall, cpu = asyncio.run(measure(settings, keys["acme"], args.requests, args.stream))

@@ -21,8 +21,16 @@ WORD = " word"
 
 
 def _response(status: bytes, body: bytes, content_type: bytes = b"application/json") -> bytes:
-    return (b"HTTP/1.1 " + status + b"\r\ncontent-type: " + content_type + b"\r\ncontent-length: "
-            + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
+    return (
+        b"HTTP/1.1 "
+        + status
+        + b"\r\ncontent-type: "
+        + content_type
+        + b"\r\ncontent-length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
 
 
 def _stream_head() -> bytes:
@@ -38,18 +46,38 @@ class Answers:
         self.chunks = chunks
         usage = {"prompt_tokens": 4, "completion_tokens": chunks, "total_tokens": chunks + 4}
         text = WORD * chunks
-        self.completion = _response(b"200 OK", json.dumps({
-            "id": "cmpl-up", "object": "text_completion", "created": 0, "model": "m",
-            "choices": [{"index": 0, "text": text, "finish_reason": "length"}], "usage": usage}).encode())  # fmt: skip
-        self.chat = _response(b"200 OK", json.dumps({
-            "id": "chatcmpl-up", "object": "chat.completion", "created": 0, "model": "m",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
-            "usage": usage}).encode())  # fmt: skip
+        self.completion = _response(
+            b"200 OK",
+            json.dumps(
+                {
+                    "id": "cmpl-up",
+                    "object": "text_completion",
+                    "created": 0,
+                    "model": "m",
+                    "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+                    "usage": usage,
+                }
+            ).encode(),
+        )
+        self.chat = _response(
+            b"200 OK",
+            json.dumps(
+                {
+                    "id": "chatcmpl-up",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": "m",
+                    "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+                    ],
+                    "usage": usage,
+                }
+            ).encode(),
+        )
         self.tokenize = _response(b"200 OK", b'{"count": 4, "max_model_len": 100000, "tokens": [1, 2, 3, 4]}')
         self.models = _response(b"200 OK", b'{"object": "list", "data": [{"id": "m", "object": "model"}]}')
         self.health = _response(b"200 OK", b"")
-        self.metrics = _response(b"200 OK", b"vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n",
-                                 b"text/plain")  # fmt: skip
+        self.metrics = _response(b"200 OK", b"vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n", b"text/plain")
         self.not_found = _response(b"404 Not Found", b'{"error": {"message": "not found"}}')
 
         def events(chat: bool) -> bytes:
@@ -74,8 +102,12 @@ class Answers:
             if stream:
                 return self.chat_stream if chat else self.completion_stream
             return self.chat if chat else self.completion
-        return {b"/tokenize": self.tokenize, b"/v1/models": self.models, b"/health": self.health,
-                b"/metrics": self.metrics}.get(path, self.not_found)  # fmt: skip
+        return {
+            b"/tokenize": self.tokenize,
+            b"/v1/models": self.models,
+            b"/health": self.health,
+            b"/metrics": self.metrics,
+        }.get(path, self.not_found)
 
 
 class Protocol(asyncio.Protocol):

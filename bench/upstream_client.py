@@ -99,8 +99,10 @@ async def run_row(send: Send, body: bytes, requests: int, concurrency: int) -> f
 
 
 async def bench(base: str, args: argparse.Namespace) -> dict[tuple[str, str], list[float]]:
-    clients = {"aiohttp": await aiohttp_client(base, args.concurrency + 8),
-               "http1": await http1_client(base, args.concurrency + 8)}  # fmt: skip
+    clients = {
+        "aiohttp": await aiohttp_client(base, args.concurrency + 8),
+        "http1": await http1_client(base, args.concurrency + 8),
+    }
     out: dict[tuple[str, str], list[float]] = {}
     try:
         for plain, stream, _ in clients.values():  # warm both: connections, caches
@@ -136,9 +138,11 @@ def main() -> None:
         results = uvloop.run(bench(f"http://127.0.0.1:{port}", args))
     finally:
         upstream.terminate()
-    print(f"# bench/upstream_client.py on {platform.node()} ({os.cpu_count()} CPUs, Python "
-          f"{platform.python_version()}, load {os.getloadavg()[0]:.1f}); {args.requests} requests a row, "
-          f"{args.concurrency} in flight, {args.rounds} interleaved rounds; baseline: aiohttp")  # fmt: skip
+    print(
+        f"# bench/upstream_client.py on {platform.node()} ({os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}, load {os.getloadavg()[0]:.1f}); {args.requests} requests a row, "
+        f"{args.concurrency} in flight, {args.rounds} interleaved rounds; baseline: aiohttp"
+    )
     print("\n| kind | client | CPU / request (median) | every round | vs aiohttp |\n|---|---|---|---|---|")
     for kind in ("non-streaming", "16-chunk stream"):
         base = statistics.median(results[("aiohttp", kind)])

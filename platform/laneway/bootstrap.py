@@ -110,8 +110,10 @@ async def bootstrap_demo(settings: Settings, sessions: async_sessionmaker[AsyncS
     # fails in preflight instead.
     unavailable = extras.missing_extra(extras.DEMO_MODEL)
     if unavailable is not None:
-        log.warning("no demo model: %s; add a model (a vLLM deployment, say) at /admin/models or with "
-                    "`laneway model set`", unavailable)  # fmt: skip
+        log.warning(
+            "no demo model: %s; add a model (a vLLM deployment, say) at /admin/models or with `laneway model set`",
+            unavailable,
+        )
     else:
         alias, description, deployment = await demo_model(settings)
     async with sessions() as session, session.begin():

@@ -31,8 +31,16 @@ EXTENSIONS = (
     "structured_outputs",
 )
 CAPABILITIES = (
-    "tools", "json_object", "json_schema", "logprobs", "n", "penalties", "logit_bias", "embeddings", *EXTENSIONS
-)  # fmt: skip
+    "tools",
+    "json_object",
+    "json_schema",
+    "logprobs",
+    "n",
+    "penalties",
+    "logit_bias",
+    "embeddings",
+    *EXTENSIONS,
+)
 # Each extension's value that asks for nothing (the engines' own default): sent with it, a
 # request is plain, so an engine without the extension serves it (SDKs send defaults).
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
@@ -243,8 +251,9 @@ class TenantSnapshot:
     @property
     def budgeted(self) -> bool:
         """A money budget applies to its requests (the tenant's or the key's)."""
-        return bool(self.budget_per_day or self.budget_per_month or self.key_budget_per_day
-                    or self.key_budget_per_month)  # fmt: skip
+        return bool(
+            self.budget_per_day or self.budget_per_month or self.key_budget_per_day or self.key_budget_per_month
+        )
 
     @property
     def key_limited(self) -> bool:

@@ -20,8 +20,9 @@ def cells(out: str, row: str) -> list[str]:
 
 
 def test_the_batch_bench_runs_at_toy_size() -> None:
-    proc = subprocess.run([sys.executable, str(BENCH), *TOY], capture_output=True, text=True, timeout=240,
-                          env=os.environ.copy())  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), *TOY], capture_output=True, text=True, timeout=240, env=os.environ.copy()
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     alone, batch, both, probes = cells(out, "1 "), cells(out, "2 "), cells(out, "3 "), cells(out, "4 ")

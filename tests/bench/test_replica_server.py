@@ -18,15 +18,31 @@ from openai import OpenAI
 from support import free_port, wait_for
 
 SERVER = Path(__file__).resolve().parents[2] / "bench" / "replica_server.py"
-MESSAGES = [{"role": "system", "content": "the of and to in is that it for was on are with as be this have"},
-            {"role": "user", "content": "hello world"}]  # fmt: skip
+MESSAGES = [
+    {"role": "system", "content": "the of and to in is that it for was on are with as be this have"},
+    {"role": "user", "content": "hello world"},
+]
 
 
 @pytest.fixture(scope="module")
 def replica(demo_model_path: Path) -> Iterator[str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(SERVER), "--model", str(demo_model_path), "--port", str(port),
-                             "--served-name", "tiny", "--n-ctx", "512", "--cache-bytes", str(64 << 20)])  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(SERVER),
+            "--model",
+            str(demo_model_path),
+            "--port",
+            str(port),
+            "--served-name",
+            "tiny",
+            "--n-ctx",
+            "512",
+            "--cache-bytes",
+            str(64 << 20),
+        ]
+    )
     url = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
@@ -72,14 +88,20 @@ def test_health_and_the_model_card(replica: str) -> None:
 
 def test_a_streamed_chat_ends_with_its_usage(replica: str) -> None:
     stream = client(replica).chat.completions.create(
-        model="tiny", messages=MESSAGES, max_tokens=4, temperature=0, stream=True,  # type: ignore[arg-type]
-        stream_options={"include_usage": True}, extra_body={"cache_salt": "stream", "some_router_field": 1},
-    )  # fmt: skip
+        model="tiny",
+        messages=MESSAGES,
+        max_tokens=4,
+        temperature=0,
+        stream=True,  # type: ignore[arg-type]
+        stream_options={"include_usage": True},
+        extra_body={"cache_salt": "stream", "some_router_field": 1},
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] in (
-        ["length"], ["stop"]
-    )  # fmt: skip
+        ["length"],
+        ["stop"],
+    )
     usage = chunks[-1].usage
     assert usage is not None and not chunks[-1].choices
     assert usage.prompt_tokens > 10 and 0 < usage.completion_tokens <= 4

@@ -51,20 +51,47 @@ async def test_key_rows_are_typed_as_the_orm_types_them(db_engine: AsyncEngine) 
     through SQLAlchemy gives: datetimes, lists, booleans, floats, on SQLite and PostgreSQL."""
     sessions = make_sessionmaker(db_engine)
     async with sessions() as s, s.begin():
-        await TenantRepository(s).create("typed", weight=2.5, allowed_models=["a", "b"], allowed_lanes=["x"],
-                                         tokens_per_day=10**12, disabled=True, budget_per_month=5 * 10**12)  # fmt: skip
+        await TenantRepository(s).create(
+            "typed",
+            weight=2.5,
+            allowed_models=["a", "b"],
+            allowed_lanes=["x"],
+            tokens_per_day=10**12,
+            disabled=True,
+            budget_per_month=5 * 10**12,
+        )
     expires = datetime.now(UTC) + timedelta(days=1)
     key_id, secret = await issue_key(sessions, "typed", expires_at=expires)
     async with sessions() as s, s.begin():
         await TenantRepository(s).revoke_key(key_id)
         key = await TenantRepository(s).find_key(hash_secret(secret))
         assert key is not None
-        orm = (key.secret_sha256, key.id, key.revoked_at, key.expires_at, key.rpm, key.tpm, key.max_concurrency,
-               key.allowed_models, key.tenant.id, key.tenant.name, key.tenant.weight, key.tenant.rpm, key.tenant.tpm,
-               key.tenant.max_concurrency, key.tenant.allowed_models, key.tenant.allowed_lanes,
-               key.tenant.priority_floor, key.tenant.tokens_per_day, key.tenant.tokens_per_month,
-               key.tenant.disabled, key.tenant.budget_per_day, key.tenant.budget_per_month, key.budget_per_day,
-               key.budget_per_month)  # fmt: skip
+        orm = (
+            key.secret_sha256,
+            key.id,
+            key.revoked_at,
+            key.expires_at,
+            key.rpm,
+            key.tpm,
+            key.max_concurrency,
+            key.allowed_models,
+            key.tenant.id,
+            key.tenant.name,
+            key.tenant.weight,
+            key.tenant.rpm,
+            key.tenant.tpm,
+            key.tenant.max_concurrency,
+            key.tenant.allowed_models,
+            key.tenant.allowed_lanes,
+            key.tenant.priority_floor,
+            key.tenant.tokens_per_day,
+            key.tenant.tokens_per_month,
+            key.tenant.disabled,
+            key.tenant.budget_per_day,
+            key.tenant.budget_per_month,
+            key.budget_per_day,
+            key.budget_per_month,
+        )
     rows = await KeyRows(db_engine)([hash_secret(secret), hash_secret("lw-nobody")])
     assert rows == [orm]
     [row] = rows

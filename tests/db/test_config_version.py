@@ -60,9 +60,21 @@ async def test_every_write_to_the_config_tables_moves_it_and_nothing_else_does(d
         tenant = await tenants.create("acme")
         key = await tenants.add_key(tenant, prefix="lw-x", secret_sha256="a" * 64)
         await tenants.touch_keys([key.id], datetime.now(UTC))
-        await UsageRepository(s).add_many([{"request_id": "r1", "tenant_id": tenant.id, "model": "chat",
-                                            "endpoint": "chat", "stream": False, "status": 200, "prompt_tokens": 1,
-                                            "completion_tokens": 1, "created_at": datetime.now(UTC)}])  # fmt: skip
+        await UsageRepository(s).add_many(
+            [
+                {
+                    "request_id": "r1",
+                    "tenant_id": tenant.id,
+                    "model": "chat",
+                    "endpoint": "chat",
+                    "stream": False,
+                    "status": 200,
+                    "prompt_tokens": 1,
+                    "completion_tokens": 1,
+                    "created_at": datetime.now(UTC),
+                }
+            ]
+        )
     assert not await moved()
 
 
@@ -83,8 +95,9 @@ async def test_the_poll_reloads_only_when_it_moved(db_engine: AsyncEngine) -> No
     async def apply() -> None:
         applied.append(await config_version(db_engine))
 
-    poll = ConfigPoll(lambda: config_version(db_engine), apply, seen=await config_version(db_engine),
-                      unsettled=lambda: unsettled[0])  # fmt: skip
+    poll = ConfigPoll(
+        lambda: config_version(db_engine), apply, seen=await config_version(db_engine), unsettled=lambda: unsettled[0]
+    )
     for _ in range(3):
         assert await poll.refresh() is False
     assert applied == []

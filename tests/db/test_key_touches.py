@@ -16,8 +16,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 
 def usage(i: int, key_id: int) -> dict[str, Any]:
-    return {"request_id": f"r{i}", "tenant_id": 1, "api_key_id": key_id, "model": "m", "endpoint": "chat",
-            "stream": False, "status": 200, "prompt_tokens": 1, "completion_tokens": 1}  # fmt: skip
+    return {
+        "request_id": f"r{i}",
+        "tenant_id": 1,
+        "api_key_id": key_id,
+        "model": "m",
+        "endpoint": "chat",
+        "stream": False,
+        "status": 200,
+        "prompt_tokens": 1,
+        "completion_tokens": 1,
+    }
 
 
 async def test_a_key_used_twice_within_a_minute_is_touched_once(db_engine: AsyncEngine) -> None:

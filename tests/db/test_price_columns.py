@@ -14,8 +14,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 async def test_an_alias_from_before_is_not_priced_until_one_is_set(db_engine: AsyncEngine) -> None:
     await migrate.downgrade(db_engine, "0009")
     async with db_engine.begin() as conn:
-        await conn.execute(text("INSERT INTO models (alias, description, enabled, fallbacks, created_at) "
-                                "VALUES ('old', '', true, '[]', CURRENT_TIMESTAMP)"))  # fmt: skip
+        await conn.execute(
+            text(
+                "INSERT INTO models (alias, description, enabled, fallbacks, created_at) "
+                "VALUES ('old', '', true, '[]', CURRENT_TIMESTAMP)"
+            )
+        )
     await migrate.upgrade(db_engine)
     sessions = make_sessionmaker(db_engine)
     store = PolicyStore(sessions)

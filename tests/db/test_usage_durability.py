@@ -17,8 +17,17 @@ from support import PrivatePostgres, until
 
 
 def usage(i: int, **extra: Any) -> dict[str, Any]:
-    return {"request_id": f"r{i}", "tenant_id": 1, "model": "m", "endpoint": "chat", "stream": False,
-            "status": 200, "prompt_tokens": 1, "completion_tokens": 1, **extra}  # fmt: skip
+    return {
+        "request_id": f"r{i}",
+        "tenant_id": 1,
+        "model": "m",
+        "endpoint": "chat",
+        "stream": False,
+        "status": 200,
+        "prompt_tokens": 1,
+        "completion_tokens": 1,
+        **extra,
+    }
 
 
 async def stored(engine: AsyncEngine) -> list[str]:

@@ -18,9 +18,17 @@ NOW = datetime(2026, 12, 4, 12, 0, 0, tzinfo=UTC)
 
 
 def _row(tenant_id: int, at: datetime, **fields: object) -> dict[str, object]:
-    base: dict[str, object] = {"request_id": f"r{random.random()}", "created_at": at, "tenant_id": tenant_id,
-                               "model": "m", "endpoint": "chat", "status": 200, "prompt_tokens": 3,
-                               "completion_tokens": 5, "ttft_ms": None}  # fmt: skip
+    base: dict[str, object] = {
+        "request_id": f"r{random.random()}",
+        "created_at": at,
+        "tenant_id": tenant_id,
+        "model": "m",
+        "endpoint": "chat",
+        "status": 200,
+        "prompt_tokens": 3,
+        "completion_tokens": 5,
+        "ttft_ms": None,
+    }
     return {**base, **fields}
 
 
@@ -53,8 +61,11 @@ async def test_summary_buckets_errors_and_exact_percentiles(db_engine: AsyncEngi
         if ttft is not None:
             ttft_by_bucket.setdefault(bucket, []).append(ttft)
     # Outside the period or another tenant's: never counted.
-    rows += [_row(acme, start - timedelta(seconds=1), ttft_ms=1.0), _row(acme, NOW, ttft_ms=1.0),
-             _row(other, NOW - timedelta(minutes=5), ttft_ms=1.0)]  # fmt: skip
+    rows += [
+        _row(acme, start - timedelta(seconds=1), ttft_ms=1.0),
+        _row(acme, NOW, ttft_ms=1.0),
+        _row(other, NOW - timedelta(minutes=5), ttft_ms=1.0),
+    ]
     async with sessions() as s, s.begin():
         await UsageRepository(s).add_many(rows)
 

@@ -27,8 +27,9 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     browser_or_skip()
     seed = {"models": {"sim": sim_model("sim")}, "tenants": {"acme": {}, "globex": {}}}
     # No runner: the test answers the lines itself, through the store, to watch the page follow.
-    gateway = start_gateway(tmp_path_factory.mktemp("batches-ui"), seed_with=seed, admin_password=PASSWORD,
-                            batch_runner=False)  # fmt: skip
+    gateway = start_gateway(
+        tmp_path_factory.mktemp("batches-ui"), seed_with=seed, admin_password=PASSWORD, batch_runner=False
+    )
     yield gateway
     gateway.stop()
 
@@ -53,8 +54,16 @@ def on_store(gw: Gateway, work):  # type: ignore[no-untyped-def]
 
 async def create(store: BatchStore, tenant_id: int, n: int, answered: int = 0) -> str:
     items = [(f"req-{i}", json.dumps({"model": "sim", "messages": []})) for i in range(n)]
-    batch = await store.create_batch(tenant_id, "k" * 64, "/v1/chat/completions", "file-in", "24h", None,
-                                     datetime.now(UTC) + timedelta(days=1), items)  # fmt: skip
+    batch = await store.create_batch(
+        tenant_id,
+        "k" * 64,
+        "/v1/chat/completions",
+        "file-in",
+        "24h",
+        None,
+        datetime.now(UTC) + timedelta(days=1),
+        items,
+    )
     await answer(store, batch.id, answered)
     return batch.id
 

@@ -27,8 +27,10 @@ CONSOLE: list[str] = []  # what the browser logged, across the module's tests
 def _browser_or_skip() -> None:
     if os.path.exists(CHROMIUM):
         return
-    unavailable("Chromium is not installed (apt-get install chromium) - browser tests skipped",
-                "Chromium is not installed (CI=true: .ci/run installs Debian's chromium)")  # fmt: skip
+    unavailable(
+        "Chromium is not installed (apt-get install chromium) - browser tests skipped",
+        "Chromium is not installed (CI=true: .ci/run installs Debian's chromium)",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +55,16 @@ def page(server: ServerThread) -> Iterator[object]:
         browser = pw.chromium.launch(
             executable_path=CHROMIUM,
             headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-        )  # fmt: skip
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
         context = browser.new_context(base_url=server.base_url, accept_downloads=True)
         # Report every Content-Security-Policy violation (Chromium also logs "Refused to ...").
         context.add_init_script(
@@ -225,8 +234,9 @@ def test_usage_page_and_csv_match_requests_made_with_the_sdk(
     refused = 0
     for i in range(7):  # rpm 5: the last two are 429s, and count as errors
         try:
-            client.chat.completions.create(model="sim", messages=[{"role": "user", "content": f"q{i}"}],
-                                           max_tokens=2 + i, user="e2e, \"quoted\"")  # fmt: skip
+            client.chat.completions.create(
+                model="sim", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=2 + i, user='e2e, "quoted"'
+            )
         except openai.RateLimitError:
             refused += 1
     assert refused == 2
@@ -335,10 +345,17 @@ def test_a_rejected_form_keeps_its_values_and_disabling_asks_first(
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", entry.locator("time").inner_text())
 
 
-PHONE_PAGES = [("dashboard", "/admin/dashboard"), ("tenants", "/admin/tenants"), ("tenant", "/admin/tenants/1"),
-               ("usage", "/admin/tenants/1/usage"), ("policies", "/admin/policies"), ("models", "/admin/models"),
-               ("audit", "/admin/audit"), ("model", "/admin/models/alias?name=sim"),
-               ("route", "/admin/route")]  # fmt: skip
+PHONE_PAGES = [
+    ("dashboard", "/admin/dashboard"),
+    ("tenants", "/admin/tenants"),
+    ("tenant", "/admin/tenants/1"),
+    ("usage", "/admin/tenants/1/usage"),
+    ("policies", "/admin/policies"),
+    ("models", "/admin/models"),
+    ("audit", "/admin/audit"),
+    ("model", "/admin/models/alias?name=sim"),
+    ("route", "/admin/route"),
+]
 
 
 def test_every_page_fits_a_390px_screen(server: ServerThread, page: object, shots: Path) -> None:

@@ -21,10 +21,18 @@ LANES = [{"name": "interactive", "match_stream": True, "max_concurrency": 4}, {"
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory, pg_database_module: str) -> Iterator[tuple[Gateway, Gateway]]:
     browser_or_skip()
-    seed = {"models": {"chat": sim_model("chat", max_concurrency=8)}, "lanes": LANES, "tenants": {"acme": {}},
-            "tasks": [{"task": "chat", "max_tokens": 300, "stop": ["###"]}]}  # fmt: skip
-    settings: dict[str, Any] = {"database_url": pg_database_module, "admin_password": PASSWORD,
-                                "policy_poll_interval_s": 3600, "usage_flush_interval_s": 0.05}  # fmt: skip
+    seed = {
+        "models": {"chat": sim_model("chat", max_concurrency=8)},
+        "lanes": LANES,
+        "tenants": {"acme": {}},
+        "tasks": [{"task": "chat", "max_tokens": 300, "stop": ["###"]}],
+    }
+    settings: dict[str, Any] = {
+        "database_url": pg_database_module,
+        "admin_password": PASSWORD,
+        "policy_poll_interval_s": 3600,
+        "usage_flush_interval_s": 0.05,
+    }
     a = start_gateway(tmp_path_factory.mktemp("a"), seed_with=seed, **settings)
     b = start_gateway(tmp_path_factory.mktemp("b"), **settings)
     b.keys = a.keys

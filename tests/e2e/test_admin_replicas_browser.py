@@ -43,8 +43,9 @@ def test_a_vllm_replica_is_added_through_its_typed_form_drained_and_removed(
 
     def ask(n: int) -> None:
         for i in range(n):  # new conversations: the rendezvous hash spreads them over the replicas
-            client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"Conversation {i}?"}],
-                                           max_tokens=2)  # fmt: skip
+            client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": f"Conversation {i}?"}], max_tokens=2
+            )
 
     console: list[str] = []
     with chromium_page(gw.base_url, console) as page:

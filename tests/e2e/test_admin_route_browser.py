@@ -16,10 +16,15 @@ from support.browser import browser_or_skip, chromium_page, doc_shot, log_in, no
 from support.usage import written_rows
 
 PASSWORD = "correct horse battery"
-LANES = [{"name": "interactive", "match_stream": True, "match_max_prompt_tokens": 120, "max_concurrency": 4},
-         {"name": "bulk", "match_tasks": ["summarize"]}, {"name": "standard"}]  # fmt: skip
-TASKS = [{"task": "chat", "max_tokens": 300, "long_prompt_tokens": 100, "long_prompt_max_tokens": 40, "stop": ["###"]},
-         {"task": "summarize", "max_tokens": 120}]  # fmt: skip
+LANES = [
+    {"name": "interactive", "match_stream": True, "match_max_prompt_tokens": 120, "max_concurrency": 4},
+    {"name": "bulk", "match_tasks": ["summarize"]},
+    {"name": "standard"},
+]
+TASKS = [
+    {"task": "chat", "max_tokens": 300, "long_prompt_tokens": 100, "long_prompt_max_tokens": 40, "stop": ["###"]},
+    {"task": "summarize", "max_tokens": 120},
+]
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +85,14 @@ def test_the_route_tester_agrees_with_real_requests_of_the_same_shape(setup: tup
                 doc_shot(page, "route")
 
         # A pasted body, with its own max_tokens: the same answer as the request itself.
-        pasted = {"model": "m", "messages": [{"role": "system", "content": "Be brief."},
-                                             {"role": "user", "content": "Summarize: " + words(50)}],
-                  "max_tokens": 90}  # fmt: skip
+        pasted = {
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Summarize: " + words(50)},
+            ],
+            "max_tokens": 90,
+        }
         form = page.locator("#paste")
         form.get_by_label("Tenant").fill("acme")
         form.get_by_label("Body (JSON)").fill(json.dumps(pasted))

@@ -19,8 +19,16 @@ from support.recording_proxy import RecordingProxy
 
 def _llama(name: str, model_path: Path, max_model_len: int, **config: Any) -> list[dict[str, Any]]:
     config = {"model_path": str(model_path), "parallel": 2, "demo": True, **config}
-    return [{"name": name, "engine_kind": "llamacpp", "quantization": "f32", "gpu_type": "cpu",
-             "max_model_len": max_model_len, "config": config}]  # fmt: skip
+    return [
+        {
+            "name": name,
+            "engine_kind": "llamacpp",
+            "quantization": "f32",
+            "gpu_type": "cpu",
+            "max_model_len": max_model_len,
+            "config": config,
+        }
+    ]
 
 
 def _seed_with(model_path: Path) -> dict[str, Any]:
@@ -55,8 +63,9 @@ def _seed_with(model_path: Path) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def gateway(tmp_path_factory: pytest.TempPathFactory, demo_model_path: Path) -> Iterator[Gateway]:
     data = tmp_path_factory.mktemp("gateway")
-    gateway = start_gateway(data, seed_with=_seed_with(demo_model_path), usage_flush_interval_s=0.05,
-                            auth_cache_ttl_s=0.2)  # fmt: skip
+    gateway = start_gateway(
+        data, seed_with=_seed_with(demo_model_path), usage_flush_interval_s=0.05, auth_cache_ttl_s=0.2
+    )
     yield gateway
     gateway.stop()
 

@@ -89,8 +89,15 @@ def test_edits_apply_to_the_running_gateway_and_are_audited(server: ServerThread
 
     audit = admin.get("/audit").json()
     actions = [(e["action"], e["entity"]) for e in audit]
-    for expected in [("create", "tenant"), ("issue", "api_key"), ("update", "tenant"), ("create", "task"),
-                     ("create", "lane"), ("update", "model"), ("revoke", "api_key")]:  # fmt: skip
+    for expected in [
+        ("create", "tenant"),
+        ("issue", "api_key"),
+        ("update", "tenant"),
+        ("create", "task"),
+        ("create", "lane"),
+        ("update", "model"),
+        ("revoke", "api_key"),
+    ]:
         assert expected in actions, expected
     rpm_change = next(e for e in audit if e["entity"] == "tenant" and e["before"] and e["before"]["rpm"] == 100)
     assert rpm_change["after"]["rpm"] == 1 and rpm_change["actor"] == "admin"

@@ -40,8 +40,9 @@ class Clock:
 
 async def make_batch(store: BatchStore, tenant_id: int, n: int = 2) -> str:
     items = [(f"req-{i}", json.dumps({"model": "m", "messages": [], "n": i})) for i in range(n)]
-    created = await store.create_batch(tenant_id, "k" * 64, "/v1/chat/completions", "file-in", "24h", None,
-                                       START + timedelta(days=30), items)  # fmt: skip
+    created = await store.create_batch(
+        tenant_id, "k" * 64, "/v1/chat/completions", "file-in", "24h", None, START + timedelta(days=30), items
+    )
     return created.id
 
 
@@ -150,8 +151,9 @@ async def test_an_audit_row_that_cannot_be_written_undoes_the_cancel(env: Env) -
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     seed = {"models": {"sim": sim_model("sim")}, "tenants": {"acme": {}, "other": {}}}  # ready once sim is warm
     # No runner: the batches stay as the tests made them.
-    gateway = start_gateway(tmp_path_factory.mktemp("batches"), seed_with=seed, admin_password=PASSWORD,
-                            batch_runner=False)  # fmt: skip
+    gateway = start_gateway(
+        tmp_path_factory.mktemp("batches"), seed_with=seed, admin_password=PASSWORD, batch_runner=False
+    )
     yield gateway
     gateway.stop()
 

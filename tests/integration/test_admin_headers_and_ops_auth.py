@@ -12,26 +12,39 @@ import pytest
 from laneway.admin.ui import ADMIN_UI_DIR
 from support import Gateway, sim_model, start_gateway
 
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
-       "base-uri 'none'; form-action 'self'")  # fmt: skip
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
+    "base-uri 'none'; form-action 'self'"
+)
 TOKEN = "metrics-s3cret"
 
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    gw = start_gateway(tmp_path_factory.mktemp("headers"), seed_with={"models": {"sim": sim_model("sim")}},
-                       admin_password="correct horse battery", metrics_token=TOKEN)  # fmt: skip
+    gw = start_gateway(
+        tmp_path_factory.mktemp("headers"),
+        seed_with={"models": {"sim": sim_model("sim")}},
+        admin_password="correct horse battery",
+        metrics_token=TOKEN,
+    )
     yield gw
     gw.stop()
 
 
 @pytest.mark.parametrize(
     ("method", "path", "status"),
-    [("GET", "/admin/login", 200), ("GET", "/admin/", 303), ("GET", "/admin/tenants", 303),
-     ("GET", "/admin/api/tenants", 401), ("POST", "/admin/api/login", 400),
-     ("GET", "/admin/static/htmx.min.js", 200), ("GET", "/admin/static/admin.css", 200),
-     ("GET", "/admin/no-such-page", 404), ("GET", "/admin/static/nope.js", 404)],
-)  # fmt: skip
+    [
+        ("GET", "/admin/login", 200),
+        ("GET", "/admin/", 303),
+        ("GET", "/admin/tenants", 303),
+        ("GET", "/admin/api/tenants", 401),
+        ("POST", "/admin/api/login", 400),
+        ("GET", "/admin/static/htmx.min.js", 200),
+        ("GET", "/admin/static/admin.css", 200),
+        ("GET", "/admin/no-such-page", 404),
+        ("GET", "/admin/static/nope.js", 404),
+    ],
+)
 def test_every_admin_response_carries_the_security_headers(gw: Gateway, method: str, path: str, status: int) -> None:
     r = httpx.request(method, gw.base_url + path, content=b"{" if method == "POST" else None)
     assert r.status_code == status

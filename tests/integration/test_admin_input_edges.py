@@ -39,10 +39,19 @@ def gw(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory)
         name = f"lw_edges_{uuid.uuid4().hex[:10]}"
         asyncio.run(_admin_sql(f'CREATE DATABASE "{name}"'))
         url = PG_URL.rsplit("/", 1)[0] + f"/{name}"
-    seed = {"models": {"sim": sim_model("sim", decode_ms_base=0.2)}, "lanes": LANES,
-            "tasks": [{"task": "chat", "max_tokens": 64, "stop": ["###"]}], "tenants": {"acme": {}}}  # fmt: skip
-    gw = start_gateway(tmp_path_factory.mktemp(request.param), database_url=url, seed_with=seed,
-                       admin_password=PASSWORD, auth_cache_ttl_s=30)  # fmt: skip
+    seed = {
+        "models": {"sim": sim_model("sim", decode_ms_base=0.2)},
+        "lanes": LANES,
+        "tasks": [{"task": "chat", "max_tokens": 64, "stop": ["###"]}],
+        "tenants": {"acme": {}},
+    }
+    gw = start_gateway(
+        tmp_path_factory.mktemp(request.param),
+        database_url=url,
+        seed_with=seed,
+        admin_password=PASSWORD,
+        auth_cache_ttl_s=30,
+    )
     yield gw
     gw.stop()
     if url is not None:
@@ -91,10 +100,17 @@ def tenant(admin: httpx.Client, name: str = "acme") -> dict[str, Any]:
 def test_pages_out_of_range_are_400_in_the_api_and_clamped_in_the_ui(
     admin: httpx.Client, ui: tuple[httpx.Client, str]
 ) -> None:
-    for params, param in [({"page": str(10**20)}, "page"), ({"page": "0"}, "page"), ({"page": "-1"}, "page"),
-                          ({"page": "two"}, "page"), ({"per_page": "0"}, "per_page"),
-                          ({"per_page": "201"}, "per_page"), ({"per_page": "-5"}, "per_page"),
-                          ({"q": "a\x00b"}, "q"), ({"q": "\x1b[31m"}, "q")]:  # fmt: skip
+    for params, param in [
+        ({"page": str(10**20)}, "page"),
+        ({"page": "0"}, "page"),
+        ({"page": "-1"}, "page"),
+        ({"page": "two"}, "page"),
+        ({"per_page": "0"}, "per_page"),
+        ({"per_page": "201"}, "per_page"),
+        ({"per_page": "-5"}, "per_page"),
+        ({"q": "a\x00b"}, "q"),
+        ({"q": "\x1b[31m"}, "q"),
+    ]:
         refused(admin.get("/tenants", params=params), param)
     ok = admin.get("/tenants", params={"page": "1000000", "per_page": "200"})
     assert ok.status_code == 200 and ok.json()["data"] == []
@@ -118,12 +134,20 @@ def test_tenant_edits_refuse_bad_bodies_and_change_nothing(admin: httpx.Client, 
         r = admin.patch(url, content=body)
         assert r.status_code == 400, body
         assert r.json()["error"]["code"] in ("invalid_json", "invalid_request"), body
-    for body, param in [({"rmp": 5}, "rmp"), ({"rpm": 10**20}, "rpm"), ({"rpm": 0}, "rpm"),
-                        ({"weight": None}, "weight"), ({"name": "ac\x00me"}, "name"), ({"name": ""}, "name"),
-                        ({"name": "x" * 121}, "name"), ({"allowed_models": ["sim", "b\x00"]}, "allowed_models[1]"),
-                        ({"allowed_lanes": ["batch\n"]}, "allowed_lanes[0]"),
-                        ({"priority_floor": None}, "priority_floor"), ({"priority_floor": -5000}, "priority_floor"),
-                        ({"disabled": "yes"}, "disabled")]:  # fmt: skip
+    for body, param in [
+        ({"rmp": 5}, "rmp"),
+        ({"rpm": 10**20}, "rpm"),
+        ({"rpm": 0}, "rpm"),
+        ({"weight": None}, "weight"),
+        ({"name": "ac\x00me"}, "name"),
+        ({"name": ""}, "name"),
+        ({"name": "x" * 121}, "name"),
+        ({"allowed_models": ["sim", "b\x00"]}, "allowed_models[1]"),
+        ({"allowed_lanes": ["batch\n"]}, "allowed_lanes[0]"),
+        ({"priority_floor": None}, "priority_floor"),
+        ({"priority_floor": -5000}, "priority_floor"),
+        ({"disabled": "yes"}, "disabled"),
+    ]:
         refused(admin.patch(url, json=body), param)
     refused(admin.patch(url, content=b'{"weight": 1e400}'), "weight")
     refused(admin.post("/tenants", json={"name": "new\x00tenant"}), "name")
@@ -153,8 +177,9 @@ def test_expires_days_must_be_a_number_of_days_above_zero(
     message = refused(r, "expires_days")
     assert message.startswith("expires_days must be a number of days greater than 0")
     browser, csrf = ui
-    r = browser.post(f"/admin/tenants/{tid}/keys", data={"csrf_token": csrf, "name": "k",
-                                                         "expires_days": raw.decode().strip('"')})  # fmt: skip
+    r = browser.post(
+        f"/admin/tenants/{tid}/keys", data={"csrf_token": csrf, "name": "k", "expires_days": raw.decode().strip('"')}
+    )
     assert r.status_code == 400 and 'id="key-error"' in r.text and "greater than 0" in r.text
     assert len(admin.get(f"/tenants/{tid}/keys").json()) == keys  # nothing issued
 
@@ -182,8 +207,10 @@ def test_a_put_sets_exactly_the_fields_it_names(gw: Gateway, admin: httpx.Client
     for path, param in (("/lanes/a%00b", "name"), ("/lanes/" + "l" * 61, "name"), ("/tasks/t%01", "task")):
         refused(admin.put(path, json={"max_concurrency": 2} if "lanes" in path else {"max_tokens": 5}), param)
     assert admin.put("/tasks/chat", json={"max_tokens": 50}).json()["stop"] == ["###"]
-    assert admin.put("/tasks/chat", json={"stop": None}).json() == {**admin.put("/tasks/chat", json={}).json(),
-                                                                    "stop": []}  # fmt: skip
+    assert admin.put("/tasks/chat", json={"stop": None}).json() == {
+        **admin.put("/tasks/chat", json={}).json(),
+        "stop": [],
+    }
 
     # The UI form sends every field: an emptied rule clears it; an emptied limit is refused.
     browser, csrf = ui
@@ -210,10 +237,13 @@ def _form_value(v: Any) -> str:
 
 def test_nul_in_names_is_refused_everywhere(gw: Gateway, admin: httpx.Client) -> None:
     refused(admin.put("/models/si%00m", json={"deployments": []}), "alias")
-    refused(admin.put("/models/sim", json={"deployments": [{"name": "a\x00", "engine_kind": "sim"}]}),
-            "deployments[0].name")  # fmt: skip
-    refused(admin.put("/models/sim", json={"deployments": [{"name": "a", "engine_kind": "sim", "gpu_type": "\x00"}]}),
-            "deployments[0].gpu_type")  # fmt: skip
+    refused(
+        admin.put("/models/sim", json={"deployments": [{"name": "a\x00", "engine_kind": "sim"}]}), "deployments[0].name"
+    )
+    refused(
+        admin.put("/models/sim", json={"deployments": [{"name": "a", "engine_kind": "sim", "gpu_type": "\x00"}]}),
+        "deployments[0].gpu_type",
+    )
     refused(httpx.post(gw.base_url + "/admin/api/login", json={"username": "\x00", "password": PASSWORD}), "username")
 
 
@@ -230,18 +260,26 @@ def _model_rows(gw: Gateway) -> list[Any]:
     [
         ({"name": "bad", "engine_kind": "nope"}, "deployments[0].engine_kind", "Unknown engine kind 'nope'"),
         ({"name": "bad", "engine_kind": "llamacpp"}, "deployments[0]", "needs config key 'model_path'"),
-        ({"name": "bad", "engine_kind": "llamacpp", "config": {"model_path": "/nonexistent/model.gguf"}},
-         "deployments[0]", "model file not found"),
-        ({"name": "bad", "engine_kind": "vllm", "config": {"base_url": "http://127.0.0.1:{port}"}},
-         "deployments[0]", "is not healthy"),
+        (
+            {"name": "bad", "engine_kind": "llamacpp", "config": {"model_path": "/nonexistent/model.gguf"}},
+            "deployments[0]",
+            "model file not found",
+        ),
+        (
+            {"name": "bad", "engine_kind": "vllm", "config": {"base_url": "http://127.0.0.1:{port}"}},
+            "deployments[0]",
+            "is not healthy",
+        ),
         ({"name": "bad", "engine_kind": "sim", "config": {"max_concurrency": "many"}}, "deployments[0]", "many"),
     ],
-)  # fmt: skip
+)
 def test_a_model_whose_engine_cannot_start_changes_nothing(
     gw: Gateway, admin: httpx.Client, ui: tuple[httpx.Client, str], deployment: dict[str, Any], param: str, reason: str
 ) -> None:
-    deployment = {**deployment, "config": {k: str(v).replace("{port}", str(free_port()))
-                                           for k, v in deployment.get("config", {}).items()}}  # fmt: skip
+    deployment = {
+        **deployment,
+        "config": {k: str(v).replace("{port}", str(free_port())) for k, v in deployment.get("config", {}).items()},
+    }
     registry = gw.gateway.registry
     serving = registry.resolve("sim")
     rows = _model_rows(gw)
@@ -250,8 +288,14 @@ def test_a_model_whose_engine_cannot_start_changes_nothing(
     error = r.json()["error"]
     assert r.status_code == 400 and error["param"] == param.replace("[0]", "[1]") and reason in error["message"], error
     browser, csrf = ui  # the alias page's typed form of the engine kind, one input per config key
-    form = {"csrf_token": csrf, "alias": "sim", "name": deployment["name"], "kind": deployment["engine_kind"],
-            "max_model_len": "2048", **{f"config.{k}": v for k, v in deployment.get("config", {}).items()}}  # fmt: skip
+    form = {
+        "csrf_token": csrf,
+        "alias": "sim",
+        "name": deployment["name"],
+        "kind": deployment["engine_kind"],
+        "max_model_len": "2048",
+        **{f"config.{k}": v for k, v in deployment.get("config", {}).items()},
+    }
     r = browser.post("/admin/models/replicas/add", data=form)
     assert r.status_code == 400 and reason.replace("'", "&#39;") in r.text, r.text
     assert _model_rows(gw) == rows  # the database
@@ -259,16 +303,25 @@ def test_a_model_whose_engine_cannot_start_changes_nothing(
     assert not registry.failed and not registry.rejected
     assert httpx.get(gw.base_url + "/health/ready").status_code == 200
     chat = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    assert httpx.post(gw.api_url + "/chat/completions", json=chat,
-                      headers={"Authorization": f"Bearer {gw.keys['acme']}"}).status_code == 200  # fmt: skip
+    assert (
+        httpx.post(
+            gw.api_url + "/chat/completions", json=chat, headers={"Authorization": f"Bearer {gw.keys['acme']}"}
+        ).status_code
+        == 200
+    )
 
 
 def test_a_good_model_edit_starts_its_engines_once(gw: Gateway, admin: httpx.Client) -> None:
     registry = gw.gateway.registry
-    refused(admin.put("/models/other", json={"deployments": [{"name": "sim-sim", "engine_kind": "sim"}]}),
-            "deployments[0].name", code="conflict", status=409)  # fmt: skip
-    refused(admin.put("/models/sim", json={"deployments": [{"name": "a", "engine_kind": "sim"}] * 2}),
-            "deployments[1].name")  # fmt: skip
+    refused(
+        admin.put("/models/other", json={"deployments": [{"name": "sim-sim", "engine_kind": "sim"}]}),
+        "deployments[0].name",
+        code="conflict",
+        status=409,
+    )
+    refused(
+        admin.put("/models/sim", json={"deployments": [{"name": "a", "engine_kind": "sim"}] * 2}), "deployments[1].name"
+    )
     r = admin.put(
         "/models/sim", json={"deployments": [{"name": "sim-b", "engine_kind": "sim", "config": {"max_concurrency": 3}}]}
     )
@@ -302,8 +355,10 @@ def test_a_tenant_picks_a_lane_only_once_granted(
     browser, csrf = ui
     page = browser.get(f"/admin/tenants/{acme['id']}")
     assert 'name="allowed_lanes"' in page.text and 'value="batch"' in page.text and 'id="grants-help"' in page.text
-    r = browser.post(f"/admin/tenants/{acme['id']}", data={"csrf_token": csrf, "weight": "1", "allowed_lanes": "",
-                                                            "priority_floor": ""})  # fmt: skip
+    r = browser.post(
+        f"/admin/tenants/{acme['id']}",
+        data={"csrf_token": csrf, "weight": "1", "allowed_lanes": "", "priority_floor": ""},
+    )
     assert r.status_code == 200 and "Saved" in r.text
     assert (tenant(admin)["allowed_lanes"], tenant(admin)["priority_floor"]) == (None, 0)
     r = api.post("/chat/completions", json=chat, headers={"X-Laneway-Lane": "batch"})

@@ -54,8 +54,12 @@ def test_sixteen_attackers_neither_stall_the_loop_nor_fail_a_normal_client(gw: G
     chat = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     assert normal.post("/v1/chat/completions", headers=headers, json=chat).status_code == 200  # warm
 
-    attackers = subprocess.Popen([sys.executable, str(ATTACKER_SCRIPT), gw.base_url, str(ATTACKERS)],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    attackers = subprocess.Popen(
+        [sys.executable, str(ATTACKER_SCRIPT), gw.base_url, str(ATTACKERS)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert attackers.stdout is not None and attackers.stdout.readline().strip() == "started"
         attack_started = time.monotonic()
@@ -64,8 +68,11 @@ def test_sixteen_attackers_neither_stall_the_loop_nor_fail_a_normal_client(gw: G
         # this test process's heap, attack or not) stops every thread and is not measured here.
         gc.collect()
         ticks = len(runtime.loop_lag.samples)
-        wait_for(lambda: len(runtime.loop_lag.samples) >= min(ticks + 3, runtime.loop_lag.samples.maxlen or 0),
-                 within=5, what="the loop-lag monitor to sample past the collection")  # fmt: skip
+        wait_for(
+            lambda: len(runtime.loop_lag.samples) >= min(ticks + 3, runtime.loop_lag.samples.maxlen or 0),
+            within=5,
+            what="the loop-lag monitor to sample past the collection",
+        )
         shedder = runtime.shedder  # a load shedder, if any, has seen that pause: let it pass
         if shedder is not None:
             wait_for(lambda: not shedder.overloaded(), within=5, what="the shedder's hold to end")
@@ -88,8 +95,10 @@ def test_sixteen_attackers_neither_stall_the_loop_nor_fail_a_normal_client(gw: G
     result = json.loads(out.strip().splitlines()[-1])
     statuses = Counter({int(k): v for k, v in result["statuses"].items()})
     report = {k: (round(statistics.median(v) * 1000, 1), round(max(v) * 1000, 1)) for k, v in latencies.items()}
-    print(f"\nworst loop lag {worst_lag * 1000:.1f} ms; p50/max ms {report}; attacker statuses {dict(statuses)}; "
-          f"verifier refused {runtime.login_guard.verifier.refused}")  # fmt: skip
+    print(
+        f"\nworst loop lag {worst_lag * 1000:.1f} ms; p50/max ms {report}; attacker statuses {dict(statuses)}; "
+        f"verifier refused {runtime.login_guard.verifier.refused}"
+    )
     assert not result["bad"], result["bad"]  # every 429 had a Retry-After and the OpenAI shape
     assert statuses[429] > statuses[401] > 0  # most are refused without any hashing
     # ... and late (the tarpit): a few attempts a second per attacker, not hundreds.
@@ -140,8 +149,12 @@ def test_retry_after_doubles_with_every_further_failure(gw: Gateway) -> None:
             if round_ < 2:
                 # Wait out the lock (polling, not sleeping a guess): the first probe let through
                 # is one more failure from this address, so the next lock is twice as long.
-                wait_for(lambda: login(c, "nobody-" + uuid.uuid4().hex, "x" * 10).status_code != 429, within=10,
-                         step=0.05, what="the lock to expire")  # fmt: skip
+                wait_for(
+                    lambda: login(c, "nobody-" + uuid.uuid4().hex, "x" * 10).status_code != 429,
+                    within=10,
+                    step=0.05,
+                    what="the lock to expire",
+                )
         assert seen[0] == 1 and seen[1] > seen[0] and seen[2] > seen[1], seen
         assert throttle.throttled >= 3
 
@@ -178,10 +191,12 @@ def test_a_full_verification_backlog_answers_429_without_hashing(gw: Gateway) ->
 
 def test_login_input_is_checked_before_anything_else(gw: Gateway) -> None:
     with client(gw, "127.0.0.8") as c:
-        for body, param in (({"username": "ad\x00min", "password": PASSWORD}, "username"),
-                            ({"username": "a" * 121, "password": PASSWORD}, "username"),
-                            ({"username": "admin", "password": "p" * 2000}, "password"),
-                            ({"username": "admin"}, "password")):  # fmt: skip
+        for body, param in (
+            ({"username": "ad\x00min", "password": PASSWORD}, "username"),
+            ({"username": "a" * 121, "password": PASSWORD}, "username"),
+            ({"username": "admin", "password": "p" * 2000}, "password"),
+            ({"username": "admin"}, "password"),
+        ):
             r = c.post("/admin/api/login", json=body)
             assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
         assert c.post("/admin/api/login", content=b"{nope").json()["error"]["code"] == "invalid_json"

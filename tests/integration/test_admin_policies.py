@@ -12,8 +12,11 @@ import pytest
 from support import Gateway, sim_model, start_gateway
 
 PASSWORD = "correct horse battery"
-LANES = [{"name": "interactive", "match_stream": True, "max_concurrency": 4},
-         {"name": "batch", "match_tasks": ["batch"]}, {"name": "standard"}]  # fmt: skip
+LANES = [
+    {"name": "interactive", "match_stream": True, "max_concurrency": 4},
+    {"name": "batch", "match_tasks": ["batch"]},
+    {"name": "standard"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -78,12 +81,28 @@ def test_the_page_adds_moves_and_deletes_a_lane(
     gw: Gateway, admin: httpx.Client, page: tuple[httpx.Client, str]
 ) -> None:
     browser, csrf = page
-    r = browser.post("/lanes", data={"csrf_token": csrf, "name": "short", "match_max_prompt_tokens": "100",
-                                     "max_concurrency": "", "queue_timeout_s": "0"})  # fmt: skip
+    r = browser.post(
+        "/lanes",
+        data={
+            "csrf_token": csrf,
+            "name": "short",
+            "match_max_prompt_tokens": "100",
+            "max_concurrency": "",
+            "queue_timeout_s": "0",
+        },
+    )
     assert r.status_code == 400 and "queue_timeout_s must be a number, greater than 0." in r.text
     assert 'id="error-new-lane-queue_timeout_s"' in r.text and 'value="100"' in r.text  # beside it; typed kept
-    r = browser.post("/lanes", data={"csrf_token": csrf, "name": "short", "match_max_prompt_tokens": "100",
-                                     "max_concurrency": "", "queue_timeout_s": ""})  # fmt: skip
+    r = browser.post(
+        "/lanes",
+        data={
+            "csrf_token": csrf,
+            "name": "short",
+            "match_max_prompt_tokens": "100",
+            "max_concurrency": "",
+            "queue_timeout_s": "",
+        },
+    )
     assert r.status_code == 200 and "Added the lane short" in r.text
     assert lanes_now(gw)[-1] == "short"  # last, with the defaults for what was left blank
     assert gw.server.runtime.policies.current.lane("short").max_concurrency == 4
@@ -104,8 +123,13 @@ def test_stops_are_edited_as_a_list_and_a_task_policy_is_added_and_deleted(
     gw: Gateway, admin: httpx.Client, page: tuple[httpx.Client, str]
 ) -> None:
     browser, csrf = page
-    form = {"csrf_token": csrf, "max_tokens": "200", "long_prompt_tokens": "", "long_prompt_max_tokens": "",
-            "stop": ["###", "a, b", ""]}  # one box per stop  # fmt: skip
+    form = {
+        "csrf_token": csrf,
+        "max_tokens": "200",
+        "long_prompt_tokens": "",
+        "long_prompt_max_tokens": "",
+        "stop": ["###", "a, b", ""],
+    }  # one box per stop
     r = browser.post("/tasks/chat", data=form)
     assert r.status_code == 200 and "Saved chat" in r.text
     assert gw.server.runtime.policies.current.tasks["chat"].stop == ("###", "a, b")  # a comma is a stop's own

@@ -21,8 +21,11 @@ PASSWORD = "correct horse battery"
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    seed = {"models": {"m": sim_model("m", max_concurrency=4)}, "lanes": [{"name": "standard"}],
-            "tenants": {"acme": {}}}  # fmt: skip
+    seed = {
+        "models": {"m": sim_model("m", max_concurrency=4)},
+        "lanes": [{"name": "standard"}],
+        "tenants": {"acme": {}},
+    }
     gateway = start_gateway(tmp_path_factory.mktemp("replicas"), seed_with=seed, admin_password=PASSWORD)
     yield gateway
     gateway.stop()
@@ -43,8 +46,9 @@ def admin(gw: Gateway) -> tuple[httpx.Client, httpx.Client, str]:
 
 def ask(gw: Gateway) -> int:
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    return httpx.post(gw.api_url + "/chat/completions", json=chat,
-                      headers={"Authorization": f"Bearer {gw.keys['acme']}"}).status_code  # fmt: skip
+    return httpx.post(
+        gw.api_url + "/chat/completions", json=chat, headers={"Authorization": f"Bearer {gw.keys['acme']}"}
+    ).status_code
 
 
 def served(gw: Gateway) -> dict[str, Any]:
@@ -55,8 +59,16 @@ def test_a_replica_is_added_by_its_engines_typed_form_and_one_that_cannot_start_
     gw: Gateway, admin: tuple[httpx.Client, httpx.Client, str], vllm: VLLMStandIn
 ) -> None:
     api, page, csrf = admin
-    form = {"csrf_token": csrf, "alias": "m", "kind": "vllm", "name": "m-vllm", "config.base_url": vllm.base_url,
-            "config.model": "m", "config.metrics_poll_s": "0.05", "config.max_concurrency": "3"}  # fmt: skip
+    form = {
+        "csrf_token": csrf,
+        "alias": "m",
+        "kind": "vllm",
+        "name": "m-vllm",
+        "config.base_url": vllm.base_url,
+        "config.model": "m",
+        "config.metrics_poll_s": "0.05",
+        "config.max_concurrency": "3",
+    }
     dead = {**form, "name": "m-dead", "config.base_url": f"http://127.0.0.1:{free_port()}"}
     r = page.post("/models/replicas/add", data=dead)
     assert r.status_code == 400 and 'id="error-config-base_url"' in r.text and "is not healthy" in r.text
@@ -67,7 +79,11 @@ def test_a_replica_is_added_by_its_engines_typed_form_and_one_that_cannot_start_
     assert r.status_code == 200 and "Added m-vllm (vllm)." in r.text, r.text
     config = served(gw)["m-vllm"].spec.config  # typed by the engine's struct: numbers are numbers
     assert {k: config[k] for k in ("base_url", "model", "metrics_poll_s", "max_concurrency")} == {
-        "base_url": vllm.base_url, "model": "m", "metrics_poll_s": 0.05, "max_concurrency": 3}  # fmt: skip
+        "base_url": vllm.base_url,
+        "model": "m",
+        "metrics_poll_s": 0.05,
+        "max_concurrency": 3,
+    }
     assert "m-vllm" in gw.gateway.registry.warm
     assert 'id="replica-m-vllm" data-state="warm" data-health="healthy"' in r.text
     entry = api.get("/audit", params={"limit": 1}).json()[0]
@@ -100,8 +116,14 @@ def test_a_replicas_engine_is_swapped_after_the_new_one_is_warm(
 ) -> None:
     api, page, csrf = admin
     before = len(vllm.requests)
-    form = {"csrf_token": csrf, "alias": "m", "name": "m-sim", "kind": "vllm", "config.base_url": vllm.base_url,
-            "config.model": "m"}  # fmt: skip
+    form = {
+        "csrf_token": csrf,
+        "alias": "m",
+        "name": "m-sim",
+        "kind": "vllm",
+        "config.base_url": vllm.base_url,
+        "config.model": "m",
+    }
     r = page.post("/models/replicas/swap", data={**form, "config.base_url": f"http://127.0.0.1:{free_port()}"})
     assert r.status_code == 400 and "is not healthy" in r.text and served(gw)["m-sim"].spec.engine_kind == "sim"
     r = page.post("/models/replicas/swap", data=form)
@@ -115,8 +137,9 @@ def test_a_replicas_engine_is_swapped_after_the_new_one_is_warm(
 
 def test_a_drain_reaches_another_gateway_replica_in_place(pg_database: str, tmp_path: Path) -> None:
     def replica(name: str) -> ServerThread:
-        settings = in_process_settings(data_dir=tmp_path / name, database_url=pg_database, admin_password=PASSWORD,
-                                       policy_poll_interval_s=3600)  # fmt: skip
+        settings = in_process_settings(
+            data_dir=tmp_path / name, database_url=pg_database, admin_password=PASSWORD, policy_poll_interval_s=3600
+        )
         return ServerThread(create_app(settings)).start(wait_ready=True)
 
     asyncio.run(seed(pg_database, models={"m": sim_model("m") + sim_model("n")}))  # replicas m-sim, n-sim

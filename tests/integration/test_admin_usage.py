@@ -28,9 +28,12 @@ WEIRD_USER = 'ann, "the analyst"'  # a comma and quotes: the CSV must quote them
 @pytest.fixture(params=["sqlite", "postgres"])
 def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Gateway]:
     url = request.getfixturevalue("pg_database") if request.param == "postgres" else None
-    gw = start_gateway(tmp_path, database_url=url, admin_password=PASSWORD,
-                       seed_with={"models": {"sim": sim_model("sim")},
-                                  "tenants": {"acme": {"rpm": 4}, "other": {}}})  # fmt: skip
+    gw = start_gateway(
+        tmp_path,
+        database_url=url,
+        admin_password=PASSWORD,
+        seed_with={"models": {"sim": sim_model("sim")}, "tenants": {"acme": {"rpm": 4}, "other": {}}},
+    )
     try:
         yield gw
     finally:
@@ -47,8 +50,12 @@ def _traffic(gw: Gateway) -> None:
     acme = openai.OpenAI(base_url=gw.api_url, api_key=gw.keys["acme"], max_retries=0)
     for i in range(6):  # rpm 4: two of them get 429
         try:
-            acme.chat.completions.create(model="sim", messages=[{"role": "user", "content": f"hi {i}"}],
-                                         max_tokens=3 + i, user=WEIRD_USER if i == 0 else "=HYPERLINK(1)")  # fmt: skip
+            acme.chat.completions.create(
+                model="sim",
+                messages=[{"role": "user", "content": f"hi {i}"}],
+                max_tokens=3 + i,
+                user=WEIRD_USER if i == 0 else "=HYPERLINK(1)",
+            )
         except openai.RateLimitError:
             pass
     openai.OpenAI(base_url=gw.api_url, api_key=gw.keys["other"], max_retries=0).chat.completions.create(
@@ -92,8 +99,9 @@ def test_usage_page_and_csv_match_the_rows(gateway: Gateway) -> None:
     with admin.stream("GET", f"/admin/tenants/{tenant_id}/usage.csv?period=hour") as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/csv")
-        assert re.fullmatch(r'attachment; filename="usage-acme-hour-\d{8}T\d{6}Z\.csv"',
-                            response.headers["content-disposition"])  # fmt: skip
+        assert re.fullmatch(
+            r'attachment; filename="usage-acme-hour-\d{8}T\d{6}Z\.csv"', response.headers["content-disposition"]
+        )
         assert "content-length" not in response.headers  # streamed, not built first
         body = response.read().decode()
     parsed = list(csv.DictReader(io.StringIO(body)))
@@ -102,7 +110,10 @@ def test_usage_page_and_csv_match_the_rows(gateway: Gateway) -> None:
     for p in parsed:
         r = by_id[p["request_id"]]
         assert (int(p["status"]), int(p["prompt_tokens"]), int(p["completion_tokens"])) == (
-            r.status, r.prompt_tokens, r.completion_tokens)  # fmt: skip
+            r.status,
+            r.prompt_tokens,
+            r.completion_tokens,
+        )
         assert p["error_code"] == (r.error_code or "")
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", p["created_at"])
     assert parsed[0]["end_user"] == WEIRD_USER  # quoted on the way out, intact on the way back
@@ -112,9 +123,17 @@ def test_usage_page_and_csv_match_the_rows(gateway: Gateway) -> None:
 def test_periods_bound_the_rows_and_bad_input_is_refused(gateway: Gateway) -> None:
     _traffic(gateway)
     tenant_id = gateway.usage_rows("acme")[0].tenant_id
-    old = {"request_id": "from-yesterday", "created_at": datetime.now(UTC) - timedelta(hours=3),
-           "tenant_id": tenant_id, "model": "sim", "endpoint": "chat", "status": 200, "prompt_tokens": 1000,
-           "completion_tokens": 1, "ttft_ms": 5.0}  # fmt: skip
+    old = {
+        "request_id": "from-yesterday",
+        "created_at": datetime.now(UTC) - timedelta(hours=3),
+        "tenant_id": tenant_id,
+        "model": "sim",
+        "endpoint": "chat",
+        "status": 200,
+        "prompt_tokens": 1000,
+        "completion_tokens": 1,
+        "ttft_ms": 5.0,
+    }
 
     async def write_old_row() -> None:
         engine = make_engine(gateway.database_url)
@@ -168,8 +187,16 @@ def test_a_rejected_tenant_form_keeps_what_was_typed(gateway: Gateway) -> None:
     admin = _admin(gateway)
     page = admin.get("/admin/tenants/1").text
     csrf = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
-    sent = {"csrf_token": csrf, "weight": "2.5", "rpm": "0", "tpm": "5000", "max_concurrency": "",
-            "allowed_models": "sim, other", "allowed_lanes": "", "priority_floor": "0"}  # fmt: skip
+    sent = {
+        "csrf_token": csrf,
+        "weight": "2.5",
+        "rpm": "0",
+        "tpm": "5000",
+        "max_concurrency": "",
+        "allowed_models": "sim, other",
+        "allowed_lanes": "",
+        "priority_floor": "0",
+    }
     answer = admin.post("/admin/tenants/1", data=sent)
     assert answer.status_code == 400
     field = re.search(r'<div class="field invalid" id="field-rpm">.*?</div>', answer.text, re.S)
@@ -187,8 +214,10 @@ def test_a_rejected_tenant_form_keeps_what_was_typed(gateway: Gateway) -> None:
     # Nothing was saved.
     assert re.search(r'name="rpm"[^>]*value="4"', admin.get("/admin/tenants/1").text)
 
-    created = admin.post("/admin/tenants", data={"csrf_token": csrf, "name": "acme", "weight": "3", "rpm": "17",
-                                                  "tpm": "", "max_concurrency": "2"})  # fmt: skip
+    created = admin.post(
+        "/admin/tenants",
+        data={"csrf_token": csrf, "name": "acme", "weight": "3", "rpm": "17", "tpm": "", "max_concurrency": "2"},
+    )
     assert created.status_code >= 400  # acme exists
     assert re.search(r'name="name"[^>]*value="acme"', created.text) and re.search(
         r'name="rpm"[^>]*value="17"', created.text

@@ -46,9 +46,14 @@ def _check_exactly_once(c: openai.OpenAI, done: Any) -> None:
 def test_a_replica_sigkilled_mid_batch_loses_nothing(tmp_path: Path, pg_database: str) -> None:
     models = {"slow": sim_model("slow", decode_ms_base=60.0, max_concurrency=2)}
     keys = asyncio.run(seed(pg_database, models=models, tenants={"acme": {}}))
-    env = {**os.environ, "LANEWAY_DATABASE_URL": pg_database, "LANEWAY_BOOTSTRAP_DEMO": "false",
-           "LANEWAY_BATCH_LEASE_S": "2", "LANEWAY_BATCH_POLL_INTERVAL_S": "0.1",
-           "LANEWAY_USAGE_FLUSH_INTERVAL_S": "0.05"}  # fmt: skip
+    env = {
+        **os.environ,
+        "LANEWAY_DATABASE_URL": pg_database,
+        "LANEWAY_BOOTSTRAP_DEMO": "false",
+        "LANEWAY_BATCH_LEASE_S": "2",
+        "LANEWAY_BATCH_POLL_INTERVAL_S": "0.1",
+        "LANEWAY_USAGE_FLUSH_INTERVAL_S": "0.05",
+    }
     victim, _ = serve({**env, "LANEWAY_DATA_DIR": str(tmp_path / "a")})
     survivor, port_b = serve({**env, "LANEWAY_DATA_DIR": str(tmp_path / "b")})
     try:
@@ -56,8 +61,11 @@ def test_a_replica_sigkilled_mid_batch_loses_nothing(tmp_path: Path, pg_database
         batch = run_batch(c, _lines())
 
         def victim_holds_lines() -> bool:
-            rows = _query(pg_database, "SELECT count(*) FROM batch_items WHERE state = 'running' "
-                          "AND lease_owner LIKE :owner", owner=f"%-{victim.pid}-%")  # fmt: skip
+            rows = _query(
+                pg_database,
+                "SELECT count(*) FROM batch_items WHERE state = 'running' AND lease_owner LIKE :owner",
+                owner=f"%-{victim.pid}-%",
+            )
             done = _query(pg_database, "SELECT count(*) FROM batch_items WHERE state = 'succeeded'")
             return rows[0][0] > 0 and done[0][0] >= 4
 
@@ -94,10 +102,16 @@ def test_a_stopped_gateway_hands_its_lines_back_and_a_new_one_finishes_the_batch
 
 def test_sigterm_stops_claiming_and_the_drain_writes_what_ran(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'laneway.db'}"
-    keys = asyncio.run(seed(url, models={"slow": sim_model("slow", decode_ms_base=40.0, max_concurrency=2)},
-                            tenants={"acme": {}}))  # fmt: skip
-    env = {**os.environ, "LANEWAY_DATA_DIR": str(tmp_path), "LANEWAY_DATABASE_URL": url,
-           "LANEWAY_BOOTSTRAP_DEMO": "false", "LANEWAY_BATCH_POLL_INTERVAL_S": "0.1"}  # fmt: skip
+    keys = asyncio.run(
+        seed(url, models={"slow": sim_model("slow", decode_ms_base=40.0, max_concurrency=2)}, tenants={"acme": {}})
+    )
+    env = {
+        **os.environ,
+        "LANEWAY_DATA_DIR": str(tmp_path),
+        "LANEWAY_DATABASE_URL": url,
+        "LANEWAY_BOOTSTRAP_DEMO": "false",
+        "LANEWAY_BATCH_POLL_INTERVAL_S": "0.1",
+    }
     proc, port = serve(env)
     try:
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=keys["acme"], max_retries=0)

@@ -25,9 +25,14 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         "slow": sim_model("slow", decode_ms_base=400.0, max_concurrency=1),
         "embed": sim_model("embed", embeddings=True, embed_ms=1),
     }
-    g = start_gateway(tmp_path_factory.mktemp("batches"), seed_with={"models": models, "tenants": TENANTS},
-                      usage_flush_interval_s=0.05, batch_poll_interval_s=0.1, batch_max_lines=20,
-                      batch_max_file_bytes=64 * 1024)  # fmt: skip
+    g = start_gateway(
+        tmp_path_factory.mktemp("batches"),
+        seed_with={"models": models, "tenants": TENANTS},
+        usage_flush_interval_s=0.05,
+        batch_poll_interval_s=0.1,
+        batch_max_lines=20,
+        batch_max_file_bytes=64 * 1024,
+    )
     yield g
     g.stop()
 
@@ -103,17 +108,31 @@ def _refusal(exc: pytest.ExceptionInfo[openai.APIStatusError]) -> dict[str, Any]
         (jsonl([chat_line("a", "fast", "x"), chat_line("a", "fast", "y")]), 400, "appears twice"),
         (jsonl([chat_line("a", "nope", "x")]), 404, "does not exist"),
         (jsonl([chat_line("a", "fast", "x", stream=True)]), 400, "streamed"),
-        (jsonl([{"custom_id": "a", "method": "GET", "url": "/v1/chat/completions", "body": {"model": "fast"}}]), 400,
-         "POST"),
+        (
+            jsonl([{"custom_id": "a", "method": "GET", "url": "/v1/chat/completions", "body": {"model": "fast"}}]),
+            400,
+            "POST",
+        ),
         (jsonl([{"custom_id": "a", "url": "/v1/chat/completions", "body": {}}]), 400, "method"),
         (jsonl(chat_line(f"l{i}", "fast", "x") for i in range(21)), 400, "at most 20"),
         (b"line with a NUL \x00 byte\n", 400, "NUL"),
         (jsonl([chat_line("a\u0000b", "fast", "x")]), 400, "control characters"),
         (jsonl([chat_line("a", "fast", "x"), chat_line("b", "slow", "x")]), 400, "one model"),
     ],
-    ids=["not-jsonl", "url-mismatch", "duplicate-custom-id", "unknown-model", "stream", "method", "missing-field",
-         "too-many-lines", "nul", "nul-custom-id", "two-models"],
-)  # fmt: skip
+    ids=[
+        "not-jsonl",
+        "url-mismatch",
+        "duplicate-custom-id",
+        "unknown-model",
+        "stream",
+        "method",
+        "missing-field",
+        "too-many-lines",
+        "nul",
+        "nul-custom-id",
+        "two-models",
+    ],
+)
 def test_a_bad_input_file_is_refused_at_create(gw: Gateway, content: bytes, status: int, needle: str) -> None:
     c = client(gw)
     file_id = upload(c, content)
@@ -152,9 +171,13 @@ def test_a_tenant_sees_only_its_own_files_and_batches(gw: Gateway) -> None:
     mine, theirs = client(gw), client(gw, "other")
     batch = run_batch(mine, jsonl([chat_line("a", "fast", "x")]))
     file_id = batch.input_file_id
-    for call in (lambda: theirs.files.retrieve(file_id), lambda: theirs.files.content(file_id),
-                 lambda: theirs.files.delete(file_id), lambda: theirs.batches.retrieve(batch.id),
-                 lambda: theirs.batches.cancel(batch.id)):  # fmt: skip
+    for call in (
+        lambda: theirs.files.retrieve(file_id),
+        lambda: theirs.files.content(file_id),
+        lambda: theirs.files.delete(file_id),
+        lambda: theirs.batches.retrieve(batch.id),
+        lambda: theirs.batches.cancel(batch.id),
+    ):
         with pytest.raises(openai.NotFoundError):
             call()
     assert file_id not in [f.id for f in theirs.files.list()]
@@ -191,8 +214,9 @@ def test_list_pages_and_cancel(gw: Gateway) -> None:
 
 def test_a_batch_past_its_window_expires_with_what_it_finished(tmp_path: Path) -> None:
     models = {"slow": sim_model("slow", decode_ms_base=150.0, max_concurrency=1)}
-    g = start_gateway(tmp_path, seed_with={"models": models, "tenants": {"acme": {}}}, batch_poll_interval_s=0.1,
-                      batch_window_s=2.0)  # fmt: skip
+    g = start_gateway(
+        tmp_path, seed_with={"models": models, "tenants": {"acme": {}}}, batch_poll_interval_s=0.1, batch_window_s=2.0
+    )
     try:
         c = client(g)
         batch = run_batch(c, jsonl(chat_line(f"e{i}", "slow", "x", max_tokens=4) for i in range(20)))
@@ -223,8 +247,9 @@ def test_a_tenant_at_its_limits_waits_and_no_line_fails(tmp_path: Path) -> None:
     """A tenant allowed one request at a time: the runner's second line is refused 429
     (concurrency) and waits for the Retry-After; the batch completes with no failure."""
     models = {"fast": sim_model("fast", decode_ms_base=20.0, max_concurrency=4)}
-    g = start_gateway(tmp_path, seed_with={"models": models, "tenants": {"single": {"max_concurrency": 1}}},
-                      batch_poll_interval_s=0.1)  # fmt: skip
+    g = start_gateway(
+        tmp_path, seed_with={"models": models, "tenants": {"single": {"max_concurrency": 1}}}, batch_poll_interval_s=0.1
+    )
     try:
         c = client(g, "single")
         done = wait_ended(c, run_batch(c, jsonl(chat_line(f"w{i}", "fast", "x", max_tokens=4) for i in range(6))).id)
@@ -239,8 +264,9 @@ def test_tenants_batches_share_the_engine_fairly(tmp_path: Path) -> None:
     """One slot; a big batch first, a small one from another tenant just after: the small one
     is served in turns beside the big one (weighted fair order), not behind all of it."""
     models = {"one": sim_model("one", decode_ms_base=15.0, max_concurrency=1)}
-    g = start_gateway(tmp_path, seed_with={"models": models, "tenants": {"big": {}, "small": {}}},
-                      batch_poll_interval_s=0.05)  # fmt: skip
+    g = start_gateway(
+        tmp_path, seed_with={"models": models, "tenants": {"big": {}, "small": {}}}, batch_poll_interval_s=0.05
+    )
     try:
         big, small = client(g, "big"), client(g, "small")
         first = run_batch(big, jsonl(chat_line(f"b{i}", "one", "x", max_tokens=4) for i in range(24)))
@@ -262,8 +288,11 @@ def test_a_live_request_takes_a_slot_back_from_a_batch_at_once(tmp_path: Path) -
     try:
         c = client(g)
         batch = run_batch(c, jsonl(chat_line(f"p{i}", "two", "x", max_tokens=50) for i in range(4)))
-        wait_for(lambda: g.gateway.scheduler(g.gateway.registry.resolve("two")).running.get("batch") == 2,
-                 within=20, what="batch lines on both slots")  # fmt: skip
+        wait_for(
+            lambda: g.gateway.scheduler(g.gateway.registry.resolve("two")).running.get("batch") == 2,
+            within=20,
+            what="batch lines on both slots",
+        )
         started = time.perf_counter()
         answer = c.chat.completions.create(model="two", messages=[{"role": "user", "content": "now"}], max_tokens=2)
         assert answer.choices[0].message.content is not None

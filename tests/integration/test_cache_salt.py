@@ -35,15 +35,28 @@ def ask_everything(client: openai.OpenAI, alias: str, tag: str) -> None:
     for i, extra in enumerate((CLIENT_SALT, {})):
         headers = {"X-Request-Id": f"{tag}-{i}"}
         messages = [{"role": "user", "content": "the same long system prompt and a question"}]
-        client.chat.completions.create(model=alias, messages=messages, max_tokens=2,  # type: ignore[arg-type]
-                                       extra_body=extra, extra_headers=headers)  # fmt: skip
-        streamed = client.chat.completions.create(model=alias, messages=messages, max_tokens=2, stream=True,  # type: ignore[arg-type]
-                                                  extra_body=extra, extra_headers=headers)  # fmt: skip
+        client.chat.completions.create(
+            model=alias,
+            messages=messages,
+            max_tokens=2,  # type: ignore[arg-type]
+            extra_body=extra,
+            extra_headers=headers,
+        )
+        streamed = client.chat.completions.create(
+            model=alias,
+            messages=messages,
+            max_tokens=2,
+            stream=True,  # type: ignore[arg-type]
+            extra_body=extra,
+            extra_headers=headers,
+        )
         assert [c for c in streamed]
-        client.completions.create(model=alias, prompt="the same prompt", max_tokens=2, extra_body=extra,
-                                  extra_headers=headers)  # fmt: skip
-        client.responses.create(model=alias, input="the same input", max_output_tokens=16, extra_body=extra,
-                                extra_headers=headers)  # fmt: skip
+        client.completions.create(
+            model=alias, prompt="the same prompt", max_tokens=2, extra_body=extra, extra_headers=headers
+        )
+        client.responses.create(
+            model=alias, input="the same input", max_output_tokens=16, extra_body=extra, extra_headers=headers
+        )
 
 
 async def test_each_tenant_reaches_vllm_with_its_own_salt_never_the_clients(
@@ -55,16 +68,18 @@ async def test_each_tenant_reaches_vllm_with_its_own_salt_never_the_clients(
         "m-extra": vllm("m-extra-vllm", standin.base_url, extra_body={"cache_salt": "from-the-deployment"}),
         "sim": sim_model("sim"),
     }
-    gw: Gateway = await asyncio.to_thread(start_gateway, tmp_path, seed_with={"models": models,
-                                          "tenants": {"acme": {}, "globex": {}}})  # fmt: skip
+    gw: Gateway = await asyncio.to_thread(
+        start_gateway, tmp_path, seed_with={"models": models, "tenants": {"acme": {}, "globex": {}}}
+    )
     try:
         clients = {t: openai.OpenAI(base_url=gw.api_url, api_key=gw.keys[t], max_retries=0) for t in ("acme", "globex")}
         for tenant, client in clients.items():
             await asyncio.to_thread(ask_everything, client, "m", tenant)
             await asyncio.to_thread(ask_everything, client, "m-extra", f"{tenant}.extra")
             # Other engine kinds take no salt: the client's is dropped there too, not refused.
-            answer = await asyncio.to_thread(clients[tenant].completions.create, model="sim", prompt="hi",
-                                             max_tokens=2, extra_body=CLIENT_SALT)  # fmt: skip
+            answer = await asyncio.to_thread(
+                clients[tenant].completions.create, model="sim", prompt="hi", max_tokens=2, extra_body=CLIENT_SALT
+            )
             assert answer.choices[0].text is not None
         bodies = await asyncio.to_thread(standin.bodies)
     finally:

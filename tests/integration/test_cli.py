@@ -101,8 +101,11 @@ def test_tenant_grants_and_key_expiry_are_validated_like_the_admin_api(cli, tmp_
     with sqlite3.connect(tmp_path / "laneway.db") as db:
         lanes, floor = db.execute("SELECT allowed_lanes, priority_floor FROM tenants WHERE name = 'ops'").fetchone()
     assert (json.loads(lanes), floor) == (["batch", "interactive"], -5)
-    for args, field in ((["--priority-floor", "-5000"], "priority_floor"), (["--lanes", "bad\tlane"], "allowed_lanes"),
-                        (["--rpm", "0"], "rpm")):  # fmt: skip
+    for args, field in (
+        (["--priority-floor", "-5000"], "priority_floor"),
+        (["--lanes", "bad\tlane"], "allowed_lanes"),
+        (["--rpm", "0"], "rpm"),
+    ):
         failed = cli("tenant", "create", "other", *args, check=False)
         assert failed.returncode == 1 and failed.stderr.startswith(f"laneway: {field}"), failed.stderr
         assert len(failed.stderr.strip().splitlines()) == 1
@@ -119,12 +122,19 @@ def test_tenant_grants_and_key_expiry_are_validated_like_the_admin_api(cli, tmp_
 
 @pytest.mark.parametrize(
     ("setting", "value", "said"),
-    [("LANEWAY_ADMIN_PASSWORD", "short", "LANEWAY_ADMIN_PASSWORD must have at least 10 characters"),
-     ("LANEWAY_DEMO_MODEL", "gpt-5", "LANEWAY_DEMO_MODEL must be tiny or smollm2, not 'gpt-5'")],
-)  # fmt: skip
+    [
+        ("LANEWAY_ADMIN_PASSWORD", "short", "LANEWAY_ADMIN_PASSWORD must have at least 10 characters"),
+        ("LANEWAY_DEMO_MODEL", "gpt-5", "LANEWAY_DEMO_MODEL must be tiny or smollm2, not 'gpt-5'"),
+    ],
+)
 def test_a_setting_that_cannot_work_is_one_line_not_a_traceback(cli, setting: str, value: str, said: str) -> None:  # type: ignore[no-untyped-def]
-    out = subprocess.run([EXE, "serve"], env={**cli.env, setting: value, "LANEWAY_PORT": str(free_port())},
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [EXE, "serve"],
+        env={**cli.env, setting: value, "LANEWAY_PORT": str(free_port())},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 1
     assert out.stderr.strip() == f"laneway: {said}", out.stderr
 
@@ -172,11 +182,14 @@ def test_cli_refusals_are_one_line_with_status_1_and_usage_errors_status_2(cli) 
         (["tenant", "create", "acme"], "laneway: A tenant named 'acme' exists.", cli.env),
         (["admin", "create", "root"], None, env),
         (["admin", "create", "root"], "laneway: An admin named 'root' exists.", env),
-        (["admin", "create", "short"], "laneway: An admin password needs at least 10 characters.",
-         {**cli.env, "LANEWAY_NEW_ADMIN_PASSWORD": "short"}),
+        (
+            ["admin", "create", "short"],
+            "laneway: An admin password needs at least 10 characters.",
+            {**cli.env, "LANEWAY_NEW_ADMIN_PASSWORD": "short"},
+        ),
         (["key", "revoke", "999"], "laneway: No api_key with id 999.", cli.env),
         (["model", "set", "m", "--engine", "sim", "--config", "{nope"], "laneway: --config is not JSON", cli.env),
-    ]  # fmt: skip
+    ]
     for args, said, run_env in cases:
         out = subprocess.run([EXE, *args], env=run_env, capture_output=True, text=True, timeout=60)
         if said is None:
@@ -200,23 +213,39 @@ def test_cli_changes_are_audited_as_the_cli_user(cli, tmp_path: Path) -> None:  
     with sqlite3.connect(tmp_path / "laneway.db") as db:
         rows = db.execute("SELECT actor, action, entity FROM audit_log ORDER BY id").fetchall()
     actor = f"cli:{getpass.getuser()}"
-    assert rows == [(actor, "create", "tenant"), (actor, "issue", "api_key"), (actor, "revoke", "api_key"),
-                    (actor, "create", "model")]  # fmt: skip
+    assert rows == [
+        (actor, "create", "tenant"),
+        (actor, "issue", "api_key"),
+        (actor, "revoke", "api_key"),
+        (actor, "create", "model"),
+    ]
 
 
 def test_a_cli_change_reaches_a_running_replica_through_notify(cli, pg_database: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """The gateway polls once an hour here: only the CLI's NOTIFY can bring the new model in time."""
-    replica = start_gateway(tmp_path / "replica", database_url=pg_database, policy_poll_interval_s=3600,
-                            seed_with={"models": {"old": sim_model("old")}, "tenants": {"acme": {}}})  # fmt: skip
+    replica = start_gateway(
+        tmp_path / "replica",
+        database_url=pg_database,
+        policy_poll_interval_s=3600,
+        seed_with={"models": {"old": sim_model("old")}, "tenants": {"acme": {}}},
+    )
     try:
         wait_for(lambda: replica.server.runtime.config_changes.connected, what="the replica's LISTEN")
         env = {**cli.env, "LANEWAY_DATABASE_URL": pg_database}
-        subprocess.run([EXE, "model", "set", "fresh", "--engine", "sim", "--config", '{"max_concurrency": 2}'],
-                       env=env, check=True, capture_output=True, timeout=60)  # fmt: skip
+        subprocess.run(
+            [EXE, "model", "set", "fresh", "--engine", "sim", "--config", '{"max_concurrency": 2}'],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         wait_for(lambda: "fresh" in replica.gateway.registry.aliases(), within=10, what="the model set by the CLI")
         client = openai.OpenAI(base_url=replica.api_url, api_key=replica.keys["acme"], max_retries=0)
-        assert client.chat.completions.create(model="fresh", messages=[{"role": "user", "content": "hi"}],
-                                              max_tokens=2).choices[0].message.content  # fmt: skip
+        assert (
+            client.chat.completions.create(model="fresh", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+            .choices[0]
+            .message.content
+        )
     finally:
         replica.stop()
 
@@ -227,13 +256,17 @@ def test_cli_sets_quotas_and_key_limits_through_the_admin_service(cli, tmp_path:
 
     def tenant_row() -> tuple[object, ...]:
         with sqlite3.connect(tmp_path / "laneway.db") as db:
-            return tuple(db.execute("SELECT rpm, tpm, max_concurrency, tokens_per_day, tokens_per_month "
-                                    "FROM tenants WHERE name = 'q'").fetchone())  # fmt: skip
+            return tuple(
+                db.execute(
+                    "SELECT rpm, tpm, max_concurrency, tokens_per_day, tokens_per_month FROM tenants WHERE name = 'q'"
+                ).fetchone()
+            )
 
     def key_row(key_id: str) -> tuple[object, ...]:
         with sqlite3.connect(tmp_path / "laneway.db") as db:
-            rpm, tpm, maxc, models = db.execute("SELECT rpm, tpm, max_concurrency, allowed_models FROM api_keys "
-                                                "WHERE id = ?", (key_id,)).fetchone()  # fmt: skip
+            rpm, tpm, maxc, models = db.execute(
+                "SELECT rpm, tpm, max_concurrency, allowed_models FROM api_keys WHERE id = ?", (key_id,)
+            ).fetchone()
         return rpm, tpm, maxc, models and json.loads(models)
 
     cli("tenant", "create", "q", "--rpm", "100", "--daily-tokens", "5000", "--monthly-tokens", "3000000000")
@@ -252,8 +285,12 @@ def test_cli_sets_quotas_and_key_limits_through_the_admin_service(cli, tmp_path:
     with sqlite3.connect(tmp_path / "laneway.db") as db:
         rows = db.execute("SELECT actor, action, entity, after FROM audit_log ORDER BY id").fetchall()
     actor = f"cli:{getpass.getuser()}"
-    assert [r[:3] for r in rows] == [(actor, "create", "tenant"), (actor, "update", "tenant"),
-                                     (actor, "issue", "api_key"), (actor, "update", "api_key")]  # fmt: skip
+    assert [r[:3] for r in rows] == [
+        (actor, "create", "tenant"),
+        (actor, "update", "tenant"),
+        (actor, "issue", "api_key"),
+        (actor, "update", "api_key"),
+    ]
     assert json.loads(rows[1][3])["tokens_per_day"] is None and json.loads(rows[3][3])["tpm"] == 500
 
 
@@ -269,7 +306,7 @@ def test_cli_limit_refusals_are_one_line_and_change_nothing(cli) -> None:  # typ
         (["key", "set", key_id, "--rpm", "101"], "laneway: rpm 101 is above tenant 'q''s RPM of 100"),
         (["key", "issue", "q", "--max-concurrency", "0"], "laneway: max_concurrency must be a whole number"),
         (["key", "set", "999", "--rpm", "5"], "laneway: No api_key with id 999."),
-    ]  # fmt: skip
+    ]
     for args, said in cases:
         out = cli(*args, check=False)
         assert out.returncode == 1, (args, out.stderr)
@@ -282,8 +319,12 @@ def test_cli_limit_refusals_are_one_line_and_change_nothing(cli) -> None:  # typ
 
 
 def test_a_quota_set_by_the_cli_is_enforced_by_a_running_replica(cli, pg_database: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    replica = start_gateway(tmp_path / "replica", database_url=pg_database, policy_poll_interval_s=3600,
-                            seed_with={"models": {"sim": sim_model("sim")}, "tenants": {"acme": {}}})  # fmt: skip
+    replica = start_gateway(
+        tmp_path / "replica",
+        database_url=pg_database,
+        policy_poll_interval_s=3600,
+        seed_with={"models": {"sim": sim_model("sim")}, "tenants": {"acme": {}}},
+    )
     client = openai.OpenAI(base_url=replica.api_url, api_key=replica.keys["acme"], max_retries=0)
 
     def complete() -> int:
@@ -294,18 +335,31 @@ def test_a_quota_set_by_the_cli_is_enforced_by_a_running_replica(cli, pg_databas
         used = complete()  # counted before any quota: a quota applies to the day's use
         env = {**cli.env, "LANEWAY_DATABASE_URL": pg_database}
         quota = 3 * used
-        subprocess.run([EXE, "tenant", "set", "acme", "--daily-tokens", str(quota)], env=env, check=True,
-                       capture_output=True, timeout=60)  # fmt: skip
-        wait_for(lambda: replica.server.runtime.config_changes.received >= 1, within=10,
-                 what="the replica hearing of the CLI's change")  # fmt: skip
+        subprocess.run(
+            [EXE, "tenant", "set", "acme", "--daily-tokens", str(quota)],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        wait_for(
+            lambda: replica.server.runtime.config_changes.received >= 1,
+            within=10,
+            what="the replica hearing of the CLI's change",
+        )
         used += complete() + complete()  # exactly the quota
         with pytest.raises(openai.RateLimitError) as info:
             complete()
         error = info.value.response.json()["error"]
         assert error["code"] == "quota_exceeded"
         assert f"used {used} of its daily quota of {quota} tokens" in error["message"]
-        subprocess.run([EXE, "tenant", "set", "acme", "--daily-tokens", "none"], env=env, check=True,
-                       capture_output=True, timeout=60)  # fmt: skip
+        subprocess.run(
+            [EXE, "tenant", "set", "acme", "--daily-tokens", "none"],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         wait_for(lambda: replica.server.runtime.config_changes.received >= 2, within=10, what="the second change")
         assert complete() == used // 3  # no quota any more
     finally:

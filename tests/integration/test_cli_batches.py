@@ -30,8 +30,16 @@ def batches_of(url: str, tenant: str, *sizes: int) -> list[str]:
             store, ids = BatchStore(sessions), []
             for n in sizes:
                 items = [(f"req-{i}", json.dumps({"model": "m", "messages": []})) for i in range(n)]
-                batch = await store.create_batch(found.id, "k" * 64, "/v1/chat/completions", "file-in", "24h", None,
-                                                 datetime.now(UTC) + timedelta(days=1), items)  # fmt: skip
+                batch = await store.create_batch(
+                    found.id,
+                    "k" * 64,
+                    "/v1/chat/completions",
+                    "file-in",
+                    "24h",
+                    None,
+                    datetime.now(UTC) + timedelta(days=1),
+                    items,
+                )
                 (item,) = await store.claim(batch.id, "replica-a", 1, 60)
                 await store.finish(item.id, "replica-a", "succeeded", "{}")
                 ids.append(batch.id)

@@ -25,8 +25,14 @@ SIM = {"max_concurrency": 1, "decode_ms_base": 25.0}
 
 
 def sim(name: str) -> dict[str, Any]:
-    return {"name": name, "engine_kind": "sim", "quantization": "sim", "gpu_type": "sim", "max_model_len": 8192,
-            "config": SIM}  # fmt: skip
+    return {
+        "name": name,
+        "engine_kind": "sim",
+        "quantization": "sim",
+        "gpu_type": "sim",
+        "max_model_len": 8192,
+        "config": SIM,
+    }
 
 
 def cli(env: dict[str, str]) -> Callable[..., subprocess.CompletedProcess[str]]:
@@ -50,8 +56,9 @@ def served_by(gw: Gateway, n: int) -> set[str]:
         client = openai.AsyncOpenAI(base_url=gw.api_url, api_key=gw.keys["acme"], max_retries=0)
 
         async def one(i: int) -> None:
-            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"question {i}"}],
-                                                 max_tokens=8)  # fmt: skip
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": f"question {i}"}], max_tokens=8
+            )
 
         await asyncio.gather(*(one(i) for i in range(n)))
 
@@ -74,30 +81,44 @@ def audit_rows(database_url: str) -> list[tuple[str, str, str, str, list[str]]]:
         finally:
             await engine.dispose()
 
-    return [(e.actor, e.action, e.entity, e.entity_id, [d["name"] for d in (e.after or {})["deployments"]])
-            for e in asyncio.run(read())]  # fmt: skip
+    return [
+        (e.actor, e.action, e.entity, e.entity_id, [d["name"] for d in (e.after or {})["deployments"]])
+        for e in asyncio.run(read())
+    ]
 
 
 def test_the_cli_adds_and_removes_replicas_a_running_gateway_serves(pg_database: str, tmp_path: Path) -> None:
     seed_with = {"models": {"m": [sim("m-a")]}, "tenants": {"acme": {}}}
-    gw = start_gateway(tmp_path / "gw", database_url=pg_database, policy_poll_interval_s=3600, metrics_token=TOKEN,
-                       usage_flush_interval_s=0.05, seed_with=seed_with)  # fmt: skip
+    gw = start_gateway(
+        tmp_path / "gw",
+        database_url=pg_database,
+        policy_poll_interval_s=3600,
+        metrics_token=TOKEN,
+        usage_flush_interval_s=0.05,
+        seed_with=seed_with,
+    )
     run = cli({**os.environ, "LANEWAY_DATA_DIR": str(tmp_path / "cli"), "LANEWAY_DATABASE_URL": pg_database})
     try:
         wait_for(lambda: gw.server.runtime.config_changes.connected, what="the gateway's LISTEN")
         config = json.dumps(SIM)
         added = run("model", "replica", "add", "m", "m-b", "--engine", "sim", "--config", config)
         assert added.stdout.strip() == "model m has 2 replicas: m-a, m-b"
-        added = run("model", "replica", "add", "m", "m-c", "--engine", "sim", "--config", config,
-                    "--max-model-len", "4096")  # fmt: skip
+        added = run(
+            "model", "replica", "add", "m", "m-c", "--engine", "sim", "--config", config, "--max-model-len", "4096"
+        )
         assert added.stdout.strip() == "model m has 3 replicas: m-a, m-b, m-c"
         listed = run("model", "replica", "list", "m").stdout.splitlines()
-        assert [line.split("\t")[:3] for line in listed] == [["m-a", "sim", "max_model_len 8192"],
-                                                             ["m-b", "sim", "max_model_len 2048"],
-                                                             ["m-c", "sim", "max_model_len 4096"]]  # fmt: skip
+        assert [line.split("\t")[:3] for line in listed] == [
+            ["m-a", "sim", "max_model_len 8192"],
+            ["m-b", "sim", "max_model_len 2048"],
+            ["m-c", "sim", "max_model_len 4096"],
+        ]
 
-        wait_for(lambda: replicas_listed(gw) == {"m-a": True, "m-b": True, "m-c": True}, within=20,
-                 what="the gateway serving the three replicas the CLI set")  # fmt: skip
+        wait_for(
+            lambda: replicas_listed(gw) == {"m-a": True, "m-b": True, "m-c": True},
+            within=20,
+            what="the gateway serving the three replicas the CLI set",
+        )
         assert served_by(gw, 6) == {"m-a", "m-b", "m-c"}
 
         assert run("model", "replica", "remove", "m", "m-b").stdout.strip() == "model m has 2 replicas: m-a, m-c"

@@ -47,15 +47,22 @@ def metric(port: int, name: str) -> float:
 
 def test_a_surge_of_new_connections_is_accepted_through_more_descriptors_then_fewer_again(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'laneway.db'}"
-    keys = asyncio.run(seed(url, models={"sim": sim_model("sim", max_concurrency=64)},
-                            tenants={"acme": {"max_concurrency": 100}}))  # fmt: skip
-    env = {**os.environ, "LANEWAY_DATA_DIR": str(tmp_path), "LANEWAY_DATABASE_URL": url,
-           "LANEWAY_BOOTSTRAP_DEMO": "false", "LANEWAY_SHED_LOOP_DELAY_S": "0"}  # fmt: skip
+    keys = asyncio.run(
+        seed(url, models={"sim": sim_model("sim", max_concurrency=64)}, tenants={"acme": {"max_concurrency": 100}})
+    )
+    env = {
+        **os.environ,
+        "LANEWAY_DATA_DIR": str(tmp_path),
+        "LANEWAY_DATABASE_URL": url,
+        "LANEWAY_BOOTSTRAP_DEMO": "false",
+        "LANEWAY_SHED_LOOP_DELAY_S": "0",
+    }
     proc, port = serve(env)
     body = json.dumps({"model": "sim", "prompt": "go", "max_tokens": 2}).encode()
-    request = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {keys['acme']}\r\n"
-               f"Content-Type: application/json\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
-               ).encode() + body  # fmt: skip
+    request = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {keys['acme']}\r\n"
+        f"Content-Type: application/json\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
     clients: list[socket.socket] = []
     try:
         before = listening_descriptors(proc.pid, port)
@@ -77,8 +84,11 @@ def test_a_surge_of_new_connections_is_accepted_through_more_descriptors_then_fe
             assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
         assert metric(port, "laneway_accept_surges_total") == 1
         assert metric(port, "laneway_accept_queue") == 0
-        wait_for(lambda: listening_descriptors(proc.pid, port) == before, within=10,
-                 what="the extra descriptors closing after 2 s of an empty queue")  # fmt: skip
+        wait_for(
+            lambda: listening_descriptors(proc.pid, port) == before,
+            within=10,
+            what="the extra descriptors closing after 2 s of an empty queue",
+        )
     finally:
         for c in clients:
             c.close()

@@ -77,8 +77,13 @@ def assert_partial(arguments: str) -> None:
 
 def test_a_required_call_cut_in_its_arguments_is_the_partial_call_in_tool_calls(client: openai.OpenAI) -> None:
     # '{"name":"set_unit","arguments":{"unit":"' is 40 characters: the cut falls in the arguments.
-    kwargs = {"tools": [UNIT_TOOL], "tool_choice": "required", "parallel_tool_calls": False, "max_tokens": 36,
-              "seed": 5}  # fmt: skip
+    kwargs = {
+        "tools": [UNIT_TOOL],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "max_tokens": 36,
+        "seed": 5,
+    }
     for answer in (chat(client, **kwargs), chat_streamed(client, **kwargs)):
         content, calls, finish = answer
         assert finish == "length" and content == ""
@@ -89,8 +94,10 @@ def test_a_required_call_cut_in_its_arguments_is_the_partial_call_in_tool_calls(
 
 
 def test_a_cut_before_the_name_is_complete_has_no_calls_and_no_content(client: openai.OpenAI) -> None:
-    for answer in (chat(client, tools=[UNIT_TOOL], tool_choice="required", max_tokens=6, seed=1),
-                   chat_streamed(client, tools=[UNIT_TOOL], tool_choice="required", max_tokens=6, seed=1)):  # fmt: skip
+    for answer in (
+        chat(client, tools=[UNIT_TOOL], tool_choice="required", max_tokens=6, seed=1),
+        chat_streamed(client, tools=[UNIT_TOOL], tool_choice="required", max_tokens=6, seed=1),
+    ):
         assert answer == ("", [], "length")
 
 
@@ -112,9 +119,15 @@ def test_a_cut_second_call_is_the_first_whole_and_the_second_partial(client: ope
 
 def test_without_parallel_calls_the_generation_ends_after_one_call(client: openai.OpenAI) -> None:
     for seed in (1, 2, 3):
-        r = client.chat.completions.create(model="tiny", messages=MSGS, tools=[UNIT_TOOL, NOOP_TOOL],  # type: ignore[list-item]
-                                           tool_choice="required", parallel_tool_calls=False, max_tokens=300,
-                                           seed=seed)  # fmt: skip
+        r = client.chat.completions.create(
+            model="tiny",
+            messages=MSGS,
+            tools=[UNIT_TOOL, NOOP_TOOL],  # type: ignore[list-item]
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=300,
+            seed=seed,
+        )
         choice = r.choices[0]
         assert choice.finish_reason == "tool_calls" and choice.message.content is None
         assert len(choice.message.tool_calls or []) == 1
@@ -140,8 +153,15 @@ RESPONSES_UNIT = {"type": "function", "name": "set_unit", "parameters": UNIT_TOO
 
 
 def test_responses_a_cut_call_is_an_incomplete_function_call_item(client: openai.OpenAI) -> None:
-    kwargs: dict[str, Any] = {"model": "tiny", "input": "hello", "tools": [RESPONSES_UNIT], "tool_choice": "required",
-                              "parallel_tool_calls": False, "max_output_tokens": 36, "temperature": 0}  # fmt: skip
+    kwargs: dict[str, Any] = {
+        "model": "tiny",
+        "input": "hello",
+        "tools": [RESPONSES_UNIT],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "max_output_tokens": 36,
+        "temperature": 0,
+    }
     r = client.responses.create(**kwargs)
     assert r.status == "incomplete" and r.incomplete_details is not None
     [item] = r.output

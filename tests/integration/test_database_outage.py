@@ -45,8 +45,11 @@ async def test_known_keys_ride_out_a_database_outage(private_pg: PrivatePostgres
         async with httpx.AsyncClient(base_url=gw.api_url, timeout=10) as c:
 
             async def call(key: str) -> httpx.Response:
-                return await c.post("/completions", headers={"Authorization": f"Bearer {key}"},
-                                    json={"model": "sim", "prompt": "hi", "max_tokens": 2})  # fmt: skip
+                return await c.post(
+                    "/completions",
+                    headers={"Authorization": f"Bearer {key}"},
+                    json={"model": "sim", "prompt": "hi", "max_tokens": 2},
+                )
 
             assert (await call(keys["acme"])).status_code == 200
             await asyncio.to_thread(private_pg.stop)

@@ -24,10 +24,18 @@ from support import Gateway, require_service, sim_model, start_gateway, wait_for
 
 REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 LANES = [
-    {"name": "interactive", "priority": 0, "match_max_prompt_tokens": 511, "match_stream": True,
-     "max_concurrency": 4, "max_queue_depth": 200, "queue_timeout_s": 5.0, "max_unacked_tokens": 100_000},
+    {
+        "name": "interactive",
+        "priority": 0,
+        "match_max_prompt_tokens": 511,
+        "match_stream": True,
+        "max_concurrency": 4,
+        "max_queue_depth": 200,
+        "queue_timeout_s": 5.0,
+        "max_unacked_tokens": 100_000,
+    },
     {"name": "standard", "priority": 1, "max_concurrency": 4, "max_queue_depth": 200, "queue_timeout_s": 5.0},
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="module", params=["memory", "redis"])
@@ -99,8 +107,12 @@ def assert_settled_without_leaks(gw: Gateway) -> None:
     assert len(rows) == pipeline.leases_opened, "a request with a lease left no usage row (or two)"
     assert len({r.request_id for r in rows}) == len(rows)
     # And the deployment serves again, at full capacity.
-    r = httpx.post(gw.api_url + "/completions", headers={"Authorization": f"Bearer {gw.keys['acme']}"},
-                   json={"model": "sim", "prompt": "hi", "max_tokens": 3}, timeout=10)  # fmt: skip
+    r = httpx.post(
+        gw.api_url + "/completions",
+        headers={"Authorization": f"Bearer {gw.keys['acme']}"},
+        json={"model": "sim", "prompt": "hi", "max_tokens": 3},
+        timeout=10,
+    )
     assert r.status_code == 200
 
 

@@ -37,10 +37,24 @@ def token_id(model: Path, piece: str) -> int:
 def gw(tmp_path_factory: pytest.TempPathFactory, demo_model_path: Path) -> Iterator[Gateway]:
     # End of generation banned: without a stop, every answer runs to max_tokens.
     config = {"model_path": str(demo_model_path), "parallel": 2, "demo": True, "ban_tokens": [EOS_TOKEN, IM_END_TOKEN]}
-    models = {"tiny": [{"name": "tiny-llamacpp", "engine_kind": "llamacpp", "quantization": "f32", "gpu_type": "cpu",
-                        "max_model_len": 512, "config": config}]}  # fmt: skip
-    gateway = start_gateway(tmp_path_factory.mktemp("stops"), admin_password=PASSWORD, usage_flush_interval_s=0.05,
-                            seed_with={"models": models, "tasks": TASKS, "tenants": {"acme": {}}})  # fmt: skip
+    models = {
+        "tiny": [
+            {
+                "name": "tiny-llamacpp",
+                "engine_kind": "llamacpp",
+                "quantization": "f32",
+                "gpu_type": "cpu",
+                "max_model_len": 512,
+                "config": config,
+            }
+        ]
+    }
+    gateway = start_gateway(
+        tmp_path_factory.mktemp("stops"),
+        admin_password=PASSWORD,
+        usage_flush_interval_s=0.05,
+        seed_with={"models": models, "tasks": TASKS, "tenants": {"acme": {}}},
+    )
     yield gateway
     gateway.stop()
 
@@ -63,12 +77,14 @@ def saved_tokens(gw: Gateway) -> dict[tuple[str, str], float]:
 
 
 def ask(client: openai.OpenAI, bias: dict[str, int], task: str = "chat", **kw: Any) -> Any:
-    return client.chat.completions.create(model="tiny", messages=MSGS, temperature=0, logit_bias=bias,
-                                          extra_headers={"X-Laneway-Task": task}, **kw)  # fmt: skip
+    return client.chat.completions.create(
+        model="tiny", messages=MSGS, temperature=0, logit_bias=bias, extra_headers={"X-Laneway-Task": task}, **kw
+    )
 
 
-def test_a_loop_is_stopped_its_slot_freed_and_the_saving_counted(gw: Gateway, client: openai.OpenAI,
-                                                                 the: dict[str, int]) -> None:  # fmt: skip
+def test_a_loop_is_stopped_its_slot_freed_and_the_saving_counted(
+    gw: Gateway, client: openai.OpenAI, the: dict[str, int]
+) -> None:
     before = saved_tokens(gw).get(("tiny", "repetition"), 0.0)
     r = ask(client, the)
     choice = r.choices[0]

@@ -38,13 +38,22 @@ LANES: list[dict[str, Any]] = [
 def gw(tmp_path_factory: pytest.TempPathFactory, demo_model_path: Path, vllm: VLLMStandIn) -> Iterator[Gateway]:
     def llama(name: str, **config: Any) -> list[dict[str, Any]]:
         config = {"model_path": str(demo_model_path), "parallel": 1, **config}
-        return [{"name": name, "engine_kind": "llamacpp", "quantization": "f32", "gpu_type": "cpu",
-                 "max_model_len": 256, "config": config}]  # fmt: skip
+        return [
+            {
+                "name": name,
+                "engine_kind": "llamacpp",
+                "quantization": "f32",
+                "gpu_type": "cpu",
+                "max_model_len": 256,
+                "config": config,
+            }
+        ]
 
     base_url = vllm.base_url  # type: ignore[attr-defined]
     embedder = {"base_url": base_url, "model": "m", "embeddings": True, "metrics_poll_s": 0}
-    vllm_embed = [{"name": "vllm-embed", "engine_kind": "vllm", "quantization": "bf16", "gpu_type": "standin",
-                   "config": embedder}]  # fmt: skip
+    vllm_embed = [
+        {"name": "vllm-embed", "engine_kind": "vllm", "quantization": "bf16", "gpu_type": "standin", "config": embedder}
+    ]
     g = start_gateway(
         tmp_path_factory.mktemp("embeddings"),
         seed_with={
@@ -95,8 +104,11 @@ def test_float_and_base64_give_the_same_unit_vectors_of_the_models_width(gw: Gat
         assert abs(float(np.linalg.norm(d.embedding)) - 1.0) < 1e-5  # unit length, as OpenAI's
     # On the wire: base64 of little-endian float32, and floats when the client asks for nothing.
     h = {"Authorization": f"Bearer {gw.keys['acme']}"}
-    raw = httpx.post(gw.api_url + "/embeddings", json={"model": "tiny-embed", "input": "hello world",
-                                                      "encoding_format": "base64"}, headers=h).json()  # fmt: skip
+    raw = httpx.post(
+        gw.api_url + "/embeddings",
+        json={"model": "tiny-embed", "input": "hello world", "encoding_format": "base64"},
+        headers=h,
+    ).json()
     decoded = np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), dtype="<f4").tolist()
     plain = httpx.post(gw.api_url + "/embeddings", json={"model": "tiny-embed", "input": "hello world"}, headers=h)
     body = plain.json()
@@ -125,7 +137,12 @@ def test_one_usage_row_per_request_with_the_input_tokens(gw: Gateway, client: op
     assert raw.headers["x-laneway-lane"] == "embed"  # lane rules route by task "embeddings"
     row = row_of(gw, raw.headers["x-request-id"])
     assert (row.endpoint, row.model, row.deployment, row.status, row.stream) == (
-        "embeddings", "tiny-embed", "tiny-embed", 200, False)  # fmt: skip
+        "embeddings",
+        "tiny-embed",
+        "tiny-embed",
+        200,
+        False,
+    )
     assert (row.prompt_tokens, row.completion_tokens, row.end_user, row.lane) == (tokens, 0, "u-7", "embed")
     assert row.queue_ms is not None and row.total_ms is not None
     assert gw.gateway.in_flight == 0 and engine.active_slots == 0
@@ -185,8 +202,11 @@ def test_the_tpm_limit_refuses_an_oversized_batch_with_429(gw: Gateway) -> None:
     ],
 )
 def test_bad_bodies_are_a_400_in_openai_shape(gw: Gateway, body: dict[str, Any], code: str, param: str) -> None:
-    r = httpx.post(gw.api_url + "/embeddings", json={"model": "tiny-embed", **body},
-                   headers={"Authorization": f"Bearer {gw.keys['acme']}"})  # fmt: skip
+    r = httpx.post(
+        gw.api_url + "/embeddings",
+        json={"model": "tiny-embed", **body},
+        headers={"Authorization": f"Bearer {gw.keys['acme']}"},
+    )
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert (error["code"], error["param"], error["type"]) == (code, param, "invalid_request_error"), error
@@ -214,15 +234,19 @@ def test_a_client_that_leaves_cancels_the_embedding_and_releases_everything(gw: 
 
 
 def test_a_shutdown_cuts_a_running_embedding_with_503(tmp_path: Path) -> None:
-    g = start_gateway(tmp_path, seed_with={"models": {"slow": sim_model("slow", embeddings=True, embed_ms=120_000)},
-                                           "tenants": {"acme": {}}}, usage_flush_interval_s=0.05)  # fmt: skip
+    g = start_gateway(
+        tmp_path,
+        seed_with={"models": {"slow": sim_model("slow", embeddings=True, embed_ms=120_000)}, "tenants": {"acme": {}}},
+        usage_flush_interval_s=0.05,
+    )
     try:
         engine = g.gateway.registry.resolve("slow", embeddings=True).engine
         out: list[httpx.Response] = []
         body = {"model": "slow", "input": "wait"}
         headers = {"Authorization": f"Bearer {g.keys['acme']}"}
-        client = threading.Thread(target=lambda: out.append(httpx.post(g.api_url + "/embeddings", json=body,
-                                                                         headers=headers, timeout=30)))  # fmt: skip
+        client = threading.Thread(
+            target=lambda: out.append(httpx.post(g.api_url + "/embeddings", json=body, headers=headers, timeout=30))
+        )
         client.start()
         wait_for(lambda: engine.active_slots == 1, what="the embedding started")
         g.server.call(g.gateway.drain(0.05))  # the drain time passes: running requests are cut
@@ -273,8 +297,10 @@ def test_vllm_embeddings_through_the_gateway_and_an_abort_reaching_the_engine(
         quick = openai.OpenAI(base_url=gw.api_url, api_key=gw.keys["acme"], max_retries=0, timeout=0.5)
         with pytest.raises(openai.APITimeoutError):
             quick.embeddings.create(model="vllm-embed", input="slow")
-        wait_for(lambda: any(x["input"] == ["slow"] and x["_request_id"] in vllm.cancelled for x in vllm.requests),
-                 what="the abort reaching vLLM")  # fmt: skip
+        wait_for(
+            lambda: any(x["input"] == ["slow"] and x["_request_id"] in vllm.cancelled for x in vllm.requests),
+            what="the abort reaching vLLM",
+        )
         wait_for(lambda: gw.gateway.in_flight == 0, what="the lease released")
     finally:
         vllm.embed_delay_s = 0

@@ -40,8 +40,14 @@ async def test_a_replica_killed_mid_run_fails_no_request_that_had_not_started(
     tmp_path: Path, three_replicas: list[StandInProcess]
 ) -> None:
     models = {"m": [deployment(f"m-{i}", r.base_url) for i, r in enumerate(three_replicas)]}
-    gw = await asyncio.to_thread(start_gateway, tmp_path, seed_with={"models": models, "tenants": {"acme": {}}},
-                                 usage_flush_interval_s=0.05, failover_max_tries=3, retry_budget_min=100)  # fmt: skip
+    gw = await asyncio.to_thread(
+        start_gateway,
+        tmp_path,
+        seed_with={"models": models, "tenants": {"acme": {}}},
+        usage_flush_interval_s=0.05,
+        failover_max_tries=3,
+        retry_budget_min=100,
+    )
     try:
         client = openai.AsyncOpenAI(base_url=gw.api_url, api_key=gw.keys["acme"], max_retries=0)
         victim = three_replicas[1]
@@ -103,8 +109,9 @@ def pair() -> Iterator[tuple[VLLMStandIn, VLLMStandIn]]:
 
 
 def two_replica_gateway(tmp_path: Path, first: VLLMStandIn, second: VLLMStandIn, **settings: Any) -> Any:
-    models = {"m": [deployment("m-a", first.base_url, **settings.pop("first_config", {})),
-                    deployment("m-b", second.base_url)]}  # fmt: skip
+    models = {
+        "m": [deployment("m-a", first.base_url, **settings.pop("first_config", {})), deployment("m-b", second.base_url)]
+    }
     seed_with = {"models": models, "tenants": {"acme": {}}}
     # Bound at arrival to the replica with the fewest requests, the first listed on a tie: these
     # tests send a request to the failing replica first on purpose (failover, not placement).
@@ -208,11 +215,15 @@ async def test_a_fallback_alias_serves_when_the_primary_has_no_healthy_replica(
     tmp_path: Path, pair: tuple[VLLMStandIn, VLLMStandIn]
 ) -> None:
     large, small = pair
-    models = {"large": [deployment("large-1", large.base_url)], "small": [deployment("small-1", small.base_url)],
-              "other": [deployment("other-1", small.base_url)]}  # fmt: skip
+    models = {
+        "large": [deployment("large-1", large.base_url)],
+        "small": [deployment("small-1", small.base_url)],
+        "other": [deployment("other-1", small.base_url)],
+    }
     seed_with = {"models": models, "tenants": {"acme": {}, "narrow": {"allowed_models": ["large"]}}}
-    gw = await asyncio.to_thread(start_gateway, tmp_path, seed_with=seed_with, usage_flush_interval_s=0.05,
-                                 policy_poll_interval_s=0.1)  # fmt: skip
+    gw = await asyncio.to_thread(
+        start_gateway, tmp_path, seed_with=seed_with, usage_flush_interval_s=0.05, policy_poll_interval_s=0.1
+    )
     try:
         await asyncio.to_thread(set_fallbacks, gw.database_url, "large", ["small"])
         await until(lambda: gw.gateway.policies.current.fallbacks("large") == ("small",), what="the fallbacks loaded")

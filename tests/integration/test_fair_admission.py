@@ -13,8 +13,16 @@ import httpx
 import pytest
 from support import Gateway, sim_model, start_gateway
 
-LANE = {"name": "interactive", "priority": 0, "match_max_prompt_tokens": 511, "match_stream": True,
-        "max_concurrency": 4, "max_queue_depth": 64, "queue_timeout_s": 2.0, "max_unacked_tokens": 100_000}  # fmt: skip
+LANE = {
+    "name": "interactive",
+    "priority": 0,
+    "match_max_prompt_tokens": 511,
+    "match_stream": True,
+    "max_concurrency": 4,
+    "max_queue_depth": 64,
+    "queue_timeout_s": 2.0,
+    "max_unacked_tokens": 100_000,
+}
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +56,12 @@ async def stream_once(c: httpx.AsyncClient, max_tokens: int) -> tuple[int, str |
 
 async def test_a_tenant_with_one_request_is_served_while_another_floods(gw: Gateway) -> None:
     def client(tenant: str) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=gw.api_url, headers={"Authorization": f"Bearer {gw.keys[tenant]}"},
-                                 timeout=30, limits=httpx.Limits(max_connections=200))  # fmt: skip
+        return httpx.AsyncClient(
+            base_url=gw.api_url,
+            headers={"Authorization": f"Bearer {gw.keys[tenant]}"},
+            timeout=30,
+            limits=httpx.Limits(max_connections=200),
+        )
 
     async with client("b") as b, client("flood") as f:
         unloaded = [await stream_once(b, 8) for _ in range(5)]
@@ -72,5 +84,10 @@ async def test_a_tenant_with_one_request_is_served_while_another_floods(gw: Gate
     assert [s for s, _, _ in during] == [200] * 10, during  # B: never refused
     refused = sum(n for k, n in flood_outcomes.items() if k != "200")
     assert refused > 0 and flood_outcomes["200"] > 0, flood_outcomes  # F: served its share, refused beyond
-    assert set(flood_outcomes) <= {"200", "tenant_queue_share", "predicted_wait_exceeded", "queue_full",
-                                   "queue_timeout"}, flood_outcomes  # fmt: skip
+    assert set(flood_outcomes) <= {
+        "200",
+        "tenant_queue_share",
+        "predicted_wait_exceeded",
+        "queue_full",
+        "queue_timeout",
+    }, flood_outcomes

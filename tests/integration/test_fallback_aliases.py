@@ -23,8 +23,7 @@ MODELS = {alias: sim_model(alias) for alias in ("large", "small", "tiny")}
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    gateway = start_gateway(tmp_path_factory.mktemp("fallbacks"), seed_with={"models": MODELS},
-                            admin_password=PASSWORD)  # fmt: skip
+    gateway = start_gateway(tmp_path_factory.mktemp("fallbacks"), seed_with={"models": MODELS}, admin_password=PASSWORD)
     yield gateway
     gateway.stop()
 
@@ -66,8 +65,12 @@ def test_fallbacks_set_through_the_api_apply_at_once_and_are_audited(gw: Gateway
     assert snapshot(gw).fallbacks("small") == ()
     assert admin.get("/models/large/fallbacks").json()["fallbacks"] == ["small", "tiny"]
     entry = admin.get("/audit", params={"limit": 1}).json()[0]
-    assert (entry["actor"], entry["action"], entry["entity"], entry["entity_id"]) == ("admin", "update", "model",
-                                                                                       "large")  # fmt: skip
+    assert (entry["actor"], entry["action"], entry["entity"], entry["entity_id"]) == (
+        "admin",
+        "update",
+        "model",
+        "large",
+    )
     assert entry["before"] == {"fallbacks": []} and entry["after"] == {"fallbacks": ["small", "tiny"]}
     # The order is the admin's, and [] removes them.
     admin.put("/models/large/fallbacks", json={"fallbacks": ["tiny", "small"]})
@@ -81,15 +84,24 @@ def test_fallbacks_set_through_the_api_apply_at_once_and_are_audited(gw: Gateway
 
 def test_loops_unknown_aliases_and_repeats_are_refused_at_save(gw: Gateway, admin: httpx.Client) -> None:
     assert admin.put("/models/large/fallbacks", json={"fallbacks": ["small"]}).status_code == 200
-    refused(admin.put("/models/small/fallbacks", json={"fallbacks": ["large"]}), "fallbacks[0]",
-            "would make a loop: small -> large -> small")  # fmt: skip
+    refused(
+        admin.put("/models/small/fallbacks", json={"fallbacks": ["large"]}),
+        "fallbacks[0]",
+        "would make a loop: small -> large -> small",
+    )
     # Longer: large -> small -> tiny, then tiny -> large closes it.
     assert admin.put("/models/small/fallbacks", json={"fallbacks": ["tiny"]}).status_code == 200
-    refused(admin.put("/models/tiny/fallbacks", json={"fallbacks": ["large"]}), "fallbacks[0]",
-            "tiny -> large -> small -> tiny")  # fmt: skip
+    refused(
+        admin.put("/models/tiny/fallbacks", json={"fallbacks": ["large"]}),
+        "fallbacks[0]",
+        "tiny -> large -> small -> tiny",
+    )
     refused(admin.put("/models/tiny/fallbacks", json={"fallbacks": ["tiny"]}), "fallbacks[0]", "to itself")
-    refused(admin.put("/models/large/fallbacks", json={"fallbacks": ["small", "nope"]}), "fallbacks[1]",
-            "no model alias 'nope'")  # fmt: skip
+    refused(
+        admin.put("/models/large/fallbacks", json={"fallbacks": ["small", "nope"]}),
+        "fallbacks[1]",
+        "no model alias 'nope'",
+    )
     refused(admin.put("/models/large/fallbacks", json={"fallbacks": ["small", "small"]}), "fallbacks[1]", "twice")
     refused(admin.put("/models/large/fallbacks", json={"fallbacks": "small"}), "fallbacks", "a list")
     refused(admin.put("/models/large/fallbacks", json={"fallbacks": ["bad\x00name"]}), "fallbacks[0]", "control")
@@ -146,21 +158,34 @@ def test_the_cli_sets_fallbacks_through_the_admin_service(tmp_path: Path) -> Non
 def test_a_fallback_change_reaches_the_other_replica_by_notify(pg_database: str, tmp_path: Path) -> None:
     """The accessor the pipeline reads, on a replica that did not make the change (polling is
     an hour away: only NOTIFY can bring it)."""
-    seeded = start_gateway(tmp_path / "a", database_url=pg_database, seed_with={"models": MODELS},
-                           admin_password=PASSWORD, policy_poll_interval_s=3600, wait_ready=False)  # fmt: skip
+    seeded = start_gateway(
+        tmp_path / "a",
+        database_url=pg_database,
+        seed_with={"models": MODELS},
+        admin_password=PASSWORD,
+        policy_poll_interval_s=3600,
+        wait_ready=False,
+    )
     settings = in_process_settings(data_dir=tmp_path / "b", database_url=pg_database, policy_poll_interval_s=3600)
     b = ServerThread(create_app(settings)).start(wait_ready=False)
     try:
         for r in (seeded.server, b):
-            wait_for(lambda r=r: r.runtime.running and r.runtime.config_changes.connected,  # type: ignore[misc]
-                     within=30, what="the replica's LISTEN")  # fmt: skip
+            wait_for(
+                lambda r=r: r.runtime.running and r.runtime.config_changes.connected,  # type: ignore[misc]
+                within=30,
+                what="the replica's LISTEN",
+            )
         admin = login(seeded.base_url)
         assert admin.put("/models/large/fallbacks", json={"fallbacks": ["small", "tiny"]}).status_code == 200
-        wait_for(lambda: b.runtime.policies.current.fallbacks("large") == ("small", "tiny"), within=10,
-                 what="replica b's fallbacks of large")  # fmt: skip
+        wait_for(
+            lambda: b.runtime.policies.current.fallbacks("large") == ("small", "tiny"),
+            within=10,
+            what="replica b's fallbacks of large",
+        )
         assert admin.put("/models/large/fallbacks", json={"fallbacks": []}).status_code == 200
-        wait_for(lambda: b.runtime.policies.current.fallbacks("large") == (), within=10,
-                 what="replica b's fallbacks cleared")  # fmt: skip
+        wait_for(
+            lambda: b.runtime.policies.current.fallbacks("large") == (), within=10, what="replica b's fallbacks cleared"
+        )
     finally:
         seeded.stop()
         b.stop()

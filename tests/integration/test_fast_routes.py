@@ -143,7 +143,8 @@ def test_the_server_serves_generation_below_litestar_unless_traced(tmp_path: Any
     served = server_config(plain, plain_settings := Settings(data_dir=tmp_path / "a", bootstrap_demo=False)).app
     assert isinstance(served, StartDelay) and isinstance(served.app, FastRoutes) and served.app.app is plain
     assert set(served.app.routes) == {"/v1/chat/completions", "/v1/completions"}
-    traced_settings = Settings(data_dir=tmp_path / "b", bootstrap_demo=False,
-                               otlp_traces_endpoint="http://127.0.0.1:4318")  # fmt: skip
+    traced_settings = Settings(
+        data_dir=tmp_path / "b", bootstrap_demo=False, otlp_traces_endpoint="http://127.0.0.1:4318"
+    )
     traced = create_app(traced_settings)
     assert server_config(traced, plain_settings).app.app is traced  # Litestar's middleware opens the span

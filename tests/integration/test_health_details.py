@@ -19,8 +19,13 @@ BROKEN = [{"name": "broken-llama", "engine_kind": "llamacpp", "config": {"model_
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     # Health checks an hour apart: none brings the ejected deployment back mid-test.
-    gateway = start_gateway(tmp_path_factory.mktemp("health"), seed_with={"models": {"chat": sim_model("chat")}},
-                            admin_password=PASSWORD, metrics_token=TOKEN, policy_poll_interval_s=3600)  # fmt: skip
+    gateway = start_gateway(
+        tmp_path_factory.mktemp("health"),
+        seed_with={"models": {"chat": sim_model("chat")}},
+        admin_password=PASSWORD,
+        metrics_token=TOKEN,
+        policy_poll_interval_s=3600,
+    )
     yield gateway
     gateway.stop()
 
@@ -36,8 +41,12 @@ def ready(gw: Gateway, **headers: str) -> httpx.Response:
 
 
 def test_anonymous_probes_get_the_status_only(gw: Gateway) -> None:
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN},
-                    {"Cookie": "laneway_admin=not-a-session"}):  # fmt: skip
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": TOKEN},
+        {"Cookie": "laneway_admin=not-a-session"},
+    ):
         r = ready(gw, **headers)
         assert r.status_code == 200 and r.json() == {"status": "ready"}, (headers, r.text)
         assert "chat" not in r.text
@@ -47,8 +56,9 @@ def test_the_metrics_token_and_an_admin_session_get_the_details(gw: Gateway) -> 
     for headers in ({"Authorization": f"Bearer {TOKEN}"}, {"Cookie": f"laneway_admin={admin_cookie(gw.base_url)}"}):
         body = ready(gw, **headers).json()
         assert body["status"] == "ready" and body["models"] == ["chat"], body
-        assert body["deployments"] == [{"name": "chat-sim", "alias": "chat", "engine": "sim", "warm": True,
-                                        "healthy": True}]  # fmt: skip
+        assert body["deployments"] == [
+            {"name": "chat-sim", "alias": "chat", "engine": "sim", "warm": True, "healthy": True}
+        ]
         assert (body["warm"], body["failed"], body["ejected"], body["rejected_changes"]) == (["chat-sim"], {}, {}, {})
 
 
@@ -59,12 +69,14 @@ def test_an_ejected_deployment_is_named_with_its_reason(gw: Gateway) -> None:
         gw.server.call(_record_failure(registry, deployment))
     try:
         body = ready(gw, Authorization=f"Bearer {TOKEN}").json()
-        assert body["ejected"] == {"chat-sim": "ejected after 3 consecutive engine errors; back when a health "
-                                               "check passes"}, body  # fmt: skip
+        assert body["ejected"] == {
+            "chat-sim": "ejected after 3 consecutive engine errors; back when a health check passes"
+        }, body
         assert body["deployments"][0]["healthy"] is False
         assert "chat-sim" not in ready(gw).text
-        dashboard = httpx.get(gw.base_url + "/admin/dashboard/panel",
-                              cookies={"laneway_admin": admin_cookie(gw.base_url)})  # fmt: skip
+        dashboard = httpx.get(
+            gw.base_url + "/admin/dashboard/panel", cookies={"laneway_admin": admin_cookie(gw.base_url)}
+        )
         assert dashboard.status_code == 200 and "ejected after 3 consecutive engine errors" in dashboard.text
     finally:
         gw.server.call(_record_success(registry, deployment))
@@ -87,11 +99,17 @@ def test_the_dashboard_shows_readiness_and_the_deployments(gw: Gateway) -> None:
 
 def test_an_unready_replica_tells_a_probe_503_and_when_to_retry_only(tmp_path: Path) -> None:
     """No metrics token set here: nobody holds it, so only an admin session sees the reasons."""
-    gw = start_gateway(tmp_path, seed_with={"models": {"chat": sim_model("chat"), "llama": BROKEN}},
-                       admin_password=PASSWORD, wait_ready=False)  # fmt: skip
+    gw = start_gateway(
+        tmp_path,
+        seed_with={"models": {"chat": sim_model("chat"), "llama": BROKEN}},
+        admin_password=PASSWORD,
+        wait_ready=False,
+    )
     try:
-        wait_for(lambda: gw.server.runtime.running and "broken-llama" in gw.gateway.registry.failed,
-                 what="the broken deployment failed")  # fmt: skip
+        wait_for(
+            lambda: gw.server.runtime.running and "broken-llama" in gw.gateway.registry.failed,
+            what="the broken deployment failed",
+        )
         for headers in ({}, {"Authorization": "Bearer anything"}):
             r = ready(gw, **headers)
             assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text

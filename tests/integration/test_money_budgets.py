@@ -27,8 +27,12 @@ from support import Gateway, KeySpec, PrivateRedis, replica_pair, require_servic
 
 REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 PASSWORD = "budget password"
-TENANTS = {"daily": {"budget_per_day": 100}, "refund": {"budget_per_day": 300}, "keyed": {},
-           "alerted": {"budget_per_day": 100}}  # fmt: skip
+TENANTS = {
+    "daily": {"budget_per_day": 100},
+    "refund": {"budget_per_day": 300},
+    "keyed": {},
+    "alerted": {"budget_per_day": 100},
+}
 KEYS = {name: KeySpec(name) for name in TENANTS}
 
 
@@ -71,11 +75,19 @@ def replicas(
     tmp_path_factory: pytest.TempPathFactory, pg_database_module: str, webhook: str
 ) -> Iterator[list[Gateway]]:
     require_service("Redis", "127.0.0.1", 6379)
-    shared: dict[str, Any] = {"database_url": pg_database_module, "redis_url": REDIS_URL,
-                              "redis_prefix": f"lwtest:{uuid.uuid4().hex}:", "admin_password": PASSWORD,
-                              "usage_flush_interval_s": 0.05, "budget_alert_webhook_url": webhook}  # fmt: skip
-    seed = {"models": {"sim": sim_model("sim", decode_ms_base=0.5, max_concurrency=64)}, "tenants": TENANTS,
-            "keys": KEYS}  # fmt: skip
+    shared: dict[str, Any] = {
+        "database_url": pg_database_module,
+        "redis_url": REDIS_URL,
+        "redis_prefix": f"lwtest:{uuid.uuid4().hex}:",
+        "admin_password": PASSWORD,
+        "usage_flush_interval_s": 0.05,
+        "budget_alert_webhook_url": webhook,
+    }
+    seed = {
+        "models": {"sim": sim_model("sim", decode_ms_base=0.5, max_concurrency=64)},
+        "tenants": TENANTS,
+        "keys": KEYS,
+    }
     with replica_pair(
         lambda: start_gateway(tmp_path_factory.mktemp("a"), seed_with=seed, **shared),
         lambda: start_gateway(tmp_path_factory.mktemp("b"), **shared),
@@ -232,8 +244,14 @@ def test_a_budget_spent_in_part_is_enforced_after_redis_restarts_empty(
     private_redis: PrivateRedis, pg_database: str, tmp_path: Path
 ) -> None:
     seed = {"models": {"sim": sim_model("sim", decode_ms_base=0.5)}, "tenants": {"lost": {"budget_per_day": 100}}}
-    gw = start_gateway(tmp_path, database_url=pg_database, redis_url=private_redis.url, seed_with=seed,
-                       admin_password=PASSWORD, usage_flush_interval_s=0.05)  # fmt: skip
+    gw = start_gateway(
+        tmp_path,
+        database_url=pg_database,
+        redis_url=private_redis.url,
+        seed_with=seed,
+        admin_password=PASSWORD,
+        usage_flush_interval_s=0.05,
+    )
     try:
         gw.gateway.limiter.recovery.late_rows_s = 0.3
         assert admin_client(gw).put("/models/sim/price", json={"input": "1", "output": "1"}).status_code == 200

@@ -280,8 +280,15 @@ def test_an_unknown_parameter_is_a_400_naming_it_as_openai_answers(client: opena
 
 
 def test_parameters_that_change_nothing_in_the_answer_are_accepted(client: openai.OpenAI) -> None:
-    r = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=2, store=False, service_tier="auto",
-                                       prompt_cache_key="k", safety_identifier="u1")  # fmt: skip
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=MSGS,
+        max_tokens=2,
+        store=False,
+        service_tier="auto",
+        prompt_cache_key="k",
+        safety_identifier="u1",
+    )
     assert r.choices[0].message.content is not None
 
 

@@ -234,9 +234,17 @@ def test_what_the_engine_cannot_do_is_a_loud_400_not_a_quiet_200(
 
 
 def test_the_values_that_ask_for_nothing_are_accepted(client: openai.OpenAI) -> None:
-    r = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=2, n=1, presence_penalty=0,
-                                       frequency_penalty=0, response_format={"type": "text"}, tool_choice="none",
-                                       logprobs=False)  # fmt: skip
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=MSGS,
+        max_tokens=2,
+        n=1,
+        presence_penalty=0,
+        frequency_penalty=0,
+        response_format={"type": "text"},
+        tool_choice="none",
+        logprobs=False,
+    )
     assert r.choices[0].finish_reason == "length"
     for model, kwargs, param in (
         ("sim", {"logprobs": 1}, "logprobs"),

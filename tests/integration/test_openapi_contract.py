@@ -41,8 +41,14 @@ CHECKS = [
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, demo_model_path: Path) -> Iterator[Gateway]:
     config = {"model_path": str(demo_model_path), "parallel": 2, "demo": True}
-    tiny = {"name": "tiny-llamacpp", "engine_kind": "llamacpp", "quantization": "f32", "gpu_type": "cpu",
-            "max_model_len": 256, "config": config}  # fmt: skip
+    tiny = {
+        "name": "tiny-llamacpp",
+        "engine_kind": "llamacpp",
+        "quantization": "f32",
+        "gpu_type": "cpu",
+        "max_model_len": 256,
+        "config": config,
+    }
     gw = start_gateway(
         tmp_path_factory.mktemp("contract"), seed_with={"models": {"tiny": [tiny]}, "tenants": {"acme": {}}}
     )

@@ -23,8 +23,12 @@ MSGS: Any = [{"role": "user", "content": "What does it cost?"}]
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     # Decode slow enough that a stream is still running when the price changes.
     models = {"sim": sim_model("sim", decode_ms_base=20), "free": sim_model("free")}
-    gateway = start_gateway(tmp_path_factory.mktemp("prices"), admin_password=PASSWORD, usage_flush_interval_s=0.05,
-                            seed_with={"models": models, "tenants": {"acme": {}}})  # fmt: skip
+    gateway = start_gateway(
+        tmp_path_factory.mktemp("prices"),
+        admin_password=PASSWORD,
+        usage_flush_interval_s=0.05,
+        seed_with={"models": models, "tenants": {"acme": {}}},
+    )
     yield gateway
     gateway.stop()
 
@@ -56,8 +60,15 @@ def row_of(gw: Gateway, request_id: str) -> Any:
 def test_each_row_costs_the_price_it_was_admitted_at(gw: Gateway, admin: httpx.Client, client: openai.OpenAI) -> None:
     put = admin.put("/admin/api/models/sim/price", json={"input": "0.15", "output": 0.6})
     assert put.status_code == 200, put.text
-    assert put.json() == {"alias": "sim", "currency": "USD", "per": "1M tokens", "priced": True, "input": "0.15",
-                          "output": "0.6", "cached_input": None}  # fmt: skip
+    assert put.json() == {
+        "alias": "sim",
+        "currency": "USD",
+        "per": "1M tokens",
+        "priced": True,
+        "input": "0.15",
+        "output": "0.6",
+        "cached_input": None,
+    }
 
     r = client.chat.completions.create(model="sim", messages=MSGS, max_tokens=7)
     row = row_of(gw, r.id)
@@ -66,8 +77,9 @@ def test_each_row_costs_the_price_it_was_admitted_at(gw: Gateway, admin: httpx.C
     assert row.cost_micros > 0
 
     # A stream admitted at the old price keeps it; the request after the change pays the new one.
-    stream = client.chat.completions.create(model="sim", messages=MSGS, max_tokens=30, stream=True,
-                                            stream_options={"include_usage": True})  # fmt: skip
+    stream = client.chat.completions.create(
+        model="sim", messages=MSGS, max_tokens=30, stream=True, stream_options={"include_usage": True}
+    )
     chunks = iter(stream)
     first = next(chunks)
     assert admin.put("/admin/api/models/sim/price", json={"input": "3", "output": "12.5"}).status_code == 200
@@ -106,9 +118,14 @@ def test_the_usage_page_and_csv_show_the_spend(gw: Gateway, admin: httpx.Client,
 
 @pytest.mark.parametrize(
     ("body", "param"),
-    [({"input": "-1", "output": "1"}, "input"), ({"input": "1", "output": "0.0000001"}, "output"),
-     ({"input": "1"}, "output"), ({"input": "x", "output": "1"}, "input"), ({"cached_input": "1"}, "input")],
-)  # fmt: skip
+    [
+        ({"input": "-1", "output": "1"}, "input"),
+        ({"input": "1", "output": "0.0000001"}, "output"),
+        ({"input": "1"}, "output"),
+        ({"input": "x", "output": "1"}, "input"),
+        ({"cached_input": "1"}, "input"),
+    ],
+)
 def test_a_bad_price_is_refused_naming_the_field(admin: httpx.Client, body: dict[str, Any], param: str) -> None:
     r = admin.put("/admin/api/models/sim/price", json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

@@ -22,8 +22,9 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
 
 
 def chat(client: openai.OpenAI, key: str) -> Any:
-    return client.chat.completions.create(model="sim", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
-                                          prompt_cache_key=key)  # fmt: skip
+    return client.chat.completions.create(
+        model="sim", messages=[{"role": "user", "content": "hi"}], max_tokens=2, prompt_cache_key=key
+    )
 
 
 def completions(client: openai.OpenAI, key: str) -> Any:
@@ -56,8 +57,11 @@ def test_a_key_that_cannot_be_kept_is_a_400_naming_it(
         call(client, key)
     error = info.value.body
     assert isinstance(error, dict)
-    assert (error["param"], error["type"], error["code"]) == ("prompt_cache_key", "invalid_request_error",
-                                                             "invalid_request")  # fmt: skip
+    assert (error["param"], error["type"], error["code"]) == (
+        "prompt_cache_key",
+        "invalid_request_error",
+        "invalid_request",
+    )
     assert error["message"] == f"`prompt_cache_key` {said}."
 
 

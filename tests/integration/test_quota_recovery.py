@@ -22,24 +22,33 @@ QUOTA = 100
 
 def _seed() -> dict[str, Any]:
     return {
-        "models": {"sim": sim_model("sim", decode_ms_base=0.5, max_concurrency=64),
-                   "slow": sim_model("slow", decode_ms_base=40.0, max_concurrency=64)},
+        "models": {
+            "sim": sim_model("sim", decode_ms_base=0.5, max_concurrency=64),
+            "slow": sim_model("slow", decode_ms_base=40.0, max_concurrency=64),
+        },
         "lanes": [{"name": "standard", "max_concurrency": 64, "max_queue_depth": 100, "queue_timeout_s": 30}],
         "tenants": {"capped": {"tokens_per_day": QUOTA}},
-    }  # fmt: skip
+    }
 
 
 def replica(data: Path, redis: PrivateRedis, database_url: str, seed: bool) -> Gateway:
-    gw = start_gateway(data, database_url=database_url, seed_with=_seed() if seed else None,
-                       redis_url=redis.url, usage_flush_interval_s=0.05)  # fmt: skip
+    gw = start_gateway(
+        data,
+        database_url=database_url,
+        seed_with=_seed() if seed else None,
+        redis_url=redis.url,
+        usage_flush_interval_s=0.05,
+    )
     gw.gateway.limiter.recovery.late_rows_s = 0.3  # the second look for late rows, soon
     return gw
 
 
 @pytest.fixture
 def replicas(private_redis: PrivateRedis, pg_database: str, tmp_path: Path) -> Iterator[list[Gateway]]:
-    with replica_pair(lambda: replica(tmp_path / "a", private_redis, pg_database, seed=True),
-                      lambda: replica(tmp_path / "b", private_redis, pg_database, seed=False)) as pair:  # fmt: skip
+    with replica_pair(
+        lambda: replica(tmp_path / "a", private_redis, pg_database, seed=True),
+        lambda: replica(tmp_path / "b", private_redis, pg_database, seed=False),
+    ) as pair:
         yield pair
 
 

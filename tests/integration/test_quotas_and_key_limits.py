@@ -51,10 +51,16 @@ class Wall:
 
 def _seed() -> dict[str, Any]:
     slow = sim_model("other", decode_ms_base=0.5)
-    return {"models": {"sim": sim_model("sim", decode_ms_base=0.5, max_concurrency=64),
-                       "slow": sim_model("slow", decode_ms_base=40.0, max_concurrency=64), "other": slow},
-            "lanes": [{"name": "standard", "max_concurrency": 64, "max_queue_depth": 100, "queue_timeout_s": 30}],
-            "tenants": TENANTS, "keys": KEYS}  # fmt: skip
+    return {
+        "models": {
+            "sim": sim_model("sim", decode_ms_base=0.5, max_concurrency=64),
+            "slow": sim_model("slow", decode_ms_base=40.0, max_concurrency=64),
+            "other": slow,
+        },
+        "lanes": [{"name": "standard", "max_concurrency": 64, "max_queue_depth": 100, "queue_timeout_s": 30}],
+        "tenants": TENANTS,
+        "keys": KEYS,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -213,8 +219,13 @@ def test_key_concurrency_and_tpm(replicas: list[Gateway]) -> None:
 
 
 def test_memory_mode_enforces_the_daily_quota(tmp_path: Path) -> None:
-    gw = start_gateway(tmp_path, seed_with={"models": {"sim": sim_model("sim", decode_ms_base=0.5)},
-                                            "tenants": {"solo": {"tokens_per_day": 30}}})  # fmt: skip
+    gw = start_gateway(
+        tmp_path,
+        seed_with={
+            "models": {"sim": sim_model("sim", decode_ms_base=0.5)},
+            "tenants": {"solo": {"tokens_per_day": 30}},
+        },
+    )
     try:
         clock = Wall()
         clock.set("2026-07-14T22:00:00")
@@ -239,8 +250,13 @@ def test_memory_mode_enforces_the_daily_quota(tmp_path: Path) -> None:
 
 def test_memory_mode_counts_the_day_from_the_usage_table_after_a_restart(tmp_path: Path) -> None:
     """Real wall clock: the rows of the first process are today's (a run across 00:00 UTC would not be)."""
-    gw = start_gateway(tmp_path, seed_with={"models": {"sim": sim_model("sim", decode_ms_base=0.5)},
-                                            "tenants": {"solo": {"tokens_per_day": 25}}})  # fmt: skip
+    gw = start_gateway(
+        tmp_path,
+        seed_with={
+            "models": {"sim": sim_model("sim", decode_ms_base=0.5)},
+            "tenants": {"solo": {"tokens_per_day": 25}},
+        },
+    )
     keys = gw.keys
     try:
         complete(gw, "solo")
@@ -297,8 +313,13 @@ def test_admin_edits_quotas_and_key_limits_with_plain_word_errors(replicas: list
     settled(replicas)
     usage = admin.get(f"/tenants/{tenant_id}/usage").json()
     assert usage["source"] == "limiter"
-    assert usage["day"] == {"period": "2026-08-20", "used": used, "limit": 50, "left": 50 - used,
-                            "resets_at": "2026-08-21T00:00:00Z"}  # fmt: skip
+    assert usage["day"] == {
+        "period": "2026-08-20",
+        "used": used,
+        "limit": 50,
+        "left": 50 - used,
+        "resets_at": "2026-08-21T00:00:00Z",
+    }
     assert usage["month"]["used"] == used and usage["month"]["resets_at"] == "2026-09-01T00:00:00Z"
     audit = admin.get("/audit").json()
     key_edit = next(e for e in audit if e["entity"] == "api_key" and e["action"] == "update")
@@ -310,8 +331,12 @@ def test_admin_edits_quotas_and_key_limits_with_plain_word_errors(replicas: list
 # ---- helpers ----
 def refused(gw: Gateway, key: str, model: str, max_tokens: int = 9) -> int | None:
     """The status of a refused request (None when served)."""
-    r = httpx.post(gw.api_url + "/completions", headers={"Authorization": f"Bearer {gw.keys[key]}"},
-                   json={"model": model, "prompt": "hi", "max_tokens": max_tokens}, timeout=10)  # fmt: skip
+    r = httpx.post(
+        gw.api_url + "/completions",
+        headers={"Authorization": f"Bearer {gw.keys[key]}"},
+        json={"model": model, "prompt": "hi", "max_tokens": max_tokens},
+        timeout=10,
+    )
     return None if r.status_code == 200 else r.status_code
 
 

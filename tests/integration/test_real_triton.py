@@ -28,8 +28,16 @@ TOKEN_DELAY_S = 0.01  # per word: a 2000-token request would run 20 s, so a fini
 
 
 def trt(name: str, url: str, **config: Any) -> list[dict[str, Any]]:
-    return [{"name": name, "engine_kind": "trtllm", "quantization": "fp8", "gpu_type": "cpu", "max_model_len": 4096,
-             "config": {"url": url, **config}}]  # fmt: skip
+    return [
+        {
+            "name": name,
+            "engine_kind": "trtllm",
+            "quantization": "fp8",
+            "gpu_type": "cpu",
+            "max_model_len": 4096,
+            "config": {"url": url, **config},
+        }
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +60,12 @@ def doomed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealTriton]:
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, triton: RealTriton, doomed: RealTriton) -> Iterator[Gateway]:
     models = {"trt": trt("trt-1", triton.url), "trt-doomed": trt("trt-doomed-1", doomed.url), "sim": sim_model("sim")}
-    gateway = start_gateway(tmp_path_factory.mktemp("gw"), seed_with={"models": models, "tenants": {"acme": {}}},
-                            policy_poll_interval_s=0.2, usage_flush_interval_s=0.05)  # fmt: skip
+    gateway = start_gateway(
+        tmp_path_factory.mktemp("gw"),
+        seed_with={"models": models, "tenants": {"acme": {}}},
+        policy_poll_interval_s=0.2,
+        usage_flush_interval_s=0.05,
+    )
     yield gateway
     gateway.stop()
 
@@ -98,9 +110,14 @@ def test_chat_streamed_and_not_reach_triton_as_the_ensemble_and_count_right(
 
     marker2 = uuid.uuid4().hex
     stream = client.chat.completions.create(
-        model="trt", messages=[{"role": "user", "content": f"hello {marker2}"}], max_tokens=5, seed=11,
-        temperature=0.5, stream=True, stream_options={"include_usage": True},
-    )  # fmt: skip
+        model="trt",
+        messages=[{"role": "user", "content": f"hello {marker2}"}],
+        max_tokens=5,
+        seed=11,
+        temperature=0.5,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == choice.message.content  # one word per response, streamed as it came
@@ -265,17 +282,24 @@ def test_a_gateway_started_while_triton_is_down_is_unready_says_why_once_then_se
     url = f"127.0.0.1:{server.port}"
     (tmp_path / "gw").mkdir()
     log = laneway_log.records
-    gw = start_gateway(tmp_path / "gw", wait_ready=False, policy_poll_interval_s=0.1, metrics_token="t",
-                       seed_with={"models": {"late": trt("late-1", url), "sim": sim_model("sim")},
-                                  "tenants": {"acme": {}}})  # fmt: skip
+    gw = start_gateway(
+        tmp_path / "gw",
+        wait_ready=False,
+        policy_poll_interval_s=0.1,
+        metrics_token="t",
+        seed_with={"models": {"late": trt("late-1", url), "sim": sim_model("sim")}, "tenants": {"acme": {}}},
+    )
     try:
         ready = httpx.get(gw.base_url + "/health/ready", headers={"Authorization": "Bearer t"})  # with the reasons
         assert ready.status_code == 503 and "late-1" in ready.json()["failed"], ready.text
         assert f"Triton at {url} is unreachable" in ready.json()["failed"]["late-1"]
         # Many sync polls retry it while it stays down; it stays unready, and says so once.
         polls = len([r for r in log if "late-1" in r.getMessage()])
-        wait_for(lambda: len([r for r in log if "late-1" in r.getMessage()]) >= polls + 5, within=60,
-                 what="the sync retrying the deployment")  # fmt: skip
+        wait_for(
+            lambda: len([r for r in log if "late-1" in r.getMessage()]) >= polls + 5,
+            within=60,
+            what="the sync retrying the deployment",
+        )
         assert httpx.get(gw.base_url + "/health/ready").status_code == 503
         errors = [r.getMessage() for r in log if r.levelno >= logging.ERROR]
         assert errors == [f"deployment late-1 (trtllm) failed to start: {ready.json()['failed']['late-1']}"], errors
@@ -284,8 +308,12 @@ def test_a_gateway_started_while_triton_is_down_is_unready_says_why_once_then_se
         assert c.completions.create(model="sim", prompt="x", max_tokens=2).choices[0].finish_reason == "length"
 
         server.start(port=server.port)  # Triton comes up: the next sync starts the deployment
-        wait_for(lambda: httpx.get(gw.base_url + "/health/ready").status_code == 200, within=90, step=0.05,
-                 what="the gateway ready")  # fmt: skip
+        wait_for(
+            lambda: httpx.get(gw.base_url + "/health/ready").status_code == 200,
+            within=90,
+            step=0.05,
+            what="the gateway ready",
+        )
         assert c.completions.create(model="late", prompt="x", max_tokens=3).usage.completion_tokens == 3  # type: ignore[union-attr]
     finally:
         gw.stop()
@@ -302,8 +330,13 @@ async def test_a_triton_replica_restarted_under_20_streams_costs_no_stream_that_
     (tmp_path / "gw").mkdir()
     victim = RealTriton(tmp_path / "victim", token_delay_s=TOKEN_DELAY_S).start()
     models = {"pair": [*trt("pair-victim", victim.url), *trt("pair-steady", triton.url)]}
-    gw = await asyncio.to_thread(start_gateway, tmp_path / "gw", seed_with={"models": models, "tenants": {"acme": {}}},
-                                 usage_flush_interval_s=0.05, retry_budget_min=100)  # fmt: skip
+    gw = await asyncio.to_thread(
+        start_gateway,
+        tmp_path / "gw",
+        seed_with={"models": models, "tenants": {"acme": {}}},
+        usage_flush_interval_s=0.05,
+        retry_budget_min=100,
+    )
     try:
         client = openai.AsyncOpenAI(base_url=gw.api_url, api_key=gw.keys["acme"], max_retries=0, timeout=60)
 

@@ -34,16 +34,32 @@ HELLO = [{"role": "user", "content": "Tell me about the river and the mountain."
 
 def vllm_model(name: str, server: RealVLLM, **config: Any) -> list[dict[str, Any]]:
     # max_model_len 4096 on purpose: the adapter must take the server's 1024 at start.
-    return [{"name": name, "engine_kind": "vllm", "quantization": "bf16", "gpu_type": "cpu", "max_model_len": 4096,
-             "config": {"base_url": server.base_url, "model": server.model, "max_concurrency": 8,
-                        "metrics_poll_s": 0.2, **config}}]  # fmt: skip
+    return [
+        {
+            "name": name,
+            "engine_kind": "vllm",
+            "quantization": "bf16",
+            "gpu_type": "cpu",
+            "max_model_len": 4096,
+            "config": {
+                "base_url": server.base_url,
+                "model": server.model,
+                "max_concurrency": 8,
+                "metrics_poll_s": 0.2,
+                **config,
+            },
+        }
+    ]
 
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, real_vllm: RealVLLM) -> Iterator[Gateway]:
     models = {"tiny": vllm_model("tiny-1", real_vllm)}
-    gateway = start_gateway(tmp_path_factory.mktemp("gw"), seed_with={"models": models, "tenants": {"acme": {}}},
-                            usage_flush_interval_s=0.05)  # fmt: skip
+    gateway = start_gateway(
+        tmp_path_factory.mktemp("gw"),
+        seed_with={"models": models, "tenants": {"acme": {}}},
+        usage_flush_interval_s=0.05,
+    )
     yield gateway
     gateway.stop()
 
@@ -104,8 +120,9 @@ def test_a_prompt_whose_estimate_is_far_below_the_context_but_whose_tokens_excee
 
 
 async def test_measure_counts_with_the_servers_tokenize_for_chat_and_prompt(real_vllm: RealVLLM) -> None:
-    engine = VLLMEngine("tiny", {"base_url": real_vllm.base_url, "model": real_vllm.model, "tokenize": "always",
-                                 "metrics_poll_s": 0})  # fmt: skip
+    engine = VLLMEngine(
+        "tiny", {"base_url": real_vllm.base_url, "model": real_vllm.model, "tokenize": "always", "metrics_poll_s": 0}
+    )
     await engine.start()
     try:
         chat = await engine.measure(messages=[ChatTurn("user", "Tell me about the river.")])
@@ -130,8 +147,16 @@ def test_chat_streamed_and_not_say_the_same_and_count_what_vllm_counted(
     prompt = tokenized(real_vllm, messages=HELLO, add_generation_prompt=True)
     assert r.usage is not None and r.usage.completion_tokens == 12 and r.usage.prompt_tokens == len(prompt)
 
-    chunks = list(client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=12, temperature=0,  # type: ignore[arg-type]
-                                                 stream=True, stream_options={"include_usage": True}))  # fmt: skip
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=HELLO,
+            max_tokens=12,
+            temperature=0,  # type: ignore[arg-type]
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == choice.message.content
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
     usage = chunks[-1].usage  # the usage chunk: last, with no choices
@@ -144,8 +169,16 @@ def test_completions_streamed_and_not_and_a_stop_string(client: openai.OpenAI, r
     text = r.choices[0].text
     assert r.choices[0].finish_reason == "length" and r.usage is not None and r.usage.completion_tokens == 16
     assert r.usage.prompt_tokens == len(tokenized(real_vllm, prompt="The river"))
-    chunks = list(client.completions.create(model="tiny", prompt="The river", max_tokens=16, temperature=0,
-                                            stream=True, stream_options={"include_usage": True}))  # fmt: skip
+    chunks = list(
+        client.completions.create(
+            model="tiny",
+            prompt="The river",
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == text
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 16
 
@@ -156,13 +189,17 @@ def test_completions_streamed_and_not_and_a_stop_string(client: openai.OpenAI, r
     before = text[: text.index(stop)]
     for stream in (False, True):
         if stream:
-            parts = list(client.completions.create(model="tiny", prompt="The river", max_tokens=16, temperature=0,
-                                                   stop=[stop], stream=True))  # fmt: skip
+            parts = list(
+                client.completions.create(
+                    model="tiny", prompt="The river", max_tokens=16, temperature=0, stop=[stop], stream=True
+                )
+            )
             said = "".join(c.choices[0].text for c in parts if c.choices)
             finish = [c.choices[0].finish_reason for c in parts if c.choices and c.choices[0].finish_reason]
         else:
-            stopped = client.completions.create(model="tiny", prompt="The river", max_tokens=16, temperature=0,
-                                                stop=[stop])  # fmt: skip
+            stopped = client.completions.create(
+                model="tiny", prompt="The river", max_tokens=16, temperature=0, stop=[stop]
+            )
             said, finish = stopped.choices[0].text, [stopped.choices[0].finish_reason]
             assert stopped.usage is not None and stopped.usage.completion_tokens < 16
         assert said == before and finish == ["stop"], (stream, stop, text)
@@ -173,8 +210,16 @@ def test_completions_streamed_and_not_and_a_stop_string(client: openai.OpenAI, r
 
 def test_n_and_logprobs_come_back_per_choice(client: openai.OpenAI) -> None:
     # n > 1 samples (vLLM refuses n with greedy decoding: 400, the client's error)
-    r = client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=5, temperature=1, seed=3, n=2,  # type: ignore[arg-type]
-                                       logprobs=True, top_logprobs=2)  # fmt: skip
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=HELLO,
+        max_tokens=5,
+        temperature=1,
+        seed=3,
+        n=2,  # type: ignore[arg-type]
+        logprobs=True,
+        top_logprobs=2,
+    )
     assert [c.index for c in r.choices] == [0, 1]
     assert all(c.finish_reason == "length" and c.message.content for c in r.choices)
     for c in r.choices:
@@ -290,11 +335,15 @@ def test_the_metrics_the_adapter_reads_are_the_ones_vllm_serves(gw: Gateway, rea
 def stream_then_hang_up(gw: Gateway, request_id: str, max_tokens: int, chunks: int) -> list[str]:
     """Stream a completion, read `chunks` chunks, then close the connection."""
     said: list[str] = []
-    with httpx.Client(timeout=60) as http, http.stream(
-        "POST", f"{gw.api_url}/completions",
-        headers={"Authorization": f"Bearer {gw.keys['acme']}", "X-Request-Id": request_id},
-        json={"model": "tiny", "prompt": "The river", "max_tokens": max_tokens, "temperature": 0, "stream": True},
-    ) as r:  # fmt: skip
+    with (
+        httpx.Client(timeout=60) as http,
+        http.stream(
+            "POST",
+            f"{gw.api_url}/completions",
+            headers={"Authorization": f"Bearer {gw.keys['acme']}", "X-Request-Id": request_id},
+            json={"model": "tiny", "prompt": "The river", "max_tokens": max_tokens, "temperature": 0, "stream": True},
+        ) as r,
+    ):
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: {"):

@@ -29,18 +29,36 @@ PROMPT = " ".join(["the river runs past the mountain and the old mill"] * 20)
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, real_vllm: RealVLLM, relay: RecordingProxy) -> Iterator[Gateway]:
-    models = {"tiny": [{"name": "tiny-salted", "engine_kind": "vllm", "gpu_type": "cpu",
-                        "config": {"base_url": relay.base_url, "model": real_vllm.model, "max_concurrency": 8,
-                                   "metrics_poll_s": 0}}]}  # fmt: skip
-    gateway = start_gateway(tmp_path_factory.mktemp("gw"), seed_with={"models": models,
-                            "tenants": {"acme": {}, "globex": {}}})  # fmt: skip
+    models = {
+        "tiny": [
+            {
+                "name": "tiny-salted",
+                "engine_kind": "vllm",
+                "gpu_type": "cpu",
+                "config": {
+                    "base_url": relay.base_url,
+                    "model": real_vllm.model,
+                    "max_concurrency": 8,
+                    "metrics_poll_s": 0,
+                },
+            }
+        ]
+    }
+    gateway = start_gateway(
+        tmp_path_factory.mktemp("gw"), seed_with={"models": models, "tenants": {"acme": {}, "globex": {}}}
+    )
     yield gateway
     gateway.stop()
 
 
 def client(gw: Gateway, tenant: str, request_id: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.api_url, api_key=gw.keys[tenant], max_retries=0, timeout=120,
-                         default_headers={"X-Request-Id": request_id})  # fmt: skip
+    return openai.OpenAI(
+        base_url=gw.api_url,
+        api_key=gw.keys[tenant],
+        max_retries=0,
+        timeout=120,
+        default_headers={"X-Request-Id": request_id},
+    )
 
 
 def test_vllm_takes_each_tenants_salt_and_answers_as_without_one(
@@ -49,8 +67,13 @@ def test_vllm_takes_each_tenants_salt_and_answers_as_without_one(
     said: dict[str, Any] = {}
     for tenant in ("acme", "globex"):
         c = client(gw, tenant, f"salt-{tenant}")
-        chat = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "The river"}],
-                                         max_tokens=6, temperature=0, extra_body={"cache_salt": "client"})  # fmt: skip
+        chat = c.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "The river"}],
+            max_tokens=6,
+            temperature=0,
+            extra_body={"cache_salt": "client"},
+        )
         text = c.completions.create(model="tiny", prompt="The river", max_tokens=6, temperature=0)
         said[tenant] = (chat.choices[0].message.content, text.choices[0].text)
     salts = {}
@@ -68,8 +91,10 @@ def test_vllm_takes_each_tenants_salt_and_answers_as_without_one(
 def prefix_cache(server: RealVLLM) -> tuple[float, float] | None:
     """vLLM's prefix-cache counters (tokens queried, tokens hit), or None if it serves none."""
     values = parse_prometheus(server.metrics())
-    found = [values.get(f"vllm:prefix_cache_{name}_total", values.get(f"vllm:prefix_cache_{name}"))
-             for name in ("queries", "hits")]  # fmt: skip
+    found = [
+        values.get(f"vllm:prefix_cache_{name}_total", values.get(f"vllm:prefix_cache_{name}"))
+        for name in ("queries", "hits")
+    ]
     return None if found[0] is None or found[1] is None else (found[0], found[1])
 
 
@@ -82,8 +107,11 @@ def test_a_tenants_cached_prompt_is_a_hit_for_that_tenant_only(gw: Gateway, real
         queried, hit = prefix_cache(real_vllm) or (0.0, 0.0)
         c.completions.create(model="tiny", prompt=PROMPT, max_tokens=1, temperature=0)
         # vLLM counts a request's queries and hits together: once its queries show, its hits have
-        wait_for(lambda: (prefix_cache(real_vllm) or (0.0, 0.0))[0] > queried, within=10,
-                 what="vLLM counting the prompt's prefix-cache lookup")  # fmt: skip
+        wait_for(
+            lambda: (prefix_cache(real_vllm) or (0.0, 0.0))[0] > queried,
+            within=10,
+            what="vLLM counting the prompt's prefix-cache lookup",
+        )
         return (prefix_cache(real_vllm) or (0.0, 0.0))[1] - hit
 
     hits_of(acme)  # acme's prompt is now in vLLM's cache, under acme's salt

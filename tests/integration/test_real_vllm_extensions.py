@@ -38,11 +38,21 @@ EVERY_EXTENSION: dict[str, Any] = {
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, real_vllm: RealVLLM, relay: RecordingProxy) -> Iterator[Gateway]:
     models = {
-        "tiny": [{"name": "tiny-1", "engine_kind": "vllm", "gpu_type": "cpu",
-                  "config": {"base_url": relay.base_url, "model": real_vllm.model, "max_concurrency": 8,
-                             "metrics_poll_s": 0}}],
+        "tiny": [
+            {
+                "name": "tiny-1",
+                "engine_kind": "vllm",
+                "gpu_type": "cpu",
+                "config": {
+                    "base_url": relay.base_url,
+                    "model": real_vllm.model,
+                    "max_concurrency": 8,
+                    "metrics_poll_s": 0,
+                },
+            }
+        ],
         "sim": [{"name": "sim-1", "engine_kind": "sim", "config": {"decode_ms_base": 0.2}}],
-    }  # fmt: skip
+    }
     seed = {
         "models": models,
         "tenants": {"acme": {}, "metered": {"tpm": 400}},
@@ -56,8 +66,11 @@ def gw(tmp_path_factory: pytest.TempPathFactory, real_vllm: RealVLLM, relay: Rec
 @pytest.fixture(scope="module")
 def eos(real_vllm: RealVLLM) -> int:
     """The tiny model's end token (<|im_end|>): its id as vLLM's tokenizer has it."""
-    r = httpx.post(real_vllm.base_url + "/tokenize", timeout=10,
-                   json={"model": real_vllm.model, "prompt": "<|im_end|>", "add_special_tokens": False})  # fmt: skip
+    r = httpx.post(
+        real_vllm.base_url + "/tokenize",
+        timeout=10,
+        json={"model": real_vllm.model, "prompt": "<|im_end|>", "add_special_tokens": False},
+    )
     r.raise_for_status()
     (token,) = r.json()["tokens"]
     return int(token)
@@ -65,8 +78,9 @@ def eos(real_vllm: RealVLLM) -> int:
 
 def complete(gw: Gateway, key: str = "acme", **body: Any) -> httpx.Response:
     payload = {"model": "tiny", "prompt": PROMPT, "max_tokens": 8, "temperature": 0, **body}
-    return httpx.post(gw.api_url + "/completions", json=payload, timeout=60,
-                      headers={"Authorization": f"Bearer {gw.keys[key]}"})  # fmt: skip
+    return httpx.post(
+        gw.api_url + "/completions", json=payload, timeout=60, headers={"Authorization": f"Bearer {gw.keys[key]}"}
+    )
 
 
 def tokens(r: httpx.Response) -> int:
@@ -84,8 +98,13 @@ def test_every_extension_reaches_vllm_by_its_name_on_chat_and_completions(gw: Ga
         extra_headers={"X-Request-Id": "ext-chat"},
     )
     assert chat.choices[0].finish_reason in ("stop", "length")
-    completion = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, extra_body=EVERY_EXTENSION,
-                                           extra_headers={"X-Request-Id": "ext-cmpl"})  # fmt: skip
+    completion = client.completions.create(
+        model="tiny",
+        prompt=PROMPT,
+        max_tokens=6,
+        extra_body=EVERY_EXTENSION,
+        extra_headers={"X-Request-Id": "ext-cmpl"},
+    )
     assert completion.choices[0].finish_reason in ("stop", "length")
     for rid, path in (("ext-chat:", "/v1/chat/completions"), ("ext-cmpl:", "/v1/completions")):
         (sent,) = relay.sent(rid)
@@ -112,15 +131,19 @@ def test_stop_token_ids_stop_and_top_k_1_is_deterministic(gw: Gateway, real_vllm
     greedy = complete(gw, max_tokens=6)
     assert tokens(greedy) == 6
     said = greedy.json()["choices"][0]["text"]
-    r = httpx.post(real_vllm.base_url + "/tokenize", timeout=10,
-                   json={"model": real_vllm.model, "prompt": said, "add_special_tokens": False})  # fmt: skip
+    r = httpx.post(
+        real_vllm.base_url + "/tokenize",
+        timeout=10,
+        json={"model": real_vllm.model, "prompt": said, "add_special_tokens": False},
+    )
     stopped = complete(gw, max_tokens=6, stop_token_ids=r.json()["tokens"][:1])
     assert tokens(stopped) == 1 and stopped.json()["choices"][0]["finish_reason"] == "stop"
     # top_k=1 keeps the best token, whatever the seed and temperature: greedy's answer. Only
     # over 4 tokens: the tiny model's 5th has two tokens tied in bf16, and vLLM keeps both.
     first = complete(gw, max_tokens=4).json()["choices"][0]["text"]
-    sampled = {complete(gw, max_tokens=4, temperature=1.5, top_k=1, seed=s).json()["choices"][0]["text"]
-               for s in (1, 2, 3)}  # fmt: skip
+    sampled = {
+        complete(gw, max_tokens=4, temperature=1.5, top_k=1, seed=s).json()["choices"][0]["text"] for s in (1, 2, 3)
+    }
     assert sampled == {first}
     free = {complete(gw, max_tokens=4, temperature=1.5, seed=s).json()["choices"][0]["text"] for s in (1, 2, 3)}
     assert len(free) > 1  # without it, those seeds differ (the tiny model's logits are near flat)
@@ -156,9 +179,12 @@ def test_an_engine_without_the_extension_refuses_it_by_name(gw: Gateway) -> None
 def test_min_tokens_is_held_to_max_tokens_the_task_policy_and_tpm(gw: Gateway) -> None:
     over = complete(gw, max_tokens=4, min_tokens=6)
     assert over.status_code == 400 and over.json()["error"]["param"] == "min_tokens"
-    capped = httpx.post(gw.api_url + "/completions", timeout=60,
-                        headers={"Authorization": f"Bearer {gw.keys['acme']}", "X-Laneway-Task": "short"},
-                        json={"model": "tiny", "prompt": PROMPT, "min_tokens": 20, "ignore_eos": True})  # fmt: skip
+    capped = httpx.post(
+        gw.api_url + "/completions",
+        timeout=60,
+        headers={"Authorization": f"Bearer {gw.keys['acme']}", "X-Laneway-Task": "short"},
+        json={"model": "tiny", "prompt": PROMPT, "min_tokens": 20, "ignore_eos": True},
+    )
     assert tokens(capped) == 5  # the task's max_tokens caps forced tokens as it caps any
     # The reservation is the prompt plus max_tokens, min_tokens within it: beyond the TPM, refused.
     refused = complete(gw, key="metered", max_tokens=500, min_tokens=500, ignore_eos=True)

@@ -50,10 +50,17 @@ async def subscribed(vllm: httpx.AsyncClient, server: RealVLLM, engine: VLLMEngi
 
 
 async def test_the_consumer_follows_a_real_vllms_kv_events_and_predicts_its_prefix_hit(real_vllm: RealVLLM) -> None:
-    engine = VLLMEngine("tiny", {"base_url": real_vllm.base_url, "model": real_vllm.model, "metrics_poll_s": 0,
-                                 "kv_events_endpoint": real_vllm.kv_events_endpoint,
-                                 "kv_events_replay_endpoint": real_vllm.kv_events_replay_endpoint,
-                                 "kv_events_topic": "kv"})  # fmt: skip
+    engine = VLLMEngine(
+        "tiny",
+        {
+            "base_url": real_vllm.base_url,
+            "model": real_vllm.model,
+            "metrics_poll_s": 0,
+            "kv_events_endpoint": real_vllm.kv_events_endpoint,
+            "kv_events_replay_endpoint": real_vllm.kv_events_replay_endpoint,
+            "kv_events_topic": "kv",
+        },
+    )
     await engine.start()
     consumer = engine.kv_events
     assert consumer is not None
@@ -63,18 +70,35 @@ async def test_the_consumer_follows_a_real_vllms_kv_events_and_predicts_its_pref
             await subscribed(vllm, real_vllm, engine)
             tokens = (await post(vllm, "/tokenize", model=real_vllm.model, prompt=prompt))["tokens"]
             assert BLOCK < len(tokens) < 2 * BLOCK  # one whole block, and a partial one vLLM does not cache
-            await post(vllm, "/v1/completions", model=real_vllm.model, prompt=prompt, max_tokens=2, temperature=0,
-                       cache_salt="tenant-a")  # fmt: skip
-            await until(lambda: engine.cached_prefix_tokens(tokens, "tenant-a") == BLOCK, within=30,
-                        what="the BlockStored of the prompt's first block")  # fmt: skip
+            await post(
+                vllm,
+                "/v1/completions",
+                model=real_vllm.model,
+                prompt=prompt,
+                max_tokens=2,
+                temperature=0,
+                cache_salt="tenant-a",
+            )
+            await until(
+                lambda: engine.cached_prefix_tokens(tokens, "tenant-a") == BLOCK,
+                within=30,
+                what="the BlockStored of the prompt's first block",
+            )
             assert [b.token_ids for b in consumer.index.blocks.values()].count(tuple(tokens[:BLOCK])) >= 1
             assert consumer.index.verified and consumer.index.block_size == BLOCK
             assert engine.cached_prefix_tokens(tokens, "tenant-b") == 0  # another tenant's partition
             assert engine.cached_prefix_tokens(tokens, None) == 0
 
             hits = await prefix_cache_hits(vllm)
-            await post(vllm, "/v1/completions", model=real_vllm.model, prompt=prompt, max_tokens=2, temperature=0,
-                       cache_salt="tenant-a")  # fmt: skip
+            await post(
+                vllm,
+                "/v1/completions",
+                model=real_vllm.model,
+                prompt=prompt,
+                max_tokens=2,
+                temperature=0,
+                cache_salt="tenant-a",
+            )
             for _ in range(50):  # the counter is updated from the engine's stats, a moment after the answer
                 if await prefix_cache_hits(vllm) > hits:
                     break

@@ -40,8 +40,9 @@ def gw(private_redis: PrivateRedis, tmp_path: Path) -> Iterator[Gateway]:
 
 
 def post(gw: Gateway, timeout: float = 10.0) -> httpx.Response:
-    return httpx.post(gw.api_url + "/completions", headers={"Authorization": f"Bearer {gw.keys['acme']}"},
-                      json=BODY, timeout=timeout)  # fmt: skip
+    return httpx.post(
+        gw.api_url + "/completions", headers={"Authorization": f"Bearer {gw.keys['acme']}"}, json=BODY, timeout=timeout
+    )
 
 
 def holders(gw: Gateway) -> int:
@@ -113,8 +114,12 @@ def test_after_a_restart_stale_pooled_connections_are_replaced(gw: Gateway, priv
 async def test_many_more_requests_in_flight_than_pooled_connections(gw: Gateway) -> None:
     """redis-py's default asyncio pool raises MaxConnectionsError past 100 connections; a
     blocking pool makes the 300th request wait its turn for a connection instead."""
-    async with httpx.AsyncClient(base_url=gw.api_url, headers={"Authorization": f"Bearer {gw.keys['acme']}"},
-                                 limits=httpx.Limits(max_connections=400), timeout=60) as c:  # fmt: skip
+    async with httpx.AsyncClient(
+        base_url=gw.api_url,
+        headers={"Authorization": f"Bearer {gw.keys['acme']}"},
+        limits=httpx.Limits(max_connections=400),
+        timeout=60,
+    ) as c:
         responses = await asyncio.gather(*(c.post("/completions", json=BODY) for _ in range(300)))
     assert [r.status_code for r in responses] == [200] * 300
     # (On a loaded machine a call may still exceed the 250 ms timeout: that is a fault the
@@ -126,8 +131,13 @@ async def test_many_more_requests_in_flight_than_pooled_connections(gw: Gateway)
 
 def test_settles_that_fail_during_an_outage_land_when_redis_is_back(gw: Gateway, private_redis: PrivateRedis) -> None:
     sock_body = {"model": "sim", "prompt": "hi", "max_tokens": 400, "stream": True}
-    with httpx.stream("POST", gw.api_url + "/completions", json=sock_body, timeout=30,
-                      headers={"Authorization": f"Bearer {gw.keys['acme']}"}) as r:  # fmt: skip
+    with httpx.stream(
+        "POST",
+        gw.api_url + "/completions",
+        json=sock_body,
+        timeout=30,
+        headers={"Authorization": f"Bearer {gw.keys['acme']}"},
+    ) as r:
         lines = r.iter_lines()
         next(lines)  # admitted: its holder is in Redis
         assert holders(gw) == 1

@@ -37,8 +37,11 @@ def remote(tmp_path_factory: pytest.TempPathFactory, vllm: VLLMStandIn, triton: 
         "t": deployment("t-trt", "trtllm", {"url": triton.url}),
         "swap": deployment("swap-vllm", "vllm", vllm_config(vllm)),
     }
-    gateway = start_gateway(Path(tmp_path_factory.mktemp("remote-features")), policy_poll_interval_s=0.1,
-                            seed_with={"models": models, "tenants": {"acme": {}}})  # fmt: skip
+    gateway = start_gateway(
+        Path(tmp_path_factory.mktemp("remote-features")),
+        policy_poll_interval_s=0.1,
+        seed_with={"models": models, "tenants": {"acme": {}}},
+    )
     yield gateway
     gateway.stop()
 

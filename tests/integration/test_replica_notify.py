@@ -17,8 +17,9 @@ def test_an_admin_change_reaches_the_other_replica_by_notify(pg_database: str, t
     database = pg_database
 
     def replica(name: str) -> ServerThread:
-        settings = in_process_settings(data_dir=tmp_path / name, database_url=database,
-                            admin_password=PASSWORD, policy_poll_interval_s=3600)  # fmt: skip
+        settings = in_process_settings(
+            data_dir=tmp_path / name, database_url=database, admin_password=PASSWORD, policy_poll_interval_s=3600
+        )
         return ServerThread(create_app(settings)).start(wait_ready=False)
 
     a = replica("a")
@@ -27,8 +28,11 @@ def test_an_admin_change_reaches_the_other_replica_by_notify(pg_database: str, t
         # Both listening before the change: a replica still starting would read the new lane
         # in its first load, and the test would prove nothing about NOTIFY.
         for r in (a, b):
-            wait_for(lambda r=r: r.runtime.running and r.runtime.config_changes.connected,  # type: ignore[misc]
-                     within=30, what="the replica's LISTEN")  # fmt: skip
+            wait_for(
+                lambda r=r: r.runtime.running and r.runtime.config_changes.connected,  # type: ignore[misc]
+                within=30,
+                what="the replica's LISTEN",
+            )
         admin = httpx.Client(base_url=a.base_url + "/admin/api")
         csrf = admin.post("/login", json={"username": "admin", "password": PASSWORD}).json()["csrf_token"]
         r = admin.put("/lanes/notified", json={"position": 0, "max_concurrency": 3}, headers={"X-CSRF-Token": csrf})

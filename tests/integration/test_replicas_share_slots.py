@@ -37,18 +37,38 @@ def test_two_replicas_share_one_engines_slots_and_a_dead_ones_come_back(
 ) -> None:
     require_service("Redis", "127.0.0.1", 6379)
     database = pg_database
-    config = {"base_url": engine.base_url, "model": "m", "max_concurrency": CAPACITY, "metrics_poll_s": 0,  # type: ignore[attr-defined]
-              "tokenize": False}  # fmt: skip
-    keys = asyncio.run(seed(
-        database,
-        models={"m": [{"name": "m-vllm", "engine_kind": "vllm", "max_model_len": 4096, "config": config}]},
-        lanes=[{"name": "standard", "max_concurrency": CAPACITY, "max_queue_depth": 500, "queue_timeout_s": 30,
-                "max_unacked_tokens": 100_000}],
-        tenants={"acme": {"max_concurrency": 1000}},
-    ))  # fmt: skip
-    env = {**os.environ, "LANEWAY_DATABASE_URL": database, "LANEWAY_BOOTSTRAP_DEMO": "false",
-           "LANEWAY_REDIS_URL": REDIS_URL, "LANEWAY_REDIS_PREFIX": f"lwtest:{uuid.uuid4().hex}:",
-           "LANEWAY_SLOT_LEASE_TTL_S": "1.0", "LANEWAY_DEFAULT_MAX_TOKENS": "100000"}  # fmt: skip
+    config = {
+        "base_url": engine.base_url,
+        "model": "m",
+        "max_concurrency": CAPACITY,
+        "metrics_poll_s": 0,  # type: ignore[attr-defined]
+        "tokenize": False,
+    }
+    keys = asyncio.run(
+        seed(
+            database,
+            models={"m": [{"name": "m-vllm", "engine_kind": "vllm", "max_model_len": 4096, "config": config}]},
+            lanes=[
+                {
+                    "name": "standard",
+                    "max_concurrency": CAPACITY,
+                    "max_queue_depth": 500,
+                    "queue_timeout_s": 30,
+                    "max_unacked_tokens": 100_000,
+                }
+            ],
+            tenants={"acme": {"max_concurrency": 1000}},
+        )
+    )
+    env = {
+        **os.environ,
+        "LANEWAY_DATABASE_URL": database,
+        "LANEWAY_BOOTSTRAP_DEMO": "false",
+        "LANEWAY_REDIS_URL": REDIS_URL,
+        "LANEWAY_REDIS_PREFIX": f"lwtest:{uuid.uuid4().hex}:",
+        "LANEWAY_SLOT_LEASE_TTL_S": "1.0",
+        "LANEWAY_DEFAULT_MAX_TOKENS": "100000",
+    }
     (a, port_a), (b, port_b) = (
         serve({**env, "LANEWAY_DATA_DIR": str(tmp_path / "a")}),
         serve({**env, "LANEWAY_DATA_DIR": str(tmp_path / "b")}),
@@ -58,10 +78,12 @@ def test_two_replicas_share_one_engines_slots_and_a_dead_ones_come_back(
     async def flood(ports: list[int], n: int, max_tokens: int) -> list[int]:
         async with httpx.AsyncClient(headers=headers, timeout=60, limits=httpx.Limits(max_connections=200)) as c:
             bodies = [{"model": "m", "prompt": "go", "max_tokens": max_tokens, "stream": i % 2 == 0} for i in range(n)]
-            responses = await asyncio.gather(*(
-                c.post(f"http://127.0.0.1:{ports[i % len(ports)]}/v1/completions", json=body)
-                for i, body in enumerate(bodies)
-            ))  # fmt: skip
+            responses = await asyncio.gather(
+                *(
+                    c.post(f"http://127.0.0.1:{ports[i % len(ports)]}/v1/completions", json=body)
+                    for i, body in enumerate(bodies)
+                )
+            )
             return [r.status_code for r in responses]
 
     try:
@@ -70,16 +92,27 @@ def test_two_replicas_share_one_engines_slots_and_a_dead_ones_come_back(
         assert engine.max_running == CAPACITY  # used fully, never more
 
         # Replica A takes every slot with long streams, then dies without releasing them.
-        streams = [httpx.stream("POST", f"http://127.0.0.1:{port_a}/v1/completions", headers=headers, timeout=60,
-                                json={"model": "m", "prompt": "go", "max_tokens": 100_000, "stream": True})
-                   for _ in range(CAPACITY)]  # fmt: skip
+        streams = [
+            httpx.stream(
+                "POST",
+                f"http://127.0.0.1:{port_a}/v1/completions",
+                headers=headers,
+                timeout=60,
+                json={"model": "m", "prompt": "go", "max_tokens": 100_000, "stream": True},
+            )
+            for _ in range(CAPACITY)
+        ]
         for s in streams:
             next(s.__enter__().iter_lines())
         a.send_signal(signal.SIGKILL)
         a.wait(10)
         killed = time.monotonic()
-        r = httpx.post(f"http://127.0.0.1:{port_b}/v1/completions", headers=headers, timeout=30,
-                       json={"model": "m", "prompt": "after", "max_tokens": 3})  # fmt: skip
+        r = httpx.post(
+            f"http://127.0.0.1:{port_b}/v1/completions",
+            headers=headers,
+            timeout=30,
+            json={"model": "m", "prompt": "after", "max_tokens": 3},
+        )
         waited = time.monotonic() - killed
         assert r.status_code == 200
         assert waited < 1.0 + 2.0, waited  # the lease TTL, plus a heartbeat and the request itself

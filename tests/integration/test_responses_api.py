@@ -23,9 +23,16 @@ MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, demo_model_path: Path) -> Iterator[Gateway]:
     def tiny(name: str, **config: Any) -> list[dict[str, Any]]:
-        return [{"name": name, "engine_kind": "llamacpp", "quantization": "f32", "gpu_type": "cpu",
-                 "max_model_len": 1024, "config": {"model_path": str(demo_model_path), "parallel": 2, "demo": True,
-                                                  **config}}]  # fmt: skip
+        return [
+            {
+                "name": name,
+                "engine_kind": "llamacpp",
+                "quantization": "f32",
+                "gpu_type": "cpu",
+                "max_model_len": 1024,
+                "config": {"model_path": str(demo_model_path), "parallel": 2, "demo": True, **config},
+            }
+        ]
 
     from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN
 
@@ -69,8 +76,9 @@ def usage_row(gw: Gateway, request_id: str) -> Any:
 
 
 def test_create_answers_a_response_whose_usage_is_the_usage_row(gw: Gateway, client: openai.OpenAI) -> None:
-    r = client.responses.create(model="tiny-exact", input="hello world", max_output_tokens=16, user="u-7",
-                                metadata={"ticket": "42"})  # fmt: skip
+    r = client.responses.create(
+        model="tiny-exact", input="hello world", max_output_tokens=16, user="u-7", metadata={"ticket": "42"}
+    )
     assert r.object == "response" and r.id.startswith("resp_") and r.model == "tiny-exact"
     assert r.status == "incomplete"  # every token allowed was used
     assert r.incomplete_details is not None and r.incomplete_details.reason == "max_output_tokens"
@@ -101,9 +109,13 @@ def test_instructions_are_a_system_turn(client: openai.OpenAI) -> None:
     for kwargs in (
         {"instructions": "be brief", "input": "hello world"},
         {"input": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}]},
-        {"input": [{"role": "system", "content": [{"type": "input_text", "text": "be brief"}]},
-                   {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello world"}]}]},
-    ):  # fmt: skip
+        {
+            "input": [
+                {"role": "system", "content": [{"type": "input_text", "text": "be brief"}]},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello world"}]},
+            ]
+        },
+    ):
         r = client.responses.create(model="tiny", max_output_tokens=1, **kwargs)  # type: ignore[call-overload]
         assert r.usage is not None and r.usage.input_tokens == chat.usage.prompt_tokens, kwargs
     bare = client.responses.create(model="tiny", input="hello world", max_output_tokens=1)
@@ -134,8 +146,13 @@ def sse(body: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def test_stream_sends_openais_events_in_order(gw: Gateway) -> None:
-    with httpx.stream("POST", gw.api_url + "/responses", headers={"Authorization": f"Bearer {gw.keys['acme']}"},
-                      json={"model": "sim-stop", "input": "tell me", "stream": True}, timeout=30) as r:  # fmt: skip
+    with httpx.stream(
+        "POST",
+        gw.api_url + "/responses",
+        headers={"Authorization": f"Bearer {gw.keys['acme']}"},
+        json={"model": "sim-stop", "input": "tell me", "stream": True},
+        timeout=30,
+    ) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = sse(r.read().decode())
     names = [name for name, _ in events]
@@ -203,16 +220,22 @@ FUNCTION = {"type": "function", "name": "weather", "parameters": {"type": "objec
         ({"previous_response_id": "resp_abc"}, "unsupported_parameter", "previous_response_id"),
         ({"tools": [{"type": "web_search"}]}, "unsupported_parameter", "tools[0].type"),
         ({"tools": [FUNCTION]}, "unsupported_parameter", "tools"),  # the sim engine has no tool calls
-        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}},
-         "unsupported_parameter", "text.format"),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}},
+            "unsupported_parameter",
+            "text.format",
+        ),
         ({"reasoning": {"effort": "high"}}, "unsupported_parameter", "reasoning"),
         ({"extra_body": {"frobnicate": True}}, "unknown_parameter", "frobnicate"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]},
-         "unsupported_parameter", "input[0].content[0]"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]},
+            "unsupported_parameter",
+            "input[0].content[0]",
+        ),
         ({"temperature": 5}, "invalid_request", "temperature"),
         ({"user": "a\x00b"}, "invalid_request", "user"),  # kept on the usage row: PostgreSQL text can't hold NUL
     ],
-)  # fmt: skip
+)
 def test_what_cannot_be_honoured_is_a_bad_request(client: openai.OpenAI, kwargs: dict, code: str, param: str) -> None:
     args = {"model": "sim", "input": "hi", "max_output_tokens": 4, **kwargs}
     with pytest.raises(openai.BadRequestError) as info:
@@ -272,8 +295,14 @@ UNIT = {
 
 
 def test_a_required_function_call_is_a_function_call_item(client: openai.OpenAI) -> None:
-    r = client.responses.create(model="tiny", input="hello", tools=[UNIT], tool_choice="required",  # type: ignore[list-item]
-                                parallel_tool_calls=False, max_output_tokens=200)  # fmt: skip
+    r = client.responses.create(
+        model="tiny",
+        input="hello",
+        tools=[UNIT],
+        tool_choice="required",  # type: ignore[list-item]
+        parallel_tool_calls=False,
+        max_output_tokens=200,
+    )
     assert r.status == "completed"
     [item] = r.output
     assert item.type == "function_call" and item.name == "set_unit" and item.call_id.startswith("call_")
@@ -281,17 +310,26 @@ def test_a_required_function_call_is_a_function_call_item(client: openai.OpenAI)
     # The call and its output sent back as input: the next turn sees both.
     follow = client.responses.create(
         model="tiny",
-        input=[{"role": "user", "content": "hello"}, item.model_dump(exclude_none=True),  # type: ignore[list-item]
-               {"type": "function_call_output", "call_id": item.call_id, "output": "done"}],
+        input=[
+            {"role": "user", "content": "hello"},
+            item.model_dump(exclude_none=True),  # type: ignore[list-item]
+            {"type": "function_call_output", "call_id": item.call_id, "output": "done"},
+        ],
         tools=[UNIT],  # type: ignore[list-item]
         max_output_tokens=2,
-    )  # fmt: skip
+    )
     assert follow.usage is not None and r.usage is not None and follow.usage.input_tokens > r.usage.input_tokens
 
 
 def test_a_streamed_function_call_sends_its_arguments_events(client: openai.OpenAI) -> None:
-    with client.responses.stream(model="tiny", input="hello", tools=[UNIT], tool_choice="required",  # type: ignore[list-item]
-                                 parallel_tool_calls=False, max_output_tokens=200) as stream:  # fmt: skip
+    with client.responses.stream(
+        model="tiny",
+        input="hello",
+        tools=[UNIT],
+        tool_choice="required",  # type: ignore[list-item]
+        parallel_tool_calls=False,
+        max_output_tokens=200,
+    ) as stream:
         kinds = [e.type for e in stream]
         final = stream.get_final_response()
     assert "response.function_call_arguments.done" in kinds and kinds[-1] == "response.completed"
@@ -299,8 +337,16 @@ def test_a_streamed_function_call_sends_its_arguments_events(client: openai.Open
 
 
 def test_text_format_json_schema_is_honoured(client: openai.OpenAI) -> None:
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
-              "additionalProperties": False}  # fmt: skip
-    r = client.responses.create(model="tiny", input="hello", max_output_tokens=60,
-                                text={"format": {"type": "json_schema", "name": "v", "schema": schema}})  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    r = client.responses.create(
+        model="tiny",
+        input="hello",
+        max_output_tokens=60,
+        text={"format": {"type": "json_schema", "name": "v", "schema": schema}},
+    )
     assert isinstance(json.loads(r.output_text)["ok"], bool)

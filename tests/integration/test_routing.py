@@ -33,12 +33,28 @@ PASSWORD = "correct horse battery"
 
 
 def gateway(tmp_path: Path, trio: list[StandInProcess], *, slots: int = 4, **settings: Any) -> Any:
-    models = {"m": [stand_in_deployment(f"m-{i}", r.base_url, max_concurrency=slots, **settings.pop("config", {}))
-                    for i, r in enumerate(trio)]}  # fmt: skip
-    lanes = [{"name": "standard", "max_concurrency": slots, "max_queue_depth": 500, "queue_timeout_s": 30,
-              "max_unacked_tokens": 100_000}]  # fmt: skip
-    return start_gateway(tmp_path, seed_with={"models": models, "lanes": lanes, "tenants": {"acme": {}, "beta": {}}},
-                         usage_flush_interval_s=0.05, admin_password=PASSWORD, **settings)  # fmt: skip
+    models = {
+        "m": [
+            stand_in_deployment(f"m-{i}", r.base_url, max_concurrency=slots, **settings.pop("config", {}))
+            for i, r in enumerate(trio)
+        ]
+    }
+    lanes = [
+        {
+            "name": "standard",
+            "max_concurrency": slots,
+            "max_queue_depth": 500,
+            "queue_timeout_s": 30,
+            "max_unacked_tokens": 100_000,
+        }
+    ]
+    return start_gateway(
+        tmp_path,
+        seed_with={"models": models, "lanes": lanes, "tenants": {"acme": {}, "beta": {}}},
+        usage_flush_interval_s=0.05,
+        admin_password=PASSWORD,
+        **settings,
+    )
 
 
 def models_page(gw: Any) -> str:
@@ -72,8 +88,10 @@ async def test_a_second_turn_and_a_prompt_cache_key_go_back_to_their_replica(
         client = openai.AsyncOpenAI(base_url=gw.api_url, api_key=gw.keys["acme"], max_retries=0)
         homes_seen = set()
         for conversation in range(4):  # several conversations, each with its own history
-            turn = [{"role": "system", "content": f"Conversation {conversation}. " + SYSTEM},
-                    {"role": "user", "content": "Do you sell tyres?"}]  # fmt: skip
+            turn = [
+                {"role": "system", "content": f"Conversation {conversation}. " + SYSTEM},
+                {"role": "user", "content": "Do you sell tyres?"},
+            ]
             before = counts(trio)
             reply = await ask(client, turn)
             [home] = where(before, counts(trio))
@@ -110,10 +128,12 @@ async def test_a_hot_prefix_spreads_once_its_replica_is_saturated(tmp_path: Path
         hot = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Opening hours?"}]
         await ask(client, hot)  # the prefix now lives on one replica
         before = counts(trio)
-        await asyncio.gather(*(
-            client.chat.completions.create(model="m", messages=hot, max_tokens=40)  # type: ignore[arg-type]
-            for _ in range(6)
-        ))  # fmt: skip
+        await asyncio.gather(
+            *(
+                client.chat.completions.create(model="m", messages=hot, max_tokens=40)  # type: ignore[arg-type]
+                for _ in range(6)
+            )
+        )
         spread = [a - b for a, b in zip(counts(trio), before, strict=True)]
         assert sum(spread) == 6 and max(spread) < 6 and sum(1 for n in spread if n) >= 2, spread
     finally:
@@ -133,8 +153,10 @@ async def test_two_gateways_sharing_redis_route_a_conversation_alike(
     try:
         clients = [openai.AsyncOpenAI(base_url=g.api_url, api_key=g.keys["acme"], max_retries=0) for g in (one, two)]
         for conversation in range(5):
-            turn = [{"role": "system", "content": f"Ticket {conversation}. " + SYSTEM},
-                    {"role": "user", "content": "Where is my order?"}]  # fmt: skip
+            turn = [
+                {"role": "system", "content": f"Ticket {conversation}. " + SYSTEM},
+                {"role": "user", "content": "Where is my order?"},
+            ]
             homes = []
             for i, client in enumerate((clients[0], clients[1], clients[0])):  # turns alternate gateways
                 before = counts(trio)

@@ -68,8 +68,11 @@ def test_far_from_its_limits_a_gateway_admits_at_once_and_redis_still_counts_it(
         used = 0
         with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
             for _ in range(20):
-                r = client.post("/v1/completions", headers={"Authorization": f"Bearer {keys['roomy']}"},
-                                json={"model": "sim", "prompt": "hi", "max_tokens": 2})  # fmt: skip
+                r = client.post(
+                    "/v1/completions",
+                    headers={"Authorization": f"Bearer {keys['roomy']}"},
+                    json={"model": "sim", "prompt": "hi", "max_tokens": 2},
+                )
                 assert r.status_code == 200, r.text
                 used += r.json()["usage"]["total_tokens"]
             decisions = _decisions(client.get("/metrics").text)

@@ -72,16 +72,31 @@ def test_sigterm_drains_then_exits_and_every_request_keeps_its_row(
     tmp_path: Path, limiter: str, drain_s: float, max_tokens: int
 ) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'laneway.db'}"
-    keys = asyncio.run(seed(
-        url,
-        models={"sim": sim_model("sim", max_concurrency=8, decode_ms_base=5.0, decode_ms_per_seq=0.0)},
-        lanes=[{"name": "standard", "max_concurrency": 8, "max_queue_depth": 100, "queue_timeout_s": 60,
-                "max_unacked_tokens": 1_000_000}],
-        tenants={"acme": {"max_concurrency": 100}},
-    ))  # fmt: skip
-    env = {**os.environ, "LANEWAY_DATA_DIR": str(tmp_path), "LANEWAY_DATABASE_URL": url,
-           "LANEWAY_BOOTSTRAP_DEMO": "false", "LANEWAY_DRAIN_TIMEOUT_S": str(drain_s),
-           "LANEWAY_DEFAULT_MAX_TOKENS": "1000000", "LANEWAY_USAGE_FLUSH_INTERVAL_S": "0.05"}  # fmt: skip
+    keys = asyncio.run(
+        seed(
+            url,
+            models={"sim": sim_model("sim", max_concurrency=8, decode_ms_base=5.0, decode_ms_per_seq=0.0)},
+            lanes=[
+                {
+                    "name": "standard",
+                    "max_concurrency": 8,
+                    "max_queue_depth": 100,
+                    "queue_timeout_s": 60,
+                    "max_unacked_tokens": 1_000_000,
+                }
+            ],
+            tenants={"acme": {"max_concurrency": 100}},
+        )
+    )
+    env = {
+        **os.environ,
+        "LANEWAY_DATA_DIR": str(tmp_path),
+        "LANEWAY_DATABASE_URL": url,
+        "LANEWAY_BOOTSTRAP_DEMO": "false",
+        "LANEWAY_DRAIN_TIMEOUT_S": str(drain_s),
+        "LANEWAY_DEFAULT_MAX_TOKENS": "1000000",
+        "LANEWAY_USAGE_FLUSH_INTERVAL_S": "0.05",
+    }
     if limiter == "redis":
         require_service("Redis", "127.0.0.1", 6379)
         env |= {"LANEWAY_REDIS_URL": REDIS_URL, "LANEWAY_REDIS_PREFIX": f"lwtest:{uuid.uuid4().hex}:"}

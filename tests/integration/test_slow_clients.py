@@ -53,8 +53,12 @@ def request_bytes(gw: Gateway, body: dict[str, Any]) -> bytes:
 
 
 def normal_request(gw: Gateway) -> int:
-    r = httpx.post(gw.api_url + "/completions", headers={"Authorization": f"Bearer {gw.keys['acme']}"},
-                   json={"model": "sim", "prompt": "hi", "max_tokens": 3}, timeout=10)  # fmt: skip
+    r = httpx.post(
+        gw.api_url + "/completions",
+        headers={"Authorization": f"Bearer {gw.keys['acme']}"},
+        json={"model": "sim", "prompt": "hi", "max_tokens": 3},
+        timeout=10,
+    )
     return r.status_code
 
 
@@ -213,9 +217,13 @@ def test_requests_piling_up_before_the_queue_are_refused_at_the_door_but_running
         assert read_answer(uploading).startswith(b"HTTP/1.1 200")
         probe.sendall(request)
         assert read_answer(probe).startswith(b"HTTP/1.1 200")  # room again: served
-        with httpx.stream("POST", gw.api_url + "/completions", headers={"Authorization": f"Bearer {gw.keys['acme']}"},
-                          json={"model": "sim", "prompt": "hi", "max_tokens": 100_000, "stream": True},
-                          timeout=10) as stream:  # fmt: skip
+        with httpx.stream(
+            "POST",
+            gw.api_url + "/completions",
+            headers={"Authorization": f"Bearer {gw.keys['acme']}"},
+            json={"model": "sim", "prompt": "hi", "max_tokens": 100_000, "stream": True},
+            timeout=10,
+        ) as stream:
             chunks = stream.iter_bytes()
             next(chunks)  # streaming: it left the count when it queued for the engine
             assert shedder.preparing == 0
@@ -309,8 +317,10 @@ def test_an_overloaded_gateway_refuses_api_requests_before_any_work(gw: Gateway)
     sock = socket.create_connection(("127.0.0.1", gw.port))
     try:
         body = json.dumps({"model": "sim", "prompt": "hi", "max_tokens": 2}).encode()
-        request = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n"
-                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body  # fmt: skip
+        request = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
         shedder.hold_s = 60.0
         for _ in range(shedder.min_arrivals):
             shedder.arrived()
@@ -443,8 +453,9 @@ def test_a_gateway_over_its_cpu_target_lets_in_only_its_admitted_share(gw: Gatew
     shedder = gw.server.runtime.shedder
     sock = socket.create_connection(("127.0.0.1", gw.port))
     body = json.dumps({"model": "sim", "prompt": "hi", "max_tokens": 2}).encode()
-    request = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n"
-               f"Content-Length: {len(body)}\r\n\r\n").encode() + body  # fmt: skip
+    request = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
     target = shedder.cpu_target
     shedder.cpu_target = 0.0  # the monitor's ticks leave the share alone: this test sets it
     shedder.admit = 0.5
@@ -468,14 +479,24 @@ def test_an_idle_connection_outlives_the_sdks_own_keep_alive_expiry(gw: Gateway)
     """httpx (and so the OpenAI SDKs) drops an idle pooled connection after 5 s. Were the
     server to drop it at the same moment, a request sent on it just then would fail with a read
     error (seen under a flood); the server must keep it longer, so the client closes first."""
-    with httpx.Client(base_url=gw.api_url, headers={"Authorization": f"Bearer {gw.keys['acme']}"},
-                      limits=httpx.Limits(keepalive_expiry=60), timeout=10) as c:  # fmt: skip
+    with httpx.Client(
+        base_url=gw.api_url,
+        headers={"Authorization": f"Bearer {gw.keys['acme']}"},
+        limits=httpx.Limits(keepalive_expiry=60),
+        timeout=10,
+    ) as c:
         peers = []
         for pause in (0.0, 5.5):
             time.sleep(pause)
-            r = c.post("/completions", json={"model": "sim", "prompt": "hi", "max_tokens": 3},
-                       extensions={"trace": lambda name, info: peers.append(info.get("return_value"))
-                                   if name == "connection.connect_tcp.complete" else None})  # fmt: skip
+            r = c.post(
+                "/completions",
+                json={"model": "sim", "prompt": "hi", "max_tokens": 3},
+                extensions={
+                    "trace": lambda name, info: (
+                        peers.append(info.get("return_value")) if name == "connection.connect_tcp.complete" else None
+                    )
+                },
+            )
             assert r.status_code == 200
         assert len(peers) == 1  # one TCP connection served both: the server kept it open
 

@@ -71,8 +71,9 @@ class Env:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory, demo_model_path: Path) -> Iterator[Env]:
     # No task policy caps these requests: let them ask for long generations.
-    gw = start_gateway(tmp_path_factory.mktemp("streaming"), seed_with=_seed_with(demo_model_path),
-                       default_max_tokens=1_000_000)  # fmt: skip
+    gw = start_gateway(
+        tmp_path_factory.mktemp("streaming"), seed_with=_seed_with(demo_model_path), default_max_tokens=1_000_000
+    )
     yield Env(gw.server, gw.keys["acme"])
     gw.stop()
 

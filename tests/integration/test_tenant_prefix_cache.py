@@ -27,8 +27,18 @@ def reused(gw: object) -> tuple[float, float]:
 
 def test_another_tenants_identical_prompt_reuses_nothing(tmp_path: Path, demo_model_path: Path) -> None:
     config = {"model_path": str(demo_model_path), "parallel": 2, "demo": True}
-    models = {"tiny": [{"name": "tiny-llamacpp", "engine_kind": "llamacpp", "quantization": "f32", "gpu_type": "cpu",
-                        "max_model_len": 1024, "config": config}]}  # fmt: skip
+    models = {
+        "tiny": [
+            {
+                "name": "tiny-llamacpp",
+                "engine_kind": "llamacpp",
+                "quantization": "f32",
+                "gpu_type": "cpu",
+                "max_model_len": 1024,
+                "config": config,
+            }
+        ]
+    }
     gw = start_gateway(tmp_path, seed_with={"models": models, "tenants": {"acme": {}, "beta": {}}})
     try:
         acme, beta = (openai.OpenAI(base_url=gw.api_url, api_key=gw.keys[t], max_retries=0) for t in ("acme", "beta"))

@@ -162,12 +162,35 @@ def gw(
     tmp_path_factory: pytest.TempPathFactory, demo_model_path: Path, receiver: OTLPReceiver, vllm: VLLMStandIn
 ) -> Iterator[Gateway]:
     llama = {"model_path": str(demo_model_path), "parallel": 2, "demo": True}
-    tiny = [{"name": "tiny-llamacpp", "engine_kind": "llamacpp", "quantization": "f32", "gpu_type": "cpu",
-             "max_model_len": 256, "config": llama}]  # fmt: skip
-    remote = [{"name": "m-vllm", "engine_kind": "vllm", "quantization": "bf16", "gpu_type": "standin",
-               "max_model_len": 4096, "config": vllm_config(vllm, metrics_poll_s=0)}]  # fmt: skip
-    embed = [{"name": "m-embed", "engine_kind": "vllm", "quantization": "bf16", "gpu_type": "standin",
-              "config": vllm_config(vllm, metrics_poll_s=0, embeddings=True)}]  # fmt: skip
+    tiny = [
+        {
+            "name": "tiny-llamacpp",
+            "engine_kind": "llamacpp",
+            "quantization": "f32",
+            "gpu_type": "cpu",
+            "max_model_len": 256,
+            "config": llama,
+        }
+    ]
+    remote = [
+        {
+            "name": "m-vllm",
+            "engine_kind": "vllm",
+            "quantization": "bf16",
+            "gpu_type": "standin",
+            "max_model_len": 4096,
+            "config": vllm_config(vllm, metrics_poll_s=0),
+        }
+    ]
+    embed = [
+        {
+            "name": "m-embed",
+            "engine_kind": "vllm",
+            "quantization": "bf16",
+            "gpu_type": "standin",
+            "config": vllm_config(vllm, metrics_poll_s=0, embeddings=True),
+        }
+    ]
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OTEL_BSP_SCHEDULE_DELAY", "20")  # export every 20 ms (the SDK reads it at start-up)
         g = start_gateway(
@@ -381,8 +404,9 @@ def test_a_client_that_leaves_mid_stream_is_recorded_once_as_499(
 def test_a_collector_that_is_down_costs_the_requests_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     dead = f"http://127.0.0.1:{free_port()}/v1/traces"  # nothing listens there
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "10")  # export (and fail) while the requests run
-    g = start_gateway(tmp_path, seed_with={"models": {"sim": sim_model("sim")}, "tenants": {"acme": {}}},
-                      otlp_traces_endpoint=dead)  # fmt: skip
+    g = start_gateway(
+        tmp_path, seed_with={"models": {"sim": sim_model("sim")}, "tenants": {"acme": {}}}, otlp_traces_endpoint=dead
+    )
     try:
         sdk = client(g)
         for _ in range(20):
@@ -443,8 +467,12 @@ except TracingUnavailable as exc:
     assert "\n" not in line and "pip install 'laneway[otel]'" in line and "4318" in line
 
     cli = GUARD + "from laneway.cli import main\nsys.argv = ['laneway', 'serve']\nmain()\n"
-    env = {"PATH": "/usr/bin:/bin", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318",
-           "LANEWAY_DATA_DIR": str(tmp_path), "PYTHONPATH": ":".join(sys.path)}  # fmt: skip
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318",
+        "LANEWAY_DATA_DIR": str(tmp_path),
+        "PYTHONPATH": ":".join(sys.path),
+    }
     served = subprocess.run([sys.executable, "-c", cli], capture_output=True, text=True, timeout=60, env=env)
     assert served.returncode == 1
     assert served.stderr.strip().splitlines() == [

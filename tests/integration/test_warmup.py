@@ -24,8 +24,9 @@ def _models(model: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def test_ready_only_after_every_deployment_is_warm(tmp_path: Path, demo_model_path: Path) -> None:
-    server = start_gateway(tmp_path, seed_with={"models": _models(demo_model_path)}, wait_ready=False,
-                           metrics_token=TOKEN).server  # fmt: skip
+    server = start_gateway(
+        tmp_path, seed_with={"models": _models(demo_model_path)}, wait_ready=False, metrics_token=TOKEN
+    ).server
     try:
         seen = []
         deadline = time.monotonic() + 30

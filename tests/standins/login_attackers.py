@@ -30,8 +30,9 @@ def main() -> None:
                 r = c.post("/admin/api/login", json={"username": user, "password": "wrong password!"})
                 with lock:
                     statuses[r.status_code] += 1
-                    if r.status_code == 429 and not (r.headers.get("retry-after", "").isdigit()
-                                                     and r.json()["error"]["type"] == "rate_limit_error"):  # fmt: skip
+                    if r.status_code == 429 and not (
+                        r.headers.get("retry-after", "").isdigit() and r.json()["error"]["type"] == "rate_limit_error"
+                    ):
                         bad.append(r.text)
 
     threads = [threading.Thread(target=attack, args=(i,), daemon=True) for i in range(n)]

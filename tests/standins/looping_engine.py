@@ -19,9 +19,13 @@ class LoopingEngine:
         self.head: list[str] = list(config.get("head", []))
         self.loop: list[str] = list(config.get("loop", [" the"]))
         self.finish_after: int | None = config.get("finish_after")
-        self.info = EngineInfo(engine="looping", model=alias, max_model_len=info.get("max_model_len") or 4096,
-                               max_concurrency=4, capabilities=frozenset({"json_object", "json_schema", "n",
-                                                                          "ignore_eos", "min_tokens"}))  # fmt: skip
+        self.info = EngineInfo(
+            engine="looping",
+            model=alias,
+            max_model_len=info.get("max_model_len") or 4096,
+            max_concurrency=4,
+            capabilities=frozenset({"json_object", "json_schema", "n", "ignore_eos", "min_tokens"}),
+        )
         self.active = 0
         self.cancelled = 0
         self.decoded = 0  # tokens produced, all requests together
@@ -32,9 +36,14 @@ class LoopingEngine:
     async def close(self) -> None:
         pass
 
-    async def measure(self, *, prompt: str | None = None, messages: Sequence[ChatTurn] | None = None,
-                      tools: Sequence[dict[str, Any]] = (), response_format: dict[str, Any] | None = None
-                      ) -> PromptMeasure:  # fmt: skip
+    async def measure(
+        self,
+        *,
+        prompt: str | None = None,
+        messages: Sequence[ChatTurn] | None = None,
+        tools: Sequence[dict[str, Any]] = (),
+        response_format: dict[str, Any] | None = None,
+    ) -> PromptMeasure:
         text = prompt if prompt is not None else " ".join(m.content for m in messages or ())
         return PromptMeasure(text=text, tokens=max(1, len(text.split())))
 

@@ -85,8 +85,14 @@ class VLLMStandIn:
         async def generate(request: Request, chat: bool) -> Response[str] | Stream:  # type: ignore[type-arg]
             body = await request.json()
             rid = request.headers.get("x-request-id", "")
-            standin.requests.append({**body, "_request_id": rid, "_path": request.url.path,
-                                     "_traceparent": request.headers.get("traceparent")})  # fmt: skip
+            standin.requests.append(
+                {
+                    **body,
+                    "_request_id": rid,
+                    "_path": request.url.path,
+                    "_traceparent": request.headers.get("traceparent"),
+                }
+            )
             if standin.fail_generation:
                 said = "engine crashed" if standin.fail_status >= 500 else "the request is invalid"
                 return Response(json.dumps({"error": {"message": said}}), status_code=standin.fail_status)
@@ -106,8 +112,14 @@ class VLLMStandIn:
         async def embeddings(request: Request) -> Response[str]:  # type: ignore[type-arg]
             body = await request.json()
             rid = request.headers.get("x-request-id", "")
-            standin.requests.append({**body, "_request_id": rid, "_path": request.url.path,
-                                     "_traceparent": request.headers.get("traceparent")})  # fmt: skip
+            standin.requests.append(
+                {
+                    **body,
+                    "_request_id": rid,
+                    "_path": request.url.path,
+                    "_traceparent": request.headers.get("traceparent"),
+                }
+            )
             if standin.fail_generation:
                 return Response(json.dumps({"error": {"message": "engine crashed"}}), status_code=500)
             if standin.embed_delay_s:
@@ -123,8 +135,10 @@ class VLLMStandIn:
             tokens = sum(len(t.split()) for t in texts)
             usage = {"prompt_tokens": tokens, "total_tokens": tokens}
             standin.finished.append(rid)
-            return Response(json.dumps({"object": "list", "data": data, "model": body["model"], "usage": usage}),
-                            media_type=MediaType.JSON)  # fmt: skip
+            return Response(
+                json.dumps({"object": "list", "data": data, "model": body["model"], "usage": usage}),
+                media_type=MediaType.JSON,
+            )
 
         return Litestar([health, metrics, models, tokenize, completions, chat, embeddings])
 

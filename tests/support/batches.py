@@ -33,8 +33,12 @@ def upload(client: openai.OpenAI, content: bytes, name: str = "input.jsonl") -> 
 
 def run_batch(client: openai.OpenAI, content: bytes, endpoint: str = "/v1/chat/completions", **extra: Any) -> Any:
     file_id = upload(client, content)
-    return client.batches.create(input_file_id=file_id, endpoint=endpoint, completion_window="24h",  # type: ignore[arg-type]
-                                 **extra)  # fmt: skip
+    return client.batches.create(
+        input_file_id=file_id,
+        endpoint=endpoint,
+        completion_window="24h",  # type: ignore[arg-type]
+        **extra,
+    )
 
 
 def wait_ended(client: openai.OpenAI, batch_id: str, within: float = 60.0) -> Any:

@@ -15,14 +15,23 @@ from support.services import unavailable
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DOCS_SHOTS = Path(__file__).resolve().parents[2] / "docs" / "admin"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]  # fmt: skip
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def browser_or_skip() -> None:
     if not os.path.exists(CHROMIUM):
-        unavailable("Chromium is not installed (apt-get install chromium) - browser tests skipped",
-                    "Chromium is not installed (CI=true: .ci/run installs Debian's chromium)")  # fmt: skip
+        unavailable(
+            "Chromium is not installed (apt-get install chromium) - browser tests skipped",
+            "Chromium is not installed (CI=true: .ci/run installs Debian's chromium)",
+        )
 
 
 @contextmanager

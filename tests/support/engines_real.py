@@ -159,8 +159,9 @@ class RealTriton:
             "--log-info=true",
         ]
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(cmd, env=self._env(), stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                cmd, env=self._env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self.wait_ready(within)
         return self
 
@@ -282,16 +283,35 @@ class RealVLLM:
         """Start it and wait (with a deadline) until /health answers 200."""
         self.port = free_port()
         cmd = [
-            str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",  # the `vllm` script
-            "--model", str(VLLM_MODEL), "--served-model-name", self.model,  # is for a dist named vllm
-            "--host", "127.0.0.1", "--port", str(self.port),
-            "--dtype", "bfloat16", "--max-model-len", str(self.MAX_MODEL_LEN),
-            "--max-num-seqs", str(self.MAX_NUM_SEQS), "--scheduling-policy", "priority",
+            str(VLLM_VENV / "bin" / "python"),
+            "-m",
+            "vllm.entrypoints.openai.api_server",  # the `vllm` script
+            "--model",
+            str(VLLM_MODEL),
+            "--served-model-name",
+            self.model,  # is for a dist named vllm
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            "bfloat16",
+            "--max-model-len",
+            str(self.MAX_MODEL_LEN),
+            "--max-num-seqs",
+            str(self.MAX_NUM_SEQS),
+            "--scheduling-policy",
+            "priority",
             "--enable-log-requests",  # each request's id and sampling parameters, and each abort, in the log
-        ]  # fmt: skip
+        ]
         if self.kv_events:
-            events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": self.kv_events_endpoint,
-                      "replay_endpoint": self.kv_events_replay_endpoint, "topic": "kv"}  # fmt: skip
+            events = {
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "endpoint": self.kv_events_endpoint,
+                "replay_endpoint": self.kv_events_replay_endpoint,
+                "topic": "kv",
+            }
             cmd += ["--enable-prefix-caching", "--kv-events-config", json.dumps(events)]
         env = {
             **os.environ,

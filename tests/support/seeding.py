@@ -16,8 +16,16 @@ from laneway.db.session import make_engine, make_sessionmaker
 
 def sim_model(name: str, **config: Any) -> list[dict[str, Any]]:
     """One sim deployment for alias `name` (config: the sim's cost model and concurrency)."""
-    return [{"name": f"{name}-sim", "engine_kind": "sim", "quantization": "sim", "gpu_type": "sim",
-             "max_model_len": int(config.pop("max_model_len", 8192)), "config": config}]  # fmt: skip
+    return [
+        {
+            "name": f"{name}-sim",
+            "engine_kind": "sim",
+            "quantization": "sim",
+            "gpu_type": "sim",
+            "max_model_len": int(config.pop("max_model_len", 8192)),
+            "config": config,
+        }
+    ]
 
 
 @dataclass

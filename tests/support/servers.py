@@ -95,8 +95,14 @@ def in_process_settings(**fields: Any) -> Settings:
     return Settings(**{"bootstrap_demo": False, "shed_loop_delay_s": 0, **fields})
 
 
-def start_gateway(data_dir: Path, *, database_url: str | None = None, wait_ready: bool = True,
-                  seed_with: dict[str, Any] | None = None, **settings: Any) -> Gateway:  # fmt: skip
+def start_gateway(
+    data_dir: Path,
+    *,
+    database_url: str | None = None,
+    wait_ready: bool = True,
+    seed_with: dict[str, Any] | None = None,
+    **settings: Any,
+) -> Gateway:
     """Seed a database (SQLite in data_dir unless database_url is given) and serve it in-process
     on a loopback port. `settings` override Settings fields (in_process_settings' defaults)."""
     url = database_url or f"sqlite+aiosqlite:///{data_dir / 'laneway.db'}"

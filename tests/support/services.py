@@ -154,11 +154,22 @@ class PrivatePostgres:
 
     def start(self) -> PrivatePostgres:
         if not self.data.exists():
-            self._run(str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
-                      "--no-sync", "-E", "UTF8")  # fmt: skip
+            self._run(
+                str(self.bin / "initdb"),
+                "-D",
+                str(self.data),
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+                "-E",
+                "UTF8",
+            )
         options = f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=off"
-        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.base / "log"),
-                  "-w", "start")  # fmt: skip
+        self._run(
+            str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.base / "log"), "-w", "start"
+        )
         return self
 
     def stop(self) -> None:

@@ -24,8 +24,11 @@ class StandInProcess:
     def __init__(self, token_delay_s: float = 0.002) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, str(STANDIN), str(self.port), str(token_delay_s)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, str(STANDIN), str(self.port), str(token_delay_s)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         wait_for(self._up, what=f"the stand-in on port {self.port}", within=30)
 
     def _up(self) -> bool:

@@ -27,8 +27,19 @@ import numpy as np
 import triton_python_backend_utils as pb_utils  # provided by the Python backend's stub
 
 WORDS = "red orange yellow green blue indigo violet black white grey".split()
-OPTIONAL = ("bad_words", "stop_words", "end_id", "pad_id", "top_k", "top_p", "temperature", "random_seed", "stream",
-            "presence_penalty", "frequency_penalty")  # fmt: skip
+OPTIONAL = (
+    "bad_words",
+    "stop_words",
+    "end_id",
+    "pad_id",
+    "top_k",
+    "top_p",
+    "temperature",
+    "random_seed",
+    "stream",
+    "presence_penalty",
+    "frequency_penalty",
+)
 
 
 def _value(tensor: Any) -> Any:
@@ -57,8 +68,10 @@ class TritonPythonModel:
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
             # Read every tensor here: their buffers are released when execute() returns.
-            inputs = {"text_input": _value(pb_utils.get_input_tensor_by_name(request, "text_input")),
-                      "max_tokens": _value(pb_utils.get_input_tensor_by_name(request, "max_tokens"))}  # fmt: skip
+            inputs = {
+                "text_input": _value(pb_utils.get_input_tensor_by_name(request, "text_input")),
+                "max_tokens": _value(pb_utils.get_input_tensor_by_name(request, "max_tokens")),
+            }
             for name in OPTIONAL:
                 tensor = pb_utils.get_input_tensor_by_name(request, name)
                 if tensor is not None:

@@ -48,7 +48,12 @@ def test_the_window_forgets_what_is_older_than_it() -> None:
     view = live.read()
     (lane,) = view.lanes
     assert (lane.lane, lane.requests, lane.errors, lane.prompt_tokens, lane.completion_tokens) == (
-        "interactive", 10, 2, 100, 40)  # fmt: skip
+        "interactive",
+        10,
+        2,
+        100,
+        40,
+    )
     assert abs(lane.per_s - 1.0) < 1e-9 and view.span_s == 10
     assert 25 < lane.ttft_ms[0.5] < 50  # type: ignore[operator]  # inside the 25-50 ms bucket
     assert 250 < lane.ttft_ms[0.99] <= 500  # type: ignore[operator]
@@ -88,8 +93,9 @@ def test_refusals_before_admission_are_counted_by_code() -> None:
 
 def test_chart_geometry() -> None:
     assert [nice_ceiling(v) for v in (0, 0.3, 1, 7, 10, 11, 420, 5001)] == [1, 0.5, 1, 10, 10, 20, 500, 10000]
-    chart = stacked_bars("c", "Requests", ["a", "b", "c"], [Series("ok", "#00f", [4, 0, 2]),
-                                                              Series("err", "#f00", [1, None, 0])])  # fmt: skip
+    chart = stacked_bars(
+        "c", "Requests", ["a", "b", "c"], [Series("ok", "#00f", [4, 0, 2]), Series("err", "#f00", [1, None, 0])]
+    )
     assert not chart.empty and len(chart.bars) == 3  # zero and missing values draw nothing
     ok_a, err_a = chart.bars[0], chart.bars[1]
     assert abs(err_a.y + err_a.h - ok_a.y) < 0.02  # stacked: errors sit on top of the successes
@@ -105,12 +111,16 @@ def test_chart_geometry() -> None:
 def test_words_for_people() -> None:
     assert field_message("rpm", "rpm must be a whole number, at least 1.").startswith("Requests per minute must be")
     assert field_message("priority_floor", "kept as it is") == "kept as it is"
-    shown = typed_tenant({"name": "acme", "rpm": 5, "disabled": True, "allowed_models": ["a"]},
-                         {"csrf_token": "x", "rpm": "0", "allowed_models": "b, c,"})  # fmt: skip
+    shown = typed_tenant(
+        {"name": "acme", "rpm": 5, "disabled": True, "allowed_models": ["a"]},
+        {"csrf_token": "x", "rpm": "0", "allowed_models": "b, c,"},
+    )
     assert shown == {"name": "acme", "rpm": "0", "disabled": False, "allowed_models": ["b", "c"]}
     assert iso_utc(None) == ""
-    changes = audit_changes({"id": 1, "rpm": None, "tpm": 10, "allowed_models": ["a"]},
-                            {"id": 1, "rpm": 60, "tpm": 10, "allowed_models": ["a", "b"]})  # fmt: skip
+    changes = audit_changes(
+        {"id": 1, "rpm": None, "tpm": 10, "allowed_models": ["a"]},
+        {"id": 1, "rpm": 60, "tpm": 10, "allowed_models": ["a", "b"]},
+    )
     assert changes == [("rpm", "(none)", "60"), ("allowed_models", "a", "a, b")]
     created = audit_changes(None, {"id": 7, "name": "acme", "revoked_at": "2026-12-03T10:00:00.5+00:00"})
     assert created == [("name", "", "acme"), ("revoked_at", "", "2026-12-03T10:00:00Z")]

@@ -27,8 +27,9 @@ from laneway.types import DeploymentSpec, TenantSnapshot
 
 INTERACTIVE = LanePolicy("interactive", priority=0, max_concurrency=8, queue_timeout_s=30)
 STANDARD = LanePolicy("standard", priority=1, max_concurrency=8, queue_timeout_s=30)
-BATCH = LanePolicy("batch", priority=2, max_concurrency=64, queue_timeout_s=30, match_tasks=frozenset({"batch"}),
-                   background=True)  # fmt: skip
+BATCH = LanePolicy(
+    "batch", priority=2, max_concurrency=64, queue_timeout_s=30, match_tasks=frozenset({"batch"}), background=True
+)
 
 
 class Clock:
@@ -200,9 +201,16 @@ BETA = TenantSnapshot(id=2, name="beta", api_key_id=22)
 
 
 def spec(i: int) -> DeploymentSpec:
-    return DeploymentSpec(id=i, name=f"m-{i}", alias="m", engine_kind="sim", quantization="q8", gpu_type="sim",
-                          max_model_len=8192, config={"decode_ms_base": 2.0, "prefill_ms_per_token": 0.0,
-                                                      "max_concurrency": 2})  # fmt: skip
+    return DeploymentSpec(
+        id=i,
+        name=f"m-{i}",
+        alias="m",
+        engine_kind="sim",
+        quantization="q8",
+        gpu_type="sim",
+        max_model_len=8192,
+        config={"decode_ms_base": 2.0, "prefill_ms_per_token": 0.0, "max_concurrency": 2},
+    )
 
 
 @pytest.fixture
@@ -330,7 +338,10 @@ async def test_a_lanes_background_flag_goes_from_its_row_to_the_policy(tmp_path:
         store = PolicyStore(sessions)
         seeded = await store.reload()
         assert {lane.name: lane.background for lane in seeded.lanes} == {
-            "batch": True, "interactive": False, "standard": False}  # fmt: skip
+            "batch": True,
+            "interactive": False,
+            "standard": False,
+        }
         assert seeded.lane("batch").max_concurrency == 64  # type: ignore[union-attr]
         async with sessions() as s, s.begin():
             await PolicyRepository(s).upsert_lane("standard", background=True)

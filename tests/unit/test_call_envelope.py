@@ -48,7 +48,7 @@ def test_a_cut_envelope_is_its_complete_calls_and_the_named_one_in_progress(text
 @pytest.mark.parametrize(
     "text",
     ["hello", '{"answer": 3', '{"name":"other', '{"name":"other"', '["x"', '{"name":"clock","arguments":3}', "   "],
-)  # fmt: skip
+)
 def test_text_that_is_not_an_envelope_for_these_tools_is_none(text: str) -> None:
     assert cut_calls(text, TOOLS) is None, text
 
@@ -82,11 +82,13 @@ def test_an_unknown_name_or_key_breaks_the_envelope() -> None:
 # ---- the llama.cpp choice ----
 
 
-def run_choice(pieces: list[str], *, mode: str = "tools", max_tokens: int = 100, parallel: bool = True,
-               end: str = "stop") -> tuple[list[Delta], int]:  # fmt: skip
+def run_choice(
+    pieces: list[str], *, mode: str = "tools", max_tokens: int = 100, parallel: bool = True, end: str = "stop"
+) -> tuple[list[Delta], int]:
     """Feed `pieces` as tokens; the choice's deltas and how many pieces it took."""
-    req = GenerationRequest(request_id="r", prompt="p", prompt_tokens=1, max_tokens=max_tokens,
-                            parallel_tool_calls=parallel)  # fmt: skip
+    req = GenerationRequest(
+        request_id="r", prompt="p", prompt_tokens=1, max_tokens=max_tokens, parallel_tool_calls=parallel
+    )
     out: list[Delta] = []
     choice = ChoiceText(req, mode, TOOLS, 0, out.append)
     for taken, piece in enumerate(pieces, 1):

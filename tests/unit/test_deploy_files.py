@@ -57,8 +57,12 @@ def scraped() -> Iterator[dict[str, Any]]:
         gw: Gateway = start_gateway(Path(data), seed_with=seed_with)
         try:
             body = {"model": "sim", "prompt": "hi", "max_tokens": 2, "stream": True}
-            r = httpx.post(gw.api_url + "/completions", headers={"Authorization": f"Bearer {gw.keys['acme']}"},
-                           json=body, timeout=30)  # fmt: skip
+            r = httpx.post(
+                gw.api_url + "/completions",
+                headers={"Authorization": f"Bearer {gw.keys['acme']}"},
+                json=body,
+                timeout=30,
+            )
             assert r.status_code == 200 and r.headers["x-laneway-lane"] == "interactive", r.text
             text = httpx.get(gw.base_url + "/metrics", timeout=30).text
         finally:

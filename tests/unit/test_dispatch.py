@@ -24,9 +24,16 @@ SYSTEM = "You are a careful assistant for the billing team. " * 40  # about 2 KB
 
 
 def spec(i: int, slots: int = 2, **config: object) -> DeploymentSpec:
-    return DeploymentSpec(id=i, name=f"m-{i}", alias="m", engine_kind="sim", quantization="q8", gpu_type="sim",
-                          max_model_len=8192, config={"decode_ms_base": 2.0, "prefill_ms_per_token": 0.0,
-                                                      "max_concurrency": slots, **config})  # fmt: skip
+    return DeploymentSpec(
+        id=i,
+        name=f"m-{i}",
+        alias="m",
+        engine_kind="sim",
+        quantization="q8",
+        gpu_type="sim",
+        max_model_len=8192,
+        config={"decode_ms_base": 2.0, "prefill_ms_per_token": 0.0, "max_concurrency": slots, **config},
+    )
 
 
 @pytest.fixture
@@ -42,8 +49,9 @@ def gateway(registry: EngineRegistry, **kw: object) -> Gateway:
 
 
 def chat(prompt: str, *, key: str | None = None, max_tokens: int = 2) -> GenerationIntent:
-    return GenerationIntent(endpoint="completions", alias="m", stream=False, prompt=prompt, max_tokens=max_tokens,
-                            prompt_cache_key=key)  # fmt: skip
+    return GenerationIntent(
+        endpoint="completions", alias="m", stream=False, prompt=prompt, max_tokens=max_tokens, prompt_cache_key=key
+    )
 
 
 async def served_by(gw: Gateway, tenant: TenantSnapshot, intent: GenerationIntent) -> tuple[str, str | None]:
@@ -89,8 +97,10 @@ async def test_a_hot_prefix_spills_to_other_replicas_once_its_replica_is_busier(
     leases = [gw.lease(await gw.prepare(ACME, chat(SYSTEM + f"q{i}"))) for i in range(7)]
     waits = [asyncio.ensure_future(gw.acquire(lease)) for lease in leases]  # 3 replicas x 2 slots, and one
     try:
-        await until(lambda: all(lease.placement is not None and lease.placement.replica for lease in leases),
-                    what="every request bound")  # fmt: skip
+        await until(
+            lambda: all(lease.placement is not None and lease.placement.replica for lease in leases),
+            what="every request bound",
+        )
         placed = [lease.placement.replica.spec.name for lease in leases if lease.placement]
         # The hot replica takes more than its share while it is at most one engine's worth busier
         # than the least busy (it may queue one beyond its two slots), then the rest spread.

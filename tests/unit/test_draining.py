@@ -16,9 +16,17 @@ ACME = TenantSnapshot(id=1, name="acme", api_key_id=11)
 
 
 def spec(i: int, *, draining: bool = False) -> DeploymentSpec:
-    return DeploymentSpec(id=i, name=f"m-{i}", alias="m", engine_kind="sim", quantization="q8", gpu_type="sim",
-                          max_model_len=8192, config={"decode_ms_base": 1.0, "max_concurrency": 2},
-                          draining=draining)  # fmt: skip
+    return DeploymentSpec(
+        id=i,
+        name=f"m-{i}",
+        alias="m",
+        engine_kind="sim",
+        quantization="q8",
+        gpu_type="sim",
+        max_model_len=8192,
+        config={"decode_ms_base": 1.0, "max_concurrency": 2},
+        draining=draining,
+    )
 
 
 @pytest.fixture

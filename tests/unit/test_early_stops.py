@@ -21,7 +21,7 @@ from laneway.core.early_stops import (
 from laneway.core.pipeline import Gateway, GenerationIntent
 from laneway.core.policy import PolicySnapshot, PolicyStore, TaskPolicy
 from laneway.db.repositories import DeploymentSpec
-from laneway.engines import registry as engine_registry
+from laneway.engines import kinds as engine_kinds
 from laneway.engines.registry import EngineRegistry
 from laneway.metrics import GatewayMetrics
 from laneway.types import GenerationRequest, SamplingExtensions, TenantSnapshot
@@ -149,24 +149,35 @@ TASKS = {
 
 
 def spec(alias: str, config: dict[str, Any]) -> DeploymentSpec:
-    return DeploymentSpec(id=1, name=f"{alias}-looping", alias=alias, engine_kind="looping", config=config,
-                          quantization="q", gpu_type="cpu", max_model_len=4096)  # fmt: skip
+    return DeploymentSpec(
+        id=1,
+        name=f"{alias}-looping",
+        alias=alias,
+        engine_kind="looping",
+        config=config,
+        quantization="q",
+        gpu_type="cpu",
+        max_model_len=4096,
+    )
 
 
 @pytest.fixture
 async def gateway(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Gateway]:
-    monkeypatch.setitem(engine_registry.ENGINE_KINDS, "looping", LoopingEngine)
+    monkeypatch.setitem(engine_kinds.ENGINE_KINDS, "looping", LoopingEngine)
     registry = EngineRegistry()
-    await registry.load([
-        spec("loop", {"head": ["Hello", ",", " I", " am"], "loop": [" so", " very", " happy", " here", "."]}),
-        spec("json", {"head": ['{"a', '": "}', '\\"",', ' "b": [1', ", 2]", "}\n"], "loop": ["\n", " "]}),
-        spec("ends", {"head": ["Fine", "."], "loop": [" Yes", "."], "finish_after": 4}),
-        spec("json-ends", {"head": ['{"a"', ": 1", "}"], "loop": [" "], "finish_after": 3}),
-    ])  # fmt: skip
+    await registry.load(
+        [
+            spec("loop", {"head": ["Hello", ",", " I", " am"], "loop": [" so", " very", " happy", " here", "."]}),
+            spec("json", {"head": ['{"a', '": "}', '\\"",', ' "b": [1', ", 2]", "}\n"], "loop": ["\n", " "]}),
+            spec("ends", {"head": ["Fine", "."], "loop": [" Yes", "."], "finish_after": 4}),
+            spec("json-ends", {"head": ['{"a"', ": 1", "}"], "loop": [" "], "finish_after": 3}),
+        ]
+    )
     metrics = GatewayMetrics()
     recorder = UsageRecorder(None, interval_s=60)  # type: ignore[arg-type]
-    gw = Gateway(registry, PolicyStore(None, PolicySnapshot(tasks=TASKS)), sinks=[recorder, metrics],
-                 default_max_tokens=300)  # fmt: skip
+    gw = Gateway(
+        registry, PolicyStore(None, PolicySnapshot(tasks=TASKS)), sinks=[recorder, metrics], default_max_tokens=300
+    )
     yield gw
     await registry.close()
 
@@ -193,8 +204,11 @@ def saved(gw: Gateway) -> dict[tuple[str, str, str], float]:
     metrics = next(s for s in gw.sinks if isinstance(s, GatewayMetrics))
     families = text_string_to_metric_families(metrics.exposition().decode())
     family = next(f for f in families if f.name == "laneway_decode_tokens_saved")
-    return {(s.labels["lane"], s.labels["model"], s.labels["reason"]): s.value for s in family.samples
-            if s.name.endswith("_total")}  # fmt: skip
+    return {
+        (s.labels["lane"], s.labels["model"], s.labels["reason"]): s.value
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
 
 
 @pytest.mark.parametrize("stream", [False, True])

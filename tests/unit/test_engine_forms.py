@@ -33,14 +33,27 @@ def test_widgets_follow_the_field_types() -> None:
 
 
 def test_a_form_becomes_the_typed_config_without_its_blanks() -> None:
-    form = {"config.base_url": "http://vllm-1:8000", "config.max_concurrency": "16", "config.metrics_poll_s": "",
-            "config.shared_slots": "", "config.tool_calling": "true", "config.tokenize": "never",
-            "config.extra_body": 'top_k = 20\nchat_template_kwargs = {"thinking": false}',
-            "config.stop": "###\n\nEND\n"}  # fmt: skip
+    form = {
+        "config.base_url": "http://vllm-1:8000",
+        "config.max_concurrency": "16",
+        "config.metrics_poll_s": "",
+        "config.shared_slots": "",
+        "config.tool_calling": "true",
+        "config.tokenize": "never",
+        "config.extra_body": 'top_k = 20\nchat_template_kwargs = {"thinking": false}',
+        "config.stop": "###\n\nEND\n",
+    }
     config = read_config("vllm", form, {"config.lanes": ["batch"]})
-    assert config == {"base_url": "http://vllm-1:8000", "max_concurrency": 16, "shared_slots": False,
-                      "tool_calling": True, "tokenize": "never", "lanes": ["batch"], "stop": ["###", "END"],
-                      "extra_body": {"top_k": 20, "chat_template_kwargs": {"thinking": False}}}  # fmt: skip
+    assert config == {
+        "base_url": "http://vllm-1:8000",
+        "max_concurrency": 16,
+        "shared_slots": False,
+        "tool_calling": True,
+        "tokenize": "never",
+        "lanes": ["batch"],
+        "stop": ["###", "END"],
+        "extra_body": {"top_k": 20, "chat_template_kwargs": {"thinking": False}},
+    }
     shown = form_values("vllm", {**config, "api_key": "sk-secret"})
     assert shown["config.max_concurrency"] == "16" and shown["config.stop"] == "###\nEND"
     assert "config.api_key" not in shown  # a secret is never shown back

@@ -19,9 +19,16 @@ FAULT = "<<laneway-sim-fault>>"
 
 
 def spec(i: int, **config: object) -> DeploymentSpec:
-    return DeploymentSpec(id=i, name=f"m-{i}", alias="m", engine_kind="sim", quantization="q8", gpu_type="sim",
-                          max_model_len=4096, config={"decode_ms_base": 5.0, "prefill_ms_per_token": 0.0,
-                                                      "max_concurrency": 1, **config})  # fmt: skip
+    return DeploymentSpec(
+        id=i,
+        name=f"m-{i}",
+        alias="m",
+        engine_kind="sim",
+        quantization="q8",
+        gpu_type="sim",
+        max_model_len=4096,
+        config={"decode_ms_base": 5.0, "prefill_ms_per_token": 0.0, "max_concurrency": 1, **config},
+    )
 
 
 async def test_a_client_leaving_while_its_request_waits_on_the_second_replica_leaks_nothing() -> None:
@@ -29,17 +36,23 @@ async def test_a_client_leaving_while_its_request_waits_on_the_second_replica_le
     # m-0 fails before its first token; m-1 has one slot, held by a long request.
     await registry.load([spec(0, fault_after_tokens=0), spec(1)])
     # Bound at arrival (least_outstanding), so the test can pin the holder to m-1.
-    gw = Gateway(registry, PolicyStore(None), sinks=[UsageRecorder(None, interval_s=60)],  # type: ignore[arg-type]
-                 routing="least_outstanding")  # fmt: skip
+    gw = Gateway(
+        registry,
+        PolicyStore(None),
+        sinks=[UsageRecorder(None, interval_s=60)],  # type: ignore[arg-type]
+        routing="least_outstanding",
+    )
     first, second = registry.deployments()
     try:
-        holder_call = await gw.prepare(TENANT, GenerationIntent(endpoint="completions", alias="m", stream=False,
-                                                                prompt="hold", max_tokens=400))  # fmt: skip
+        holder_call = await gw.prepare(
+            TENANT, GenerationIntent(endpoint="completions", alias="m", stream=False, prompt="hold", max_tokens=400)
+        )
         assert holder_call.deployment is first  # fewest outstanding, first listed: move it where it must go
         holder_call.deployment = second
         holder = await gw.admit(holder_call)
-        call = await gw.prepare(TENANT, GenerationIntent(endpoint="completions", alias="m", stream=False,
-                                                         prompt=FAULT, max_tokens=20))  # fmt: skip
+        call = await gw.prepare(
+            TENANT, GenerationIntent(endpoint="completions", alias="m", stream=False, prompt=FAULT, max_tokens=20)
+        )
         assert call.deployment is first
         lease = await gw.admit(call)
 

@@ -211,8 +211,11 @@ async def test_a_reused_connection_closed_as_the_request_goes_out_is_retried_onc
         await echo(pool)
         async with await pool.request("POST", "/flaky", b"once") as r:  # reused; closed unanswered
             assert await r.read() == b"answered"
-        assert [(p, b) for p, b, _ in upstream.requests] == [("/echo", b"hello"), ("/flaky", b"once"),
-                                                              ("/flaky", b"once")]  # fmt: skip
+        assert [(p, b) for p, b, _ in upstream.requests] == [
+            ("/echo", b"hello"),
+            ("/flaky", b"once"),
+            ("/flaky", b"once"),
+        ]
         assert upstream.connections == 2
 
 
@@ -325,9 +328,28 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed: no certificate for the TLS test")
     d = tmp_path_factory.mktemp("tls")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(d / "key.pem"),
-                    "-out", str(d / "cert.pem")], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(d / "key.pem"),
+            "-out",
+            str(d / "cert.pem"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return d / "cert.pem", d / "key.pem"
 
 

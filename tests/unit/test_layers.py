@@ -77,8 +77,9 @@ def imports(path: Path, known: dict[str, Path]) -> set[str]:
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
-                       for a in node.names]  # fmt: skip
+            targets = [
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module for a in node.names
+            ]
         for target in targets:
             if target.startswith("laneway") and target != me:
                 while target not in known and "." in target:

@@ -35,8 +35,9 @@ async def batched(demo_model_path: Path) -> AsyncIterator[LlamaCppEngine]:
 
 async def request(e: LlamaCppEngine, prompt: str = "hello world", **kw: Any) -> GenerationRequest:
     m = await e.measure(prompt=prompt)
-    return GenerationRequest(request_id="r", prompt=m.text, prompt_tokens=m.tokens, prompt_ids=m.ids,
-                             **{"max_tokens": 24, "seed": 3, **kw})  # fmt: skip
+    return GenerationRequest(
+        request_id="r", prompt=m.text, prompt_tokens=m.tokens, prompt_ids=m.ids, **{"max_tokens": 24, "seed": 3, **kw}
+    )
 
 
 async def run(e: LlamaCppEngine, r: GenerationRequest) -> list[Delta]:
@@ -199,8 +200,10 @@ async def test_the_step_budget_only_cuts_the_prompt_into_smaller_chunks(demo_mod
         await e.start()
     try:
         for kw in ({"seed": 11, "temperature": 0.9}, {"temperature": 0}, {"seed": 2, "n": 2}):
-            a, b, c = [[(d.index, d.text) for d in await run(e, await request(e, prompt="the cat " * 120, **kw))]
-                       for e in engines]  # fmt: skip
+            a, b, c = [
+                [(d.index, d.text) for d in await run(e, await request(e, prompt="the cat " * 120, **kw))]
+                for e in engines
+            ]
             assert a == b
             if kw.get("temperature") == 0:
                 assert a == c
@@ -216,8 +219,9 @@ SYSTEM = "you are the model that can answer each user with what is true and not 
 
 async def chat(e: LlamaCppEngine, user: str, **kw: Any) -> GenerationRequest:
     m = await e.measure(messages=[ChatTurn("system", SYSTEM), ChatTurn("user", user)])
-    return GenerationRequest(request_id="r", prompt=m.text, prompt_tokens=m.tokens, prompt_ids=m.ids,
-                             **{"max_tokens": 24, "seed": 3, **kw})  # fmt: skip
+    return GenerationRequest(
+        request_id="r", prompt=m.text, prompt_tokens=m.tokens, prompt_ids=m.ids, **{"max_tokens": 24, "seed": 3, **kw}
+    )
 
 
 @pytest.fixture

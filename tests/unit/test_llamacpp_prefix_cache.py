@@ -46,14 +46,24 @@ async def llama(request: pytest.FixtureRequest, demo_model_path: Path) -> AsyncI
 
 async def prompt_request(e: LlamaCppEngine, prompt: str, **kw: Any) -> GenerationRequest:
     m = await e.measure(prompt=prompt)
-    return GenerationRequest(request_id="r", prompt=m.text, prompt_tokens=m.tokens, prompt_ids=m.ids,
-                             **{"max_tokens": 12, "temperature": 0, **kw})  # fmt: skip
+    return GenerationRequest(
+        request_id="r",
+        prompt=m.text,
+        prompt_tokens=m.tokens,
+        prompt_ids=m.ids,
+        **{"max_tokens": 12, "temperature": 0, **kw},
+    )
 
 
 async def chat(e: LlamaCppEngine, turns: list[ChatTurn], **kw: Any) -> GenerationRequest:
     m = await e.measure(messages=turns)
-    return GenerationRequest(request_id="r", prompt=m.text, prompt_tokens=m.tokens, prompt_ids=m.ids,
-                             **{"max_tokens": 16, "temperature": 0, **kw})  # fmt: skip
+    return GenerationRequest(
+        request_id="r",
+        prompt=m.text,
+        prompt_tokens=m.tokens,
+        prompt_ids=m.ids,
+        **{"max_tokens": 16, "temperature": 0, **kw},
+    )
 
 
 async def run(e: LlamaCppEngine, r: GenerationRequest) -> list[tuple[int, str, str | None]]:

@@ -67,8 +67,9 @@ async def test_batches_in_flight_side_by_side_are_answered_in_the_order_made(hub
 
 
 async def test_an_error_reply_fails_only_its_own_call(hub: RedisHub) -> None:
-    replies = await asyncio.gather(hub.call(ECHO, [], ["a"]), hub.call(FAIL, [], []), hub.call(ECHO, [], ["b"]),
-                                   return_exceptions=True)  # fmt: skip
+    replies = await asyncio.gather(
+        hub.call(ECHO, [], ["a"]), hub.call(FAIL, [], []), hub.call(ECHO, [], ["b"]), return_exceptions=True
+    )
     assert replies[0] == b"a" and replies[2] == b"b"
     assert isinstance(replies[1], ResponseError) and hub.round_trips == 1
     # a script Redis does not know yet is loaded ahead of its first call, and run

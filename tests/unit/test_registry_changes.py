@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from laneway.db.repositories import DeploymentSpec
-from laneway.engines import registry as registry_module
+from laneway.engines import kinds as kinds_module
 from laneway.engines.registry import EngineRegistry, EngineStartError
 from laneway.engines.sim import SimEngine
 
@@ -28,7 +28,7 @@ class SlowStartSim(SimEngine):
 @pytest.fixture(autouse=True)
 def slow_kind(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     STARTED.clear()
-    monkeypatch.setitem(registry_module.ENGINE_KINDS, "slow", SlowStartSim)
+    monkeypatch.setitem(kinds_module.ENGINE_KINDS, "slow", SlowStartSim)
     yield
 
 

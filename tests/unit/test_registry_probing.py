@@ -9,8 +9,16 @@ from laneway.types import DeploymentSpec
 
 def spec(i: int) -> DeploymentSpec:
     config = {"decode_ms_base": 0.1, "prefill_ms_per_token": 0.0}
-    return DeploymentSpec(id=i, name=f"m-{i}", alias="m", engine_kind="sim", config=config, quantization="q8",
-                          gpu_type="sim", max_model_len=4096)  # fmt: skip
+    return DeploymentSpec(
+        id=i,
+        name=f"m-{i}",
+        alias="m",
+        engine_kind="sim",
+        config=config,
+        quantization="q8",
+        gpu_type="sim",
+        max_model_len=4096,
+    )
 
 
 async def test_a_readmitted_replica_takes_one_request_at_a_time_until_one_succeeds() -> None:

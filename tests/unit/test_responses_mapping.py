@@ -51,10 +51,15 @@ def test_message_items_of_every_role_and_text_part() -> None:
         {"type": "message", "role": "system", "content": [{"type": "input_text", "text": "more"}]},
         {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
         # A previous response's output item sent back as input: its extra fields do not matter.
-        {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
-         "content": [{"type": "output_text", "text": "answer", "annotations": [], "logprobs": []}]},
+        {
+            "type": "message",
+            "id": "msg_1",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "answer", "annotations": [], "logprobs": []}],
+        },
         {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]},
-    ]  # fmt: skip
+    ]
     assert input_turns("first", items) == [
         ChatTurn("system", "first"),
         ChatTurn("developer", "rules"),
@@ -70,12 +75,18 @@ def test_function_calls_join_the_assistant_turn_and_outputs_are_tool_turns() -> 
         {"role": "user", "content": "weather in Paris and Rome?"},
         {"role": "assistant", "content": "Checking."},
         {"type": "function_call", "call_id": "call_1", "name": "weather", "arguments": '{"city":"Paris"}'},
-        {"type": "function_call", "id": "fc_2", "call_id": "call_2", "name": "weather", "arguments": '{"city":"Rome"}',
-         "status": "completed"},
+        {
+            "type": "function_call",
+            "id": "fc_2",
+            "call_id": "call_2",
+            "name": "weather",
+            "arguments": '{"city":"Rome"}',
+            "status": "completed",
+        },
         {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
         {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "rain"}]},
         {"type": "function_call", "call_id": "call_3", "name": "clock", "arguments": "{}"},
-    ]  # fmt: skip
+    ]
     paris = ToolCall(id="call_1", name="weather", arguments='{"city":"Paris"}', index=0)
     rome = ToolCall(id="call_2", name="weather", arguments='{"city":"Rome"}', index=1)
     assert input_turns(None, items) == [
@@ -90,18 +101,27 @@ def test_function_calls_join_the_assistant_turn_and_outputs_are_tool_turns() -> 
 @pytest.mark.parametrize(
     ("items", "code", "param"),
     [
-        ([{"role": "user", "content": [{"type": "input_text", "text": "x"}, {"type": "input_image"}]}],
-         "unsupported_parameter", "input[0].content[1]"),
-        ([{"role": "user", "content": "x"}, {"type": "item_reference", "id": "msg_1"}], "unsupported_parameter",
-         "input[1]"),
+        (
+            [{"role": "user", "content": [{"type": "input_text", "text": "x"}, {"type": "input_image"}]}],
+            "unsupported_parameter",
+            "input[0].content[1]",
+        ),
+        (
+            [{"role": "user", "content": "x"}, {"type": "item_reference", "id": "msg_1"}],
+            "unsupported_parameter",
+            "input[1]",
+        ),
         ([{"type": "reasoning", "summary": []}], "unsupported_parameter", "input[0].type"),
         ([{"type": "function_call", "name": "f", "arguments": "{}"}], "invalid_request", "input[0].call_id"),
         ([{"role": "tool", "content": "x"}], "invalid_request", "input[0].role"),
-        ([{"role": "user", "content": [{"type": "input_text", "text": 5}]}], "invalid_request",
-         "input[0].content[0].text"),
+        (
+            [{"role": "user", "content": [{"type": "input_text", "text": 5}]}],
+            "invalid_request",
+            "input[0].content[0].text",
+        ),
         ([], "invalid_request", "input"),
     ],
-)  # fmt: skip
+)
 def test_input_that_cannot_be_read_is_a_400_naming_the_item(items: list[Any], code: str, param: str) -> None:
     with pytest.raises(GatewayError) as info:
         input_turns(None, items)
@@ -118,10 +138,12 @@ def test_function_tools_map_to_the_chat_shape() -> None:
         {"type": "function", "name": "clock", "defer_loading": False},
     ]
     assert chat_tools(tools) == (
-        {"type": "function", "function": {"name": "weather", "description": "Weather now", "parameters": params,
-                                          "strict": True}},
+        {
+            "type": "function",
+            "function": {"name": "weather", "description": "Weather now", "parameters": params, "strict": True},
+        },
         {"type": "function", "function": {"name": "clock"}},
-    )  # fmt: skip
+    )
     assert chat_tools(None) == ()
 
 
@@ -174,12 +196,18 @@ def test_tools_and_json_output_are_handed_to_the_pipeline_in_the_chat_shapes() -
     tool = ({"type": "function", "function": {"name": "f"}},)
     plain = [ChatTurn("user", "hi")]
     assert feature_arguments((), None, None, None, plain) == {
-        "tools": [], "tool_choice": None, "parallel_tool_calls": True, "response_format": None,
-    }  # fmt: skip
+        "tools": [],
+        "tool_choice": None,
+        "parallel_tool_calls": True,
+        "response_format": None,
+    }
     fmt = {"type": "json_object"}
     assert feature_arguments(tool, "required", False, fmt, plain) == {
-        "tools": list(tool), "tool_choice": "required", "parallel_tool_calls": False, "response_format": fmt,
-    }  # fmt: skip
+        "tools": list(tool),
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "response_format": fmt,
+    }
 
 
 # ---- what is refused -----------------------------------------------------------------------------
@@ -210,10 +238,22 @@ def test_what_laneway_cannot_honour_is_a_400_naming_it(fields: dict[str, Any], p
 
 
 def test_the_values_that_ask_for_nothing_pass() -> None:
-    refuse_unsupported(request(store=True, reasoning={}, text={"format": {"type": "text"}, "verbosity": "medium"},
-                               truncation="disabled", top_logprobs=0, include=["reasoning.encrypted_content"],
-                               service_tier="auto", prompt_cache_key="k", safety_identifier="s", max_tool_calls=3,
-                               stream=True, stream_options={"include_obfuscation": False}))  # fmt: skip
+    refuse_unsupported(
+        request(
+            store=True,
+            reasoning={},
+            text={"format": {"type": "text"}, "verbosity": "medium"},
+            truncation="disabled",
+            top_logprobs=0,
+            include=["reasoning.encrypted_content"],
+            service_tier="auto",
+            prompt_cache_key="k",
+            safety_identifier="s",
+            max_tool_calls=3,
+            stream=True,
+            stream_options={"include_obfuscation": False},
+        )
+    )
     with pytest.raises(GatewayError) as info:
         refuse_unsupported(request(stream_options={"include_obfuscation": False}))
     assert info.value.param == "stream_options"
@@ -327,16 +367,23 @@ def test_tool_call_fragments_become_function_call_items() -> None:
         "response.completed",
     ]
     first, second = events[8]["item"], events[11]["item"]
-    assert (first["type"], first["call_id"], first["name"], first["arguments"]) == ("function_call", "call_a",
-                                                                                     "weather", "")  # fmt: skip
+    assert (first["type"], first["call_id"], first["name"], first["arguments"]) == (
+        "function_call",
+        "call_a",
+        "weather",
+        "",
+    )
     assert events[8]["output_index"] == 1 and events[11]["output_index"] == 2 and second["call_id"] == "call_b"
     assert {e["item_id"] for e in events[9:11]} == {first["id"]} and first["id"].startswith("fc_")
     assert events[13]["arguments"] == '{"city":"Paris"}' and events[14]["item"]["status"] == "completed"
     response = final(a)
     assert response.status == "completed" and response.output_text == "Let me check."
     calls = [(o.type, getattr(o, "call_id", None), getattr(o, "arguments", None)) for o in response.output]
-    assert calls == [("message", None, None), ("function_call", "call_a", '{"city":"Paris"}'),
-                     ("function_call", "call_b", "{}")]  # fmt: skip
+    assert calls == [
+        ("message", None, None),
+        ("function_call", "call_a", '{"city":"Paris"}'),
+        ("function_call", "call_b", "{}"),
+    ]
 
 
 def test_non_streaming_builds_the_same_output_and_no_events() -> None:

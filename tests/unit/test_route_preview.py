@@ -19,14 +19,23 @@ ACME = TenantSnapshot(id=1, name="acme", api_key_id=11)
 SYSTEM = "You are a careful assistant for the billing team. " * 40  # several prefix blocks
 POLICIES = PolicySnapshot(
     lanes=(LanePolicy("interactive", match_stream=True, match_max_prompt_tokens=500), LanePolicy("standard")),
-    tasks={"chat": TaskPolicy("chat", max_tokens=300, long_prompt_tokens=100, long_prompt_max_tokens=50,
-                              stop=("###",))},
-)  # fmt: skip
+    tasks={
+        "chat": TaskPolicy("chat", max_tokens=300, long_prompt_tokens=100, long_prompt_max_tokens=50, stop=("###",))
+    },
+)
 
 
 def spec(i: int) -> DeploymentSpec:
-    return DeploymentSpec(id=i, name=f"m-{i}", alias="m", engine_kind="sim", quantization="q8", gpu_type="sim",
-                          max_model_len=8192, config={"decode_ms_base": 1.0, "max_concurrency": 2})  # fmt: skip
+    return DeploymentSpec(
+        id=i,
+        name=f"m-{i}",
+        alias="m",
+        engine_kind="sim",
+        quantization="q8",
+        gpu_type="sim",
+        max_model_len=8192,
+        config={"decode_ms_base": 1.0, "max_concurrency": 2},
+    )
 
 
 @pytest.fixture
@@ -45,10 +54,17 @@ async def test_a_plan_matches_what_serving_the_same_request_decides(gateway: Gat
     plan = RoutePlanner(gateway)
     for content, stream, asked in (("hi", True, None), ("word " * 400, False, 200), (SYSTEM, False, 1000)):
         planned = (await plan(ACME, "chat", body(content, stream=stream, max_tokens=asked), {})).call
-        real = await gateway.prepare(ACME, GenerationIntent(endpoint="chat", alias="m", stream=stream, task="chat",
-                                                            messages=[_turn(content)], max_tokens=asked))  # fmt: skip
+        real = await gateway.prepare(
+            ACME,
+            GenerationIntent(
+                endpoint="chat", alias="m", stream=stream, task="chat", messages=[_turn(content)], max_tokens=asked
+            ),
+        )
         assert (planned.lane.name, planned.generation.max_tokens, planned.generation.stop) == (
-            real.lane.name, real.generation.max_tokens, real.generation.stop)  # fmt: skip
+            real.lane.name,
+            real.generation.max_tokens,
+            real.generation.stop,
+        )
     assert planned.lane.name == "standard" and planned.generation.max_tokens == 50  # a long prompt's cap
     assert gateway.in_flight == 0 and all(d.outstanding == 0 for d in gateway.registry.deployments())
 
@@ -60,8 +76,12 @@ async def test_the_picker_dry_run_chooses_as_dispatch_would_and_records_nothing(
     assert first.pick is not None and sorted(d.spec.name for d in first.replicas) == ["m-0", "m-1"]
     assert picker.figures == {} and all(picker.index.size(d.spec.name) == 0 for d in first.replicas)
     # Served for real, the request lands where the dry run said; then the plan sees its prefix there.
-    call = await gateway.prepare(ACME, GenerationIntent(endpoint="chat", alias="m", stream=False, task="chat",
-                                                        messages=[_turn(SYSTEM + "Q1")], max_tokens=2))  # fmt: skip
+    call = await gateway.prepare(
+        ACME,
+        GenerationIntent(
+            endpoint="chat", alias="m", stream=False, task="chat", messages=[_turn(SYSTEM + "Q1")], max_tokens=2
+        ),
+    )
     lease = await gateway.admit(call)
     async for _ in gateway.run(lease):
         pass

@@ -29,10 +29,19 @@ def chat(**extra: Any) -> p.ChatCompletionRequest:
 
 
 def test_every_extension_decodes_on_chat_and_completions() -> None:
-    sent = {"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2, "ignore_eos": True, "min_tokens": 3,
-            "stop_token_ids": [1, 2], "include_stop_str_in_output": True, "skip_special_tokens": False,
-            "spaces_between_special_tokens": False, "truncate_prompt_tokens": 100,
-            "structured_outputs": {"choice": ["a", "b"]}}  # fmt: skip
+    sent = {
+        "top_k": 5,
+        "min_p": 0.1,
+        "repetition_penalty": 1.2,
+        "ignore_eos": True,
+        "min_tokens": 3,
+        "stop_token_ids": [1, 2],
+        "include_stop_str_in_output": True,
+        "skip_special_tokens": False,
+        "spaces_between_special_tokens": False,
+        "truncate_prompt_tokens": 100,
+        "structured_outputs": {"choice": ["a", "b"]},
+    }
     assert set(sent) == set(EXTENSIONS)
     req = chat(**sent)
     assert (req.top_k, req.min_tokens, req.structured_outputs) == (5, 3, p.StructuredOutputs(choice=["a", "b"]))
@@ -62,9 +71,17 @@ def test_out_of_range_or_unknown_values_are_refused_at_decode(extra: dict[str, A
 
 
 def test_values_that_ask_for_nothing_are_plain_requests() -> None:
-    neutral = SamplingExtensions(top_k=-1, min_p=0.0, repetition_penalty=1.0, ignore_eos=False, min_tokens=0,
-                                 stop_token_ids=(), include_stop_str_in_output=False, skip_special_tokens=True,
-                                 spaces_between_special_tokens=True)  # fmt: skip
+    neutral = SamplingExtensions(
+        top_k=-1,
+        min_p=0.0,
+        repetition_penalty=1.0,
+        ignore_eos=False,
+        min_tokens=0,
+        stop_token_ids=(),
+        include_stop_str_in_output=False,
+        skip_special_tokens=True,
+        spaces_between_special_tokens=True,
+    )
     assert neutral.asked() == [] and neutral.body() == {}
     asked = SamplingExtensions(top_k=1, stop_token_ids=(7,), skip_special_tokens=False)
     assert asked.asked() == ["top_k", "stop_token_ids", "skip_special_tokens"]
@@ -72,8 +89,9 @@ def test_values_that_ask_for_nothing_are_plain_requests() -> None:
 
 
 def generation(**ext: Any) -> GenerationRequest:
-    return GenerationRequest(request_id="r", prompt="p", prompt_tokens=1, max_tokens=4,
-                             extensions=SamplingExtensions(**ext))  # fmt: skip
+    return GenerationRequest(
+        request_id="r", prompt="p", prompt_tokens=1, max_tokens=4, extensions=SamplingExtensions(**ext)
+    )
 
 
 def test_an_engine_without_the_extension_refuses_it_by_name_and_engine() -> None:
@@ -83,8 +101,9 @@ def test_an_engine_without_the_extension_refuses_it_by_name_and_engine() -> None
     assert (refused.value.code, refused.value.param) == ("unsupported_parameter", "top_k")
     assert "'m' (sim)" in refused.value.message
     llama = EngineInfo(engine="llamacpp", model="m", capabilities=LLAMACPP)
-    capabilities.check(llama, "m", generation(top_k=1, min_p=0.1, repetition_penalty=1.1, ignore_eos=True,
-                                             min_tokens=2))  # fmt: skip
+    capabilities.check(
+        llama, "m", generation(top_k=1, min_p=0.1, repetition_penalty=1.1, ignore_eos=True, min_tokens=2)
+    )
     with pytest.raises(GatewayError) as refused:
         capabilities.check(llama, "m", generation(stop_token_ids=(3,)))
     assert refused.value.param == "stop_token_ids"
@@ -96,8 +115,11 @@ def test_vllm_gets_the_extensions_at_the_top_level_of_both_bodies() -> None:
     path, body = generation_body(req, "tiny", {})
     assert path == "/v1/completions"
     assert {k: body[k] for k in ("top_k", "min_tokens", "ignore_eos", "structured_outputs")} == {
-        "top_k": 2, "min_tokens": 3, "ignore_eos": True, "structured_outputs": {"regex": "[a-z]+"}
-    }  # fmt: skip
+        "top_k": 2,
+        "min_tokens": 3,
+        "ignore_eos": True,
+        "structured_outputs": {"regex": "[a-z]+"},
+    }
     plain = GenerationRequest(request_id="r", prompt="p", prompt_tokens=1, max_tokens=4)
     assert not set(EXTENSIONS) & set(generation_body(plain, "tiny", {})[1])
 
@@ -108,8 +130,13 @@ def test_vllm_gets_the_extensions_at_the_top_level_of_both_bodies() -> None:
 @pytest.fixture(params=[True, False], ids=["batched", "per-slot"])
 async def llama(request: pytest.FixtureRequest, demo_model_path: Path) -> Any:
     # IM_END is banned: only EOS ends a choice, and the request's own bias pushes it first.
-    config = {"model_path": str(demo_model_path), "parallel": 2, "demo": True, "ban_tokens": [IM_END_TOKEN],
-              "batching": request.param}  # fmt: skip
+    config = {
+        "model_path": str(demo_model_path),
+        "parallel": 2,
+        "demo": True,
+        "ban_tokens": [IM_END_TOKEN],
+        "batching": request.param,
+    }
     e = LlamaCppEngine("tiny", config, max_model_len=512)
     await e.start()
     yield e
@@ -119,9 +146,16 @@ async def llama(request: pytest.FixtureRequest, demo_model_path: Path) -> Any:
 async def decode(e: LlamaCppEngine, *, max_tokens: int = 10, **kw: Any) -> tuple[str, int, str | None]:
     m = await e.measure(prompt="hello world")
     ext = {k: kw.pop(k) for k in list(kw) if k in EXTENSIONS}
-    req = GenerationRequest(request_id="r", prompt=m.text, prompt_tokens=m.tokens, prompt_ids=m.ids,
-                            max_tokens=max_tokens, logit_bias={EOS_TOKEN: 30.0},
-                            extensions=SamplingExtensions(**ext) if ext else None, **kw)  # fmt: skip
+    req = GenerationRequest(
+        request_id="r",
+        prompt=m.text,
+        prompt_tokens=m.tokens,
+        prompt_ids=m.ids,
+        max_tokens=max_tokens,
+        logit_bias={EOS_TOKEN: 30.0},
+        extensions=SamplingExtensions(**ext) if ext else None,
+        **kw,
+    )
     text, tokens, finish = "", 0, None
     async for d in e.generate(req):
         text, tokens, finish = text + d.text, tokens + d.tokens, d.finish_reason

@@ -21,8 +21,14 @@ def test_an_answer_that_calls_a_known_tool_is_a_call_and_anything_else_is_text()
         '[{"name": "weather", "arguments": {}}, {"name": "clock", "arguments": {}}]', [WEATHER, CLOCK]
     )
     assert several is not None and [c.index for c in several] == [0, 1]
-    for text in ("Paris is sunny.", '{"name": "unknown", "arguments": {}}', '{"name": "weather", "arguments": 3}',
-                 '{"name": "weather"', "[]", "{}"):  # fmt: skip
+    for text in (
+        "Paris is sunny.",
+        '{"name": "unknown", "arguments": {}}',
+        '{"name": "weather", "arguments": 3}',
+        '{"name": "weather"',
+        "[]",
+        "{}",
+    ):
         assert parse_calls(text, [WEATHER]) is None, text
 
 
@@ -44,10 +50,13 @@ def test_the_call_schema_names_each_tool_and_allows_an_array_only_for_parallel_c
 def test_tools_and_history_become_text_turns() -> None:
     call = ToolCall(id="call_1", name="weather", arguments='{"city": "Paris"}')
     turns = with_tools(
-        [ChatTurn("system", "be brief"), ChatTurn("assistant", "", tool_calls=(call,)),
-         ChatTurn("tool", "sunny", tool_call_id="call_1")],
+        [
+            ChatTurn("system", "be brief"),
+            ChatTurn("assistant", "", tool_calls=(call,)),
+            ChatTurn("tool", "sunny", tool_call_id="call_1"),
+        ],
         [WEATHER],
-    )  # fmt: skip
+    )
     assert [t.role for t in turns] == ["system", "assistant", "tool"]
     assert turns[0].content.startswith("be brief\n\n") and '"name":"weather"' in turns[0].content
     assert json.loads(turns[1].content) == {"name": "weather", "arguments": {"city": "Paris"}}

@@ -62,10 +62,19 @@ def stored(tokens: Sequence[int], salt: str | None = None, first: int = 0, mediu
     """A BlockStored of the prompt's blocks from `first` on, as vLLM writes it (its field order)."""
     hashes = chain(tokens, salt)
     parent = hashes[first - 1] if first else None
-    return {"type": "BlockStored", "block_hashes": hashes[first:], "parent_block_hash": parent,
-            "token_ids": list(tokens[first * BS : len(hashes) * BS]), "block_size": BS, "lora_id": None,
-            "medium": medium, "lora_name": None, "extra_keys": [[salt] if salt and first == 0 else None],
-            "group_idx": 0, "kv_cache_spec_kind": "full_attention"}  # fmt: skip
+    return {
+        "type": "BlockStored",
+        "block_hashes": hashes[first:],
+        "parent_block_hash": parent,
+        "token_ids": list(tokens[first * BS : len(hashes) * BS]),
+        "block_size": BS,
+        "lora_id": None,
+        "medium": medium,
+        "lora_name": None,
+        "extra_keys": [[salt] if salt and first == 0 else None],
+        "group_idx": 0,
+        "kv_cache_spec_kind": "full_attention",
+    }
 
 
 def removed(*hashes: Any) -> dict[str, Any]:
@@ -174,8 +183,9 @@ async def test_the_consumer_follows_stored_removed_and_cleared(ctx: zmq.asyncio.
 
 
 async def test_a_sequence_gap_is_filled_from_the_replay_endpoint(publisher: FakePublisher) -> None:
-    consumer = await started(KVEventsConsumer(publisher.endpoint, replay_endpoint=publisher.replay_endpoint,
-                                              topic="kv"))  # fmt: skip
+    consumer = await started(
+        KVEventsConsumer(publisher.endpoint, replay_endpoint=publisher.replay_endpoint, topic="kv")
+    )
     try:
         await publisher.joined()
         # At start it asked what vLLM had published: nothing yet, so an empty cache, known as such.
@@ -196,8 +206,9 @@ async def test_a_sequence_gap_is_filled_from_the_replay_endpoint(publisher: Fake
 async def test_a_gap_the_buffer_no_longer_holds_forgets_the_index_and_a_restart_empties_it(
     publisher: FakePublisher,
 ) -> None:
-    consumer = await started(KVEventsConsumer(publisher.endpoint, replay_endpoint=publisher.replay_endpoint,
-                                              topic="kv"))  # fmt: skip
+    consumer = await started(
+        KVEventsConsumer(publisher.endpoint, replay_endpoint=publisher.replay_endpoint, topic="kv")
+    )
     try:
         await publisher.joined()
         await publisher.send(0, batch(stored(A)))
@@ -224,8 +235,9 @@ async def test_a_gateway_started_after_vllm_replays_the_history_before_its_first
 ) -> None:
     await publisher.send(0, batch(stored(A)), publish=False)  # published before the gateway subscribed
     await publisher.send(1, batch(stored(B)), publish=False)
-    consumer = await started(KVEventsConsumer(publisher.endpoint, replay_endpoint=publisher.replay_endpoint,
-                                              topic="kv"))  # fmt: skip
+    consumer = await started(
+        KVEventsConsumer(publisher.endpoint, replay_endpoint=publisher.replay_endpoint, topic="kv")
+    )
     try:
         await publisher.joined()
         await until(lambda: publisher.requests == [0], what="the start-up replay")
@@ -258,8 +270,9 @@ async def test_a_replay_endpoint_that_does_not_answer_is_no_history_and_a_gap_fo
     publisher: FakePublisher,
 ) -> None:
     silent = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
-    consumer = await started(KVEventsConsumer(publisher.endpoint, replay_endpoint=silent, topic="kv",
-                                              replay_timeout_s=0.2))  # fmt: skip
+    consumer = await started(
+        KVEventsConsumer(publisher.endpoint, replay_endpoint=silent, topic="kv", replay_timeout_s=0.2)
+    )
     try:
         await publisher.joined()
         await asyncio.sleep(0.4)  # past the start-up replay's timeout

@@ -99,8 +99,9 @@ class AdminAPI(Controller):
     ) -> Response[dict[str, str]]:
         async with admin_service.sessions() as session, session.begin():
             await AdminRepository(session).close_session(token_digest(request.cookies[SESSION_COOKIE]))
-        return Response({"status": "logged_out"}, cookies=[Cookie(key=SESSION_COOKIE, value="", path="/admin",
-                                                                   max_age=0)])  # fmt: skip
+        return Response(
+            {"status": "logged_out"}, cookies=[Cookie(key=SESSION_COOKIE, value="", path="/admin", max_age=0)]
+        )
 
     # ---- tenants and keys ----
     @get("/tenants", security=ADMIN_SESSION)
@@ -228,18 +229,24 @@ class AdminAPI(Controller):
 
     @put("/models/{alias:str}/replicas/{name:str}", security=ADMIN_CHANGE)
     async def swap_replica(
-        self, request: AdminRequest, admin_service: NamedDependency[AdminService], alias: FromPath[str],
+        self,
+        request: AdminRequest,
+        admin_service: NamedDependency[AdminService],
+        alias: FromPath[str],
         name: FromPath[str],
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> dict[str, Any]:
         """Serve the replica by another engine: the new one warms up before the old one stops."""
         data = _decode(await request.body(), deployments.DeploymentIn)
         return await replicas.swap_replica(admin_service, request.user.username, alias, name, data)
 
     @patch("/models/{alias:str}/replicas/{name:str}", security=ADMIN_CHANGE)
     async def replica_state(
-        self, request: AdminRequest, admin_service: NamedDependency[AdminService], alias: FromPath[str],
+        self,
+        request: AdminRequest,
+        admin_service: NamedDependency[AdminService],
+        alias: FromPath[str],
         name: FromPath[str],
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> dict[str, Any]:
         """{"draining": true|false} and/or {"enabled": true|false}."""
         data = _decode(await request.body(), ReplicaStateIn)
         actor, out = request.user.username, {"alias": alias, "name": name}
@@ -251,9 +258,12 @@ class AdminAPI(Controller):
 
     @delete("/models/{alias:str}/replicas/{name:str}", status_code=200, security=ADMIN_CHANGE)
     async def remove_replica(
-        self, request: AdminRequest, admin_service: NamedDependency[AdminService], alias: FromPath[str],
+        self,
+        request: AdminRequest,
+        admin_service: NamedDependency[AdminService],
+        alias: FromPath[str],
         name: FromPath[str],
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> dict[str, Any]:
         return await deployments.remove_replica(admin_service, request.user.username, alias, name)
 
     @get("/models/{alias:str}/fallbacks", security=ADMIN_SESSION)

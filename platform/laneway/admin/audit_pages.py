@@ -24,6 +24,8 @@ class AuditPages(Controller):
     async def audit(self, request: AdminRequest, admin_service: NamedDependency[AdminService]) -> Page:
         current = request.user
         async with admin_service.sessions() as session:
-            entries = [{**row(e, AUDIT_FIELDS), "at": iso_utc(e.at), "changes": audit_changes(e.before, e.after)}
-                       for e in await AuditRepository(session).recent(200)]  # fmt: skip
+            entries = [
+                {**row(e, AUDIT_FIELDS), "at": iso_utc(e.at), "changes": audit_changes(e.before, e.after)}
+                for e in await AuditRepository(session).recent(200)
+            ]
         return Template("audit.html", context={"admin": current.username, "csrf": current.csrf, "entries": entries})

@@ -33,8 +33,9 @@ def list_url(tenant: str | None, after: str | None = None, *, panel: bool = Fals
 
 def batch_rows(page: dict[str, Any]) -> list[dict[str, Any]]:
     """The API's batches with their times as the pages show them (UTC, to the second)."""
-    return [{**b, **{k: iso_utc(datetime.fromisoformat(b[k])) for k in ("created_at", "expires_at")}}
-            for b in page["data"]]  # fmt: skip
+    return [
+        {**b, **{k: iso_utc(datetime.fromisoformat(b[k])) for k in ("created_at", "expires_at")}} for b in page["data"]
+    ]
 
 
 class BatchPages(Controller):
@@ -46,19 +47,32 @@ class BatchPages(Controller):
 
     async def _panel(self, svc: AdminService, csrf: str, tenant: str | None, after: str | None) -> dict[str, Any]:
         page = await batches.list_batches(svc, tenant, after, PER_PAGE)
-        return {"csrf": csrf, "tenant": tenant or "", "after": after or "", "batches": batch_rows(page),
-                "next_url": list_url(tenant, page["last_id"]) if page["has_more"] else "",
-                "panel_url": list_url(tenant, after, panel=True), "refresh_s": REFRESH_S}  # fmt: skip
+        return {
+            "csrf": csrf,
+            "tenant": tenant or "",
+            "after": after or "",
+            "batches": batch_rows(page),
+            "next_url": list_url(tenant, page["last_id"]) if page["has_more"] else "",
+            "panel_url": list_url(tenant, after, panel=True),
+            "refresh_s": REFRESH_S,
+        }
 
-    async def _page(self, request: AdminRequest, svc: AdminService, tenant: str | None, after: str | None,
-                    *, status: int = 200, **extra: Any) -> Template:  # fmt: skip
+    async def _page(
+        self,
+        request: AdminRequest,
+        svc: AdminService,
+        tenant: str | None,
+        after: str | None,
+        *,
+        status: int = 200,
+        **extra: Any,
+    ) -> Template:
         try:
             panel = await self._panel(svc, request.user.csrf, tenant, after)
         except GatewayError as exc:  # an unknown tenant, a stale cursor's odd text: every tenant's, and why
             panel = await self._panel(svc, request.user.csrf, None, None)
             extra["error"], status = exc.message, exc.status
-        context = {"admin": request.user.username, "tenants": await batches.tenants_with_batches(svc), **panel,
-                   **extra}  # fmt: skip
+        context = {"admin": request.user.username, "tenants": await batches.tenants_with_batches(svc), **panel, **extra}
         # After a cancel's POST the address bar shows the list (htmx), so a reload reads it again.
         headers = {"HX-Replace-Url": list_url(tenant, after)} if request.method == "POST" else {}
         return Template("batches.html", context=context, status_code=status, headers=headers)
@@ -73,8 +87,9 @@ class BatchPages(Controller):
     async def panel(self, request: AdminRequest, admin_service: NamedDependency[AdminService]) -> Template:
         """The table alone, for the page's htmx refresh."""
         params = request.query_params
-        context = await self._panel(admin_service, request.user.csrf, params.get("tenant") or None,
-                                    params.get("after") or None)  # fmt: skip
+        context = await self._panel(
+            admin_service, request.user.csrf, params.get("tenant") or None, params.get("after") or None
+        )
         return Template("batches_panel.html", context=context)
 
     @post("/{batch_id:str}/cancel")
@@ -88,6 +103,8 @@ class BatchPages(Controller):
             done = await batches.cancel_batch(admin_service, request.user.username, batch_id)
         except GatewayError as exc:  # gone, or ended meanwhile: said on the page, nothing changed
             return await self._page(request, admin_service, tenant, after, status=exc.status, error=exc.message)
-        notice = (f"Batch {batch_id} of {done['tenant']} is {done['status']}: its pending requests are cancelled; "
-                  "those running finish.")  # fmt: skip
+        notice = (
+            f"Batch {batch_id} of {done['tenant']} is {done['status']}: its pending requests are cancelled; "
+            "those running finish."
+        )
         return await self._page(request, admin_service, tenant, after, notice=notice)

@@ -26,8 +26,17 @@ from laneway.db.repositories import AuditRepository, TenantRepository
 
 DEFAULT_LIMIT, MAX_LIMIT = 20, 100  # a page, as the /v1 list's
 CANCELLABLE = (VALIDATING, IN_PROGRESS)
-STAMPS = ("created_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at",
-          "cancelling_at", "cancelled_at", "expires_at")  # fmt: skip
+STAMPS = (
+    "created_at",
+    "in_progress_at",
+    "finalizing_at",
+    "completed_at",
+    "failed_at",
+    "expired_at",
+    "cancelling_at",
+    "cancelled_at",
+    "expires_at",
+)
 
 
 def shown(batch: BatchInfo, tenant: str) -> dict[str, Any]:
@@ -82,8 +91,9 @@ async def list_batches(
     `after=last_id`. An unknown tenant: 404."""
     check_text("after", after or "", max_length=100, allow_empty=True)
     if not 1 <= limit <= MAX_LIMIT:
-        raise GatewayError(ErrorCode.INVALID_REQUEST, f"limit must be a whole number from 1 to {MAX_LIMIT}.",
-                           param="limit")  # fmt: skip
+        raise GatewayError(
+            ErrorCode.INVALID_REQUEST, f"limit must be a whole number from 1 to {MAX_LIMIT}.", param="limit"
+        )
     tenant_id = None
     if tenant is not None:
         async with svc.sessions() as session:
@@ -116,15 +126,19 @@ async def cancel_batch(svc: AdminService, actor: str, batch_id: str) -> dict[str
         raise GatewayError(ErrorCode.NOT_FOUND, f"No batch with id {batch_id}.", param="batch_id")
 
     async def audit(session: AsyncSession, after: BatchInfo) -> None:
-        await AuditRepository(session).add(actor, "cancel", "batch", batch_id, {"status": before.status},
-                                           {"status": after.status})  # fmt: skip
+        await AuditRepository(session).add(
+            actor, "cancel", "batch", batch_id, {"status": before.status}, {"status": after.status}
+        )
 
     after = await store.cancel(None, batch_id, on_cancelled=audit)
     if after is None:  # deleted meanwhile
         raise GatewayError(ErrorCode.NOT_FOUND, f"No batch with id {batch_id}.", param="batch_id")
     if after.status not in (CANCELLING, CANCELLED):
-        raise GatewayError(ErrorCode.CONFLICT, f"Batch {batch_id} is {after.status}: only a validating or "
-                           "in-progress batch can be cancelled.", param="batch_id")  # fmt: skip
+        raise GatewayError(
+            ErrorCode.CONFLICT,
+            f"Batch {batch_id} is {after.status}: only a validating or in-progress batch can be cancelled.",
+            param="batch_id",
+        )
     async with svc.sessions() as session:
         names = await _tenant_names(session, {after.tenant_id})
     return shown(after, names.get(after.tenant_id, f"#{after.tenant_id}"))

@@ -111,9 +111,16 @@ def stacked_bars(chart_id: str, title: str, labels: Sequence[str], series: Seque
             if value <= 0:
                 continue
             h = value * scale
-            chart.bars.append(Rect(round(LEFT + slot * i + slot * 0.12, 2), round(base - h, 2),
-                                   round(slot * 0.76, 2), round(h, 2), s.color,
-                                   f"{label}: {s.label} {value:,.0f}{unit}"))  # fmt: skip
+            chart.bars.append(
+                Rect(
+                    round(LEFT + slot * i + slot * 0.12, 2),
+                    round(base - h, 2),
+                    round(slot * 0.76, 2),
+                    round(h, 2),
+                    s.color,
+                    f"{label}: {s.label} {value:,.0f}{unit}",
+                )
+            )
             base -= h
     return chart
 

@@ -29,12 +29,21 @@ def _span_words(seconds: float) -> str:
 def panel_context(queue_stats: QueueStats, live: LiveFigures, registry: EngineRegistry) -> dict[str, Any]:
     """Readiness, queues now (the schedulers) and the last minutes of this replica's metrics:
     no database round trip, whatever the traffic."""
-    queues = [{"lane": labels["lane"], "deployment": labels["deployment"], "waiting": w, "running": r}
-              for labels, w, r in queue_stats()]  # fmt: skip
+    queues = [
+        {"lane": labels["lane"], "deployment": labels["deployment"], "waiting": w, "running": r}
+        for labels, w, r in queue_stats()
+    ]
     view = live.read()
     scale = max([t.ttft_ms[0.99] or 0.0 for t in view.lanes] + [1.0])
-    return {"ready": registry.ready, "health": readiness_details(registry), "queues": queues, "view": view,
-            "ttft": [t for t in view.lanes if t.ttft_n], "scale": scale, "span": _span_words(view.span_s)}  # fmt: skip
+    return {
+        "ready": registry.ready,
+        "health": readiness_details(registry),
+        "queues": queues,
+        "view": view,
+        "ttft": [t for t in view.lanes if t.ttft_n],
+        "scale": scale,
+        "span": _span_words(view.span_s),
+    }
 
 
 class DashboardPages(Controller):

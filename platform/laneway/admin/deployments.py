@@ -24,7 +24,8 @@ from laneway.contracts.errors import GatewayError
 from laneway.db.models import Deployment, Model
 from laneway.db.repositories import AuditRepository, DeploymentSpec, ModelRepository
 from laneway.engines.config import EngineConfigError, check_config
-from laneway.engines.registry import ENGINE_KINDS, EngineStartError
+from laneway.engines.kinds import ENGINE_KINDS
+from laneway.engines.registry import EngineStartError
 
 
 class DeploymentIn(Struct, forbid_unknown_fields=True):
@@ -43,8 +44,16 @@ class ModelIn(Struct, forbid_unknown_fields=True):
     description: Description = ""
 
 
-DEPLOYMENT_FIELDS = ("name", "engine_kind", "config", "quantization", "gpu_type", "max_model_len", "enabled",
-                     "draining")  # fmt: skip
+DEPLOYMENT_FIELDS = (
+    "name",
+    "engine_kind",
+    "config",
+    "quantization",
+    "gpu_type",
+    "max_model_len",
+    "enabled",
+    "draining",
+)
 
 
 async def _commit_model(
@@ -81,9 +90,11 @@ def _check_deployments(data: ModelIn) -> list[str]:
         try:  # a config its engine cannot take is refused here, not left to fail on every replica
             check_config(d.engine_kind, d.config)
         except EngineConfigError as exc:
-            raise GatewayError(ErrorCode.ENGINE_START_FAILED,
-                               f"The deployment '{d.name}' cannot start, so nothing was changed: {exc}",
-                               param=f"deployments[{i}]") from None  # fmt: skip
+            raise GatewayError(
+                ErrorCode.ENGINE_START_FAILED,
+                f"The deployment '{d.name}' cannot start, so nothing was changed: {exc}",
+                param=f"deployments[{i}]",
+            ) from None
     return names
 
 
@@ -106,8 +117,11 @@ async def put_model(svc: AdminService, actor: str, alias: str, data: ModelIn) ->
             )
     deployments = [msgspec.structs.asdict(d) for d in data.deployments]
     # A disabled deployment keeps its row and serves nothing: it is not started.
-    specs = [DeploymentSpec(0, alias=alias, **{k: v for k, v in d.items() if k != "enabled"})
-             for d in deployments if d["enabled"]]  # fmt: skip
+    specs = [
+        DeploymentSpec(0, alias=alias, **{k: v for k, v in d.items() if k != "enabled"})
+        for d in deployments
+        if d["enabled"]
+    ]
     registry = svc.registry
     if registry is None:  # the CLI: no engines here; the serving replicas start them on NOTIFY
         await _commit_model(svc, actor, alias, data, deployments)
@@ -142,10 +156,19 @@ async def replicas(svc: AdminService, alias: str) -> list[DeploymentIn]:
     async with svc.sessions() as session:
         model = await ModelRepository(session).get(alias)
         rows = sorted(model.deployments, key=lambda d: d.id) if model is not None else []
-        return [DeploymentIn(name=d.name, engine_kind=d.engine_kind, config=dict(d.config or {}),
-                             quantization=d.quantization, gpu_type=d.gpu_type, max_model_len=d.max_model_len,
-                             enabled=bool(d.enabled), draining=bool(d.draining))
-                for d in rows]  # fmt: skip
+        return [
+            DeploymentIn(
+                name=d.name,
+                engine_kind=d.engine_kind,
+                config=dict(d.config or {}),
+                quantization=d.quantization,
+                gpu_type=d.gpu_type,
+                max_model_len=d.max_model_len,
+                enabled=bool(d.enabled),
+                draining=bool(d.draining),
+            )
+            for d in rows
+        ]
 
 
 async def add_replica(svc: AdminService, actor: str, alias: str, replica: DeploymentIn) -> dict[str, Any]:
@@ -154,11 +177,17 @@ async def add_replica(svc: AdminService, actor: str, alias: str, replica: Deploy
     row with the before and after, and the NOTIFY."""
     current = await replicas(svc, alias)
     if any(d.name == replica.name for d in current):
-        raise GatewayError(ErrorCode.CONFLICT, f"'{replica.name}' is already a replica of '{alias}'; remove it "
-                           "first to change it.", param="name")  # fmt: skip
+        raise GatewayError(
+            ErrorCode.CONFLICT,
+            f"'{replica.name}' is already a replica of '{alias}'; remove it first to change it.",
+            param="name",
+        )
     if len(current) >= MAX_REPLICAS:
-        raise GatewayError(ErrorCode.INVALID_REQUEST, f"'{alias}' has {len(current)} replicas, the most an alias "
-                           "may have.", param="name")  # fmt: skip
+        raise GatewayError(
+            ErrorCode.INVALID_REQUEST,
+            f"'{alias}' has {len(current)} replicas, the most an alias may have.",
+            param="name",
+        )
     return await put_model(svc, actor, alias, ModelIn(deployments=[*current, replica]))
 
 
@@ -175,7 +204,10 @@ async def remove_replica(svc: AdminService, actor: str, alias: str, name: str) -
         raise GatewayError(ErrorCode.NOT_FOUND, f"'{alias}' has no replica '{name}' (it has {names}).", param="name")
     if not any(d.enabled for d in kept):
         last = "last replica" if not kept else "last enabled replica"
-        raise GatewayError(ErrorCode.CONFLICT, f"'{name}' is the {last} of '{alias}'; an alias needs one. "
-                           "Add another first, or point the alias elsewhere with `laneway model set`.",
-                           param="name")  # fmt: skip
+        raise GatewayError(
+            ErrorCode.CONFLICT,
+            f"'{name}' is the {last} of '{alias}'; an alias needs one. "
+            "Add another first, or point the alias elsewhere with `laneway model set`.",
+            param="name",
+        )
     return await put_model(svc, actor, alias, ModelIn(deployments=kept))

@@ -25,53 +25,96 @@ from laneway.engines.config import CONFIG_TYPES, DeploymentConfig, parse_config
 SHADOWED = frozenset({"max_model_len"})
 SECRETS = frozenset({"api_key"})  # never shown back in a form
 # What a field's None default means, for its placeholder.
-NONE_MEANS = {"model": "the alias", "n_ctx": "the context", "n_threads": "auto", "first_token_timeout_s": "no limit",
-              "api_key": "none (a swap keeps it)", "ca_file": "the system's", "end_id": "Triton's",
-              "pad_id": "Triton's"}  # fmt: skip
+NONE_MEANS = {
+    "model": "the alias",
+    "n_ctx": "the context",
+    "n_threads": "auto",
+    "first_token_timeout_s": "no limit",
+    "api_key": "none (a swap keeps it)",
+    "ca_file": "the system's",
+    "end_id": "Triton's",
+    "pad_id": "Triton's",
+}
 PREFIX = "config."  # the form's input names: config.base_url, ...
 
 _H = tuple[str, str, str]  # label, unit, help
 CONFIG_HELP: dict[str, _H] = {
     # every kind (read by the gateway)
-    "lanes": ("Dedicated to lanes", "", "Serve only the ticked lanes' requests; they try dedicated replicas first. "
-              "None ticked: every lane."),
-    "warmup_system_prompts": ("Warm-up system prompts", "one per line", "Run at start (1 token each) so their "
-                              "prefix is cached before the first request."),
-    "stop": ("Default stop sequences", "one per line", "The model's own stops, merged with the task's and the "
-             "request's."),
-    "first_token_timeout_s": ("First-token timeout", "seconds", "No first token within this long counts as the "
-                              "replica failing: the request moves to another replica. Blank = wait."),
-    "shared_slots": ("Share slots through Redis", "", "Gateway replicas fronting this engine share its slots "
-                     "(when Redis is configured)."),
-    "max_concurrency": ("Max concurrency", "sequences at once", "Requests laneway runs on it at once (vLLM's "
-                        "--max-num-seqs); the rest wait in laneway's lanes."),
+    "lanes": (
+        "Dedicated to lanes",
+        "",
+        "Serve only the ticked lanes' requests; they try dedicated replicas first. None ticked: every lane.",
+    ),
+    "warmup_system_prompts": (
+        "Warm-up system prompts",
+        "one per line",
+        "Run at start (1 token each) so their prefix is cached before the first request.",
+    ),
+    "stop": (
+        "Default stop sequences",
+        "one per line",
+        "The model's own stops, merged with the task's and the request's.",
+    ),
+    "first_token_timeout_s": (
+        "First-token timeout",
+        "seconds",
+        "No first token within this long counts as the "
+        "replica failing: the request moves to another replica. Blank = wait.",
+    ),
+    "shared_slots": (
+        "Share slots through Redis",
+        "",
+        "Gateway replicas fronting this engine share its slots (when Redis is configured).",
+    ),
+    "max_concurrency": (
+        "Max concurrency",
+        "sequences at once",
+        "Requests laneway runs on it at once (vLLM's --max-num-seqs); the rest wait in laneway's lanes.",
+    ),
     # vllm
     "base_url": ("Base URL", "", "The vLLM server's root, e.g. http://vllm-1:8000 (https: TLS)."),
-    "model": ("Served model name", "", "The engine's name for the model (vLLM's --served-model-name, Triton's "
-              "model). Blank = the default shown."),
+    "model": (
+        "Served model name",
+        "",
+        "The engine's name for the model (vLLM's --served-model-name, Triton's model). Blank = the default shown.",
+    ),
     "api_key": ("API key", "", "Sent as a bearer token (vLLM's --api-key). Blank = none."),
     "ca_file": ("TLS CA file", "path", "The CA of an https base URL's certificate, when it is private."),
-    "tokenize": ("Exact token counts", "", "auto: estimate, and ask /tokenize only near the context; always; "
-                 "never."),
-    "max_waiting": ("Overloaded past", "requests waiting", "More than this waiting in vLLM's own queue: routed "
-                    "around until it drains."),
-    "max_kv_cache_usage": ("Overloaded past KV-cache use", "fraction 0-1", "Above this KV-cache use: routed "
-                           "around."),
-    "metrics_poll_s": ("Metrics poll", "seconds", "How often its /metrics is read (the load routing sees); 0: "
-                       "never."),
+    "tokenize": ("Exact token counts", "", "auto: estimate, and ask /tokenize only near the context; always; never."),
+    "max_waiting": (
+        "Overloaded past",
+        "requests waiting",
+        "More than this waiting in vLLM's own queue: routed around until it drains.",
+    ),
+    "max_kv_cache_usage": ("Overloaded past KV-cache use", "fraction 0-1", "Above this KV-cache use: routed around."),
+    "metrics_poll_s": ("Metrics poll", "seconds", "How often its /metrics is read (the load routing sees); 0: never."),
     "timeout_s": ("Request timeout", "seconds", "The longest one request to the engine may take."),
-    "extra_body": ("Extra request fields", "name = JSON value, one per line", "Added to every request body sent "
-                   "to the engine."),
+    "extra_body": (
+        "Extra request fields",
+        "name = JSON value, one per line",
+        "Added to every request body sent to the engine.",
+    ),
     "embeddings": ("Serves embeddings", "", "The model answers POST /v1/embeddings."),
     "tool_calling": ("Tool calling", "", "vLLM runs with --enable-auto-tool-choice and a tool parser."),
-    "kv_events_endpoint": ("KV events endpoint", "zmq address", "Where vLLM publishes its KV-cache events "
-                           "(--kv-events-config), e.g. tcp://vllm-1:5557: routing then knows exactly what it "
-                           "caches. Blank = off."),
-    "kv_events_replay_endpoint": ("KV events replay endpoint", "zmq address", "vLLM's replay socket, to fill a "
-                                  "gap in the events. Blank = a gap resets what laneway knows."),
+    "kv_events_endpoint": (
+        "KV events endpoint",
+        "zmq address",
+        "Where vLLM publishes its KV-cache events "
+        "(--kv-events-config), e.g. tcp://vllm-1:5557: routing then knows exactly what it "
+        "caches. Blank = off.",
+    ),
+    "kv_events_replay_endpoint": (
+        "KV events replay endpoint",
+        "zmq address",
+        "vLLM's replay socket, to fill a gap in the events. Blank = a gap resets what laneway knows.",
+    ),
     "kv_events_topic": ("KV events topic", "", "The topic vLLM publishes under (blank: all)."),
-    "kv_events_bind": ("Bind for KV events", "", "vLLM connects to this gateway (its endpoint is a plain "
-                       "tcp://host:port) instead of this gateway connecting to vLLM."),
+    "kv_events_bind": (
+        "Bind for KV events",
+        "",
+        "vLLM connects to this gateway (its endpoint is a plain "
+        "tcp://host:port) instead of this gateway connecting to vLLM.",
+    ),
     # trtllm
     "url": ("gRPC address", "host:port", "Triton's gRPC endpoint."),
     "end_id": ("End token id", "", "The model's end-of-sequence token. Blank = Triton's default."),
@@ -103,11 +146,35 @@ CONFIG_HELP: dict[str, _H] = {
     "batching": ("Batch sequences", "", "One context of all parallel sequences, decoded together."),
     "n_batch": ("Batch size", "tokens", "The most tokens one batched step carries."),
     "max_step_ms": ("Step time", "ms", "What a batched step's prompt tokens are sized to (0: the batch size)."),
-}  # fmt: skip
-ADVANCED = frozenset({"warmup_system_prompts", "stop", "first_token_timeout_s", "shared_slots", "ca_file",
-                      "tokenize", "max_waiting", "max_kv_cache_usage", "timeout_s", "extra_body", "end_id", "pad_id",
-                      "top_k", "bad_words", "probe_timeout_s", "fault_marker", "fault_after_tokens", "n_threads",
-                      "ban_tokens", "logit_bias", "pooling", "n_batch", "max_step_ms", "demo"})  # fmt: skip
+}
+ADVANCED = frozenset(
+    {
+        "warmup_system_prompts",
+        "stop",
+        "first_token_timeout_s",
+        "shared_slots",
+        "ca_file",
+        "tokenize",
+        "max_waiting",
+        "max_kv_cache_usage",
+        "timeout_s",
+        "extra_body",
+        "end_id",
+        "pad_id",
+        "top_k",
+        "bad_words",
+        "probe_timeout_s",
+        "fault_marker",
+        "fault_after_tokens",
+        "n_threads",
+        "ban_tokens",
+        "logit_bias",
+        "pooling",
+        "n_batch",
+        "max_step_ms",
+        "demo",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -125,8 +192,12 @@ def _widget(hint: Any) -> tuple[str, tuple[tuple[str, str], ...], str]:
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType) and len(args) == 1:
         return _widget(args[0])
-    literals = [str(v) for a in ([hint] if origin is Literal else args) if typing.get_origin(a) is Literal
-                for v in typing.get_args(a)]  # fmt: skip
+    literals = [
+        str(v)
+        for a in ([hint] if origin is Literal else args)
+        if typing.get_origin(a) is Literal
+        for v in typing.get_args(a)
+    ]
     if literals:
         return "select", tuple((v, v) for v in literals), ""
     if hint is bool:
@@ -161,8 +232,19 @@ def config_fields(kind: str, lanes: list[str] | None = None) -> list[ConfigField
         if f.name in SECRETS:
             widget = "secret"
         placeholder = "required" if f.required else NONE_MEANS.get(f.name, "") if default is None else _shown(default)
-        helped = FieldHelp(f.name, label, unit, words, "", step=step or "1", min="", max="", placeholder=placeholder,
-                           kind=widget, choices=choices)  # fmt: skip
+        helped = FieldHelp(
+            f.name,
+            label,
+            unit,
+            words,
+            "",
+            step=step or "1",
+            min="",
+            max="",
+            placeholder=placeholder,
+            kind=widget,
+            choices=choices,
+        )
         out.append(ConfigField(helped, PREFIX + f.name, f.required, f.name in ADVANCED, default))
     return sorted(out, key=lambda c: not c.required)
 

@@ -50,11 +50,13 @@ def check_fallbacks(graph: Mapping[str, Sequence[str]], alias: str, fallbacks: S
     for i, fallback in enumerate(fallbacks):
         param = f"fallbacks[{i}]"
         if fallback == alias:
-            raise GatewayError(ErrorCode.INVALID_REQUEST, f"The model '{alias}' cannot fall back to itself.",
-                               param=param)  # fmt: skip
+            raise GatewayError(
+                ErrorCode.INVALID_REQUEST, f"The model '{alias}' cannot fall back to itself.", param=param
+            )
         if fallback not in graph:
-            raise GatewayError(ErrorCode.INVALID_REQUEST, f"There is no model alias '{fallback}' to fall back to.",
-                               param=param)  # fmt: skip
+            raise GatewayError(
+                ErrorCode.INVALID_REQUEST, f"There is no model alias '{fallback}' to fall back to.", param=param
+            )
         if fallback in fallbacks[:i]:
             raise GatewayError(ErrorCode.INVALID_REQUEST, f"The fallback '{fallback}' is listed twice.", param=param)
     # The saved lists are loop-free, so a loop the new list makes runs through `alias`.
@@ -62,9 +64,11 @@ def check_fallbacks(graph: Mapping[str, Sequence[str]], alias: str, fallbacks: S
     for i, fallback in enumerate(fallbacks):
         back = chain(changed, fallback, alias)
         if back is not None:
-            raise GatewayError(ErrorCode.INVALID_REQUEST,
-                               f"The fallbacks of '{alias}' would make a loop: {' -> '.join([alias, *back])}.",
-                               param=f"fallbacks[{i}]")  # fmt: skip
+            raise GatewayError(
+                ErrorCode.INVALID_REQUEST,
+                f"The fallbacks of '{alias}' would make a loop: {' -> '.join([alias, *back])}.",
+                param=f"fallbacks[{i}]",
+            )
 
 
 async def get_fallbacks(svc: AdminService, alias: str) -> dict[str, Any]:
@@ -89,8 +93,9 @@ async def set_fallbacks(svc: AdminService, actor: str, alias: str, data: Fallbac
         before = graph[alias]
         if before != data.fallbacks:
             await repo.set_fallbacks(alias, data.fallbacks)
-            await AuditRepository(session).add(actor, "update", "model", alias, {"fallbacks": before},
-                                               {"fallbacks": data.fallbacks})  # fmt: skip
+            await AuditRepository(session).add(
+                actor, "update", "model", alias, {"fallbacks": before}, {"fallbacks": data.fallbacks}
+            )
     await svc.reload_policies()
     await svc.config_changes.notify()
     return {"alias": alias, "fallbacks": data.fallbacks}

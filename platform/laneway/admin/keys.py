@@ -17,8 +17,17 @@ from laneway.core.auth import new_api_key
 from laneway.db.models import ApiKey, Tenant
 from laneway.db.repositories import AuditRepository, TenantRepository
 
-KEY_FIELDS = ("id", "tenant_id", "name", "prefix", "created_at", "expires_at", "revoked_at", "last_used_at",
-              *KEY_LIMIT_FIELDS)  # fmt: skip
+KEY_FIELDS = (
+    "id",
+    "tenant_id",
+    "name",
+    "prefix",
+    "created_at",
+    "expires_at",
+    "revoked_at",
+    "last_used_at",
+    *KEY_LIMIT_FIELDS,
+)
 
 
 class KeyIn(Struct, forbid_unknown_fields=True):

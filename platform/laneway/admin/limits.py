@@ -70,8 +70,9 @@ def check_key_limits(tenant: Tenant, values: dict[str, Any]) -> None:
 
 async def _used_from_records(session: AsyncSession, tenant_id: int, now: float) -> dict[str, int]:
     repo = UsageRepository(session)
-    return {kind: (await repo.tokens_since(period(kind, now).start, tenant_id)).get(tenant_id, 0)
-            for kind in PERIOD_KINDS}  # fmt: skip
+    return {
+        kind: (await repo.tokens_since(period(kind, now).start, tenant_id)).get(tenant_id, 0) for kind in PERIOD_KINDS
+    }
 
 
 async def tenant_usage(limiter: RateLimiter, session: AsyncSession, tenant: Tenant) -> dict[str, Any]:
@@ -88,7 +89,11 @@ async def tenant_usage(limiter: RateLimiter, session: AsyncSession, tenant: Tena
     for kind in PERIOD_KINDS:
         p = period(kind, now)
         limit = tenant.tokens_per_day if kind == "day" else tenant.tokens_per_month
-        out[kind] = {"period": p.name.split(":", 1)[1], "used": used[kind], "limit": limit,
-                     "left": None if limit is None else max(0, limit - used[kind]),
-                     "resets_at": rfc3339(p.resets_at)}  # fmt: skip
+        out[kind] = {
+            "period": p.name.split(":", 1)[1],
+            "used": used[kind],
+            "limit": limit,
+            "left": None if limit is None else max(0, limit - used[kind]),
+            "resets_at": rfc3339(p.resets_at),
+        }
     return out

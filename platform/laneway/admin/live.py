@@ -161,9 +161,21 @@ class LiveFigures:
                 continue
             n = max(d.ttft_buckets.values(), default=0.0)
             ttft = {q: None if (v := histogram_quantile(q, d.ttft_buckets)) is None else v * 1000 for q in QUANTILES}
-            figures.append(LaneFigures(name, round(d.requests), round(d.errors), d.requests / span,
-                                       round(d.prompt_tokens), round(d.completion_tokens), round(n), ttft))  # fmt: skip
-        refused = [(status, code, round(n - base.refused.get((status, code), 0.0)))
-                   for (status, code), n in now.refused.items()]  # fmt: skip
+            figures.append(
+                LaneFigures(
+                    name,
+                    round(d.requests),
+                    round(d.errors),
+                    d.requests / span,
+                    round(d.prompt_tokens),
+                    round(d.completion_tokens),
+                    round(n),
+                    ttft,
+                )
+            )
+        refused = [
+            (status, code, round(n - base.refused.get((status, code), 0.0)))
+            for (status, code), n in now.refused.items()
+        ]
         refused.sort(key=lambda r: (-r[2], r[0]))
         return LiveView(span, figures, [r for r in refused if r[2] > 0])

@@ -22,7 +22,8 @@ from laneway.admin.ui import Page, to_login
 from laneway.admin.validation import convert
 from laneway.contracts.errors import GatewayError
 from laneway.db.repositories import ModelRepository
-from laneway.engines.registry import ENGINE_KINDS, EngineRegistry
+from laneway.engines.kinds import ENGINE_KINDS
+from laneway.engines.registry import EngineRegistry
 
 
 class ModelPages(Controller):
@@ -48,21 +49,35 @@ class ModelPages(Controller):
         live = {d.spec.name: d for d in registry.deployments()}
         figures_now = figures()
         deployments = [
-            {"alias": s.alias, "name": s.name, "engine": s.engine_kind, "quantization": s.quantization,
-             "gpu_type": s.gpu_type, "max_model_len": s.max_model_len, "draining": s.draining,
-             "state": "failed" if s.name in registry.failed else "warm" if s.name in registry.warm else "starting",
-             **replica_state(live.get(s.name), figures_now.get(s.name))}
+            {
+                "alias": s.alias,
+                "name": s.name,
+                "engine": s.engine_kind,
+                "quantization": s.quantization,
+                "gpu_type": s.gpu_type,
+                "max_model_len": s.max_model_len,
+                "draining": s.draining,
+                "state": "failed" if s.name in registry.failed else "warm" if s.name in registry.warm else "starting",
+                **replica_state(live.get(s.name), figures_now.get(s.name)),
+            }
             for s in specs
-        ]  # fmt: skip
+        ]
         capped: dict[str, list[str]] = {}
         sequences: dict[str, int] = {}
         for cap in svc.lane_caps():  # a lane below the engine's own sequence limit queues while it has room
             capped.setdefault(cap.deployment, []).append(f"{cap.lane} {cap.cap}")
             sequences[cap.deployment] = cap.sequences
         extra = {"lane_caps": capped, "sequences": sequences, **extra}
-        context = {"admin": current.username, "csrf": current.csrf, "deployments": deployments,
-                   "engine_kinds": sorted(ENGINE_KINDS), "fallbacks": graph, "currency": svc.currency,
-                   "prices": {a: prices.shown(svc, a, p) for a, p in priced.items()}, **extra}  # fmt: skip
+        context = {
+            "admin": current.username,
+            "csrf": current.csrf,
+            "deployments": deployments,
+            "engine_kinds": sorted(ENGINE_KINDS),
+            "fallbacks": graph,
+            "currency": svc.currency,
+            "prices": {a: prices.shown(svc, a, p) for a, p in priced.items()},
+            **extra,
+        }
         return Template("models.html", context=context, status_code=status or (400 if extra.get("error") else 200))
 
     @get("/models")
@@ -89,9 +104,16 @@ class ModelPages(Controller):
             data = convert({"fallbacks": split_aliases(form.get("fallbacks", ""))}, FallbacksIn)
             result = await fallbacks.set_fallbacks(admin_service, current.username, alias, data)
         except GatewayError as exc:  # shown on the page; nothing was changed
-            return await self._models_page(admin_service, registry, routing_figures, current, error=exc.message,
-                                           status=exc.status, typed_alias=alias,
-                                           typed_fallbacks=form.get("fallbacks", ""))  # fmt: skip
+            return await self._models_page(
+                admin_service,
+                registry,
+                routing_figures,
+                current,
+                error=exc.message,
+                status=exc.status,
+                typed_alias=alias,
+                typed_fallbacks=form.get("fallbacks", ""),
+            )
         listed = ", ".join(result["fallbacks"]) or "none"
         return await self._models_page(
             admin_service, registry, routing_figures, current, notice=f"{alias} falls back to {listed}."
@@ -113,8 +135,19 @@ class ModelPages(Controller):
             data = convert({k: v or None for k, v in typed.items()}, prices.PriceIn)
             result = await prices.set_price(admin_service, current.username, alias, data)
         except GatewayError as exc:  # shown on the page; nothing was changed
-            return await self._models_page(admin_service, registry, routing_figures, current, error=exc.message,
-                                           status=exc.status, typed_price_alias=alias, typed_price=typed)  # fmt: skip
-        said = (f"{alias} costs {result['input']} in, {result['output']} out per 1M tokens ({result['currency']})."
-                if result["priced"] else f"{alias} has no price.")  # fmt: skip
+            return await self._models_page(
+                admin_service,
+                registry,
+                routing_figures,
+                current,
+                error=exc.message,
+                status=exc.status,
+                typed_price_alias=alias,
+                typed_price=typed,
+            )
+        said = (
+            f"{alias} costs {result['input']} in, {result['output']} out per 1M tokens ({result['currency']})."
+            if result["priced"]
+            else f"{alias} has no price."
+        )
         return await self._models_page(admin_service, registry, routing_figures, current, notice=said)

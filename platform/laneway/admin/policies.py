@@ -43,11 +43,29 @@ class TaskIn(Struct, omit_defaults=True, forbid_unknown_fields=True):
 
 
 LANE_FIELDS = (
-    "name", "position", "priority", "match_max_prompt_tokens", "match_stream", "match_tasks", "max_queue_depth",
-    "queue_timeout_s", "max_concurrency", "max_unacked_tokens", "retry_after_s", "background",
-)  # fmt: skip
-TASK_FIELDS = ("task", "max_tokens", "long_prompt_tokens", "long_prompt_max_tokens", "stop", "repetition_ngram",
-               "repetition_count", "json_stop")  # fmt: skip
+    "name",
+    "position",
+    "priority",
+    "match_max_prompt_tokens",
+    "match_stream",
+    "match_tasks",
+    "max_queue_depth",
+    "queue_timeout_s",
+    "max_concurrency",
+    "max_unacked_tokens",
+    "retry_after_s",
+    "background",
+)
+TASK_FIELDS = (
+    "task",
+    "max_tokens",
+    "long_prompt_tokens",
+    "long_prompt_max_tokens",
+    "stop",
+    "repetition_ngram",
+    "repetition_count",
+    "json_stop",
+)
 
 
 class LaneOrderIn(Struct, forbid_unknown_fields=True):
@@ -105,9 +123,12 @@ async def delete_lane(svc: AdminService, actor: str, name: str) -> dict[str, Any
         dedicated = await ModelRepository(session).dedicated_to(name)
         if dedicated:
             which = ", ".join(f"'{d}' ({alias})" for alias, d in dedicated)
-            raise GatewayError(ErrorCode.CONFLICT, f"The lane '{name}' cannot be deleted: deployment {which} is "
-                               "dedicated to it. Take the lane out of that deployment's lanes first.",
-                               param="name")  # fmt: skip
+            raise GatewayError(
+                ErrorCode.CONFLICT,
+                f"The lane '{name}' cannot be deleted: deployment {which} is "
+                "dedicated to it. Take the lane out of that deployment's lanes first.",
+                param="name",
+            )
         before = row(lane, LANE_FIELDS)
         await repo.delete(Lane, name)
         await AuditRepository(session).add(actor, "delete", "lane", name, before, None)
@@ -136,8 +157,11 @@ async def set_lane_order(svc: AdminService, actor: str, data: LaneOrderIn) -> li
 
     def reorder(names: list[str]) -> list[str]:
         if sorted(data.order) != sorted(names) or len(set(data.order)) != len(data.order):
-            raise GatewayError(ErrorCode.INVALID_REQUEST, "order must name every lane once (the lanes are: "
-                               f"{', '.join(names) or 'none'}).", param="order")  # fmt: skip
+            raise GatewayError(
+                ErrorCode.INVALID_REQUEST,
+                f"order must name every lane once (the lanes are: {', '.join(names) or 'none'}).",
+                param="order",
+            )
         return list(data.order)
 
     return await _reorder(svc, actor, reorder)

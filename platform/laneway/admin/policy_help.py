@@ -16,80 +16,178 @@ _ANY = "Blank = any."
 LANE_RULE_FIELDS: dict[str, FieldHelp] = {
     f.name: f
     for f in (
-        FieldHelp("match_max_prompt_tokens", "Prompts up to", "tokens",
-                  "Takes requests whose prompt has at most this many tokens, as the model's engine counts them. "
-                  "Blank = any length.", "", placeholder="any length"),
-        FieldHelp("match_stream", "Streaming", "",
-                  "Takes streaming requests (stream: true) only, non-streaming ones only, or both.", "",
-                  kind="select", choices=(("", "Streaming or not"), ("true", "Streaming only"),
-                                          ("false", "Non-streaming only"))),
-        FieldHelp("match_tasks", "Tasks", "comma separated",
-                  "Takes requests whose task is one of these: the X-Laneway-Task header or metadata.laneway_task "
-                  f"(chat requests without one are 'chat'). {_ANY}", "", kind="text", placeholder="any task"),
+        FieldHelp(
+            "match_max_prompt_tokens",
+            "Prompts up to",
+            "tokens",
+            "Takes requests whose prompt has at most this many tokens, as the model's engine counts them. "
+            "Blank = any length.",
+            "",
+            placeholder="any length",
+        ),
+        FieldHelp(
+            "match_stream",
+            "Streaming",
+            "",
+            "Takes streaming requests (stream: true) only, non-streaming ones only, or both.",
+            "",
+            kind="select",
+            choices=(("", "Streaming or not"), ("true", "Streaming only"), ("false", "Non-streaming only")),
+        ),
+        FieldHelp(
+            "match_tasks",
+            "Tasks",
+            "comma separated",
+            "Takes requests whose task is one of these: the X-Laneway-Task header or metadata.laneway_task "
+            f"(chat requests without one are 'chat'). {_ANY}",
+            "",
+            kind="text",
+            placeholder="any task",
+        ),
     )
-}  # fmt: skip
+}
 LANE_LIMIT_FIELDS: dict[str, FieldHelp] = {
     f.name: f
     for f in (
-        FieldHelp("priority", "Priority", "lower runs first",
-                  "When several lanes wait for the same engine, the lowest number is served first; lanes below "
-                  "still get a small share of the slots (LANEWAY_LANE_STARVATION_SHARE).", "",
-                  min=str(-INT32_MAX), placeholder="0"),
-        FieldHelp("max_concurrency", "Concurrency per replica", "requests at once",
-                  "Requests of this lane one deployment runs at the same time; the rest wait in the queue. Below "
-                  "the engine's own sequence limit the lane leaves seats unused (see the deployments it feeds).",
-                  "", placeholder="4"),
-        FieldHelp("max_queue_depth", "Queue depth", "requests per replica",
-                  "Requests of this lane that may wait, per deployment serving it; one more is refused with 503 "
-                  "queue_full. Tenants share a full queue by weight (503 tenant_queue_share).", "",
-                  placeholder="64"),
-        FieldHelp("queue_timeout_s", "Queue timeout", "seconds",
-                  "The longest a request waits for a slot (503 queue_timeout after it); one predicted to wait "
-                  "longer is refused at once (503 predicted_wait_exceeded). Tie it to the lane's latency goal.",
-                  "", step="any", min="0.001", max="86400", placeholder="10"),
-        FieldHelp("retry_after_s", "Retry-After", "seconds",
-                  "What this lane's refusals tell the client to wait before trying again (the Retry-After "
-                  "header).", "", max="86400", placeholder="1"),
-        FieldHelp("max_unacked_tokens", "Unread stream buffer", "tokens",
-                  "Tokens a stream may have sent that the client has not read yet; a slower reader has its "
-                  "generation cut (backpressure), so its slot goes to someone who reads.", "",
-                  placeholder="256"),
-        FieldHelp("background", "Background (batch work)", "",
-                  "Its requests take an engine slot only when no request of a foreground lane could start now, "
-                  "whatever the priorities, and hand it back as they end; a foreground request that finds no "
-                  "slot takes one back from it at once (the batch line runs again later). "
-                  "Give it a high concurrency so a batch can use an idle engine.", "",
-                  kind="checkbox"),
+        FieldHelp(
+            "priority",
+            "Priority",
+            "lower runs first",
+            "When several lanes wait for the same engine, the lowest number is served first; lanes below "
+            "still get a small share of the slots (LANEWAY_LANE_STARVATION_SHARE).",
+            "",
+            min=str(-INT32_MAX),
+            placeholder="0",
+        ),
+        FieldHelp(
+            "max_concurrency",
+            "Concurrency per replica",
+            "requests at once",
+            "Requests of this lane one deployment runs at the same time; the rest wait in the queue. Below "
+            "the engine's own sequence limit the lane leaves seats unused (see the deployments it feeds).",
+            "",
+            placeholder="4",
+        ),
+        FieldHelp(
+            "max_queue_depth",
+            "Queue depth",
+            "requests per replica",
+            "Requests of this lane that may wait, per deployment serving it; one more is refused with 503 "
+            "queue_full. Tenants share a full queue by weight (503 tenant_queue_share).",
+            "",
+            placeholder="64",
+        ),
+        FieldHelp(
+            "queue_timeout_s",
+            "Queue timeout",
+            "seconds",
+            "The longest a request waits for a slot (503 queue_timeout after it); one predicted to wait "
+            "longer is refused at once (503 predicted_wait_exceeded). Tie it to the lane's latency goal.",
+            "",
+            step="any",
+            min="0.001",
+            max="86400",
+            placeholder="10",
+        ),
+        FieldHelp(
+            "retry_after_s",
+            "Retry-After",
+            "seconds",
+            "What this lane's refusals tell the client to wait before trying again (the Retry-After header).",
+            "",
+            max="86400",
+            placeholder="1",
+        ),
+        FieldHelp(
+            "max_unacked_tokens",
+            "Unread stream buffer",
+            "tokens",
+            "Tokens a stream may have sent that the client has not read yet; a slower reader has its "
+            "generation cut (backpressure), so its slot goes to someone who reads.",
+            "",
+            placeholder="256",
+        ),
+        FieldHelp(
+            "background",
+            "Background (batch work)",
+            "",
+            "Its requests take an engine slot only when no request of a foreground lane could start now, "
+            "whatever the priorities, and hand it back as they end; a foreground request that finds no "
+            "slot takes one back from it at once (the batch line runs again later). "
+            "Give it a high concurrency so a batch can use an idle engine.",
+            "",
+            kind="checkbox",
+        ),
     )
-}  # fmt: skip
+}
 LANE_FIELDS_HELP = {**LANE_RULE_FIELDS, **LANE_LIMIT_FIELDS}
 
 TASK_FIELDS_HELP: dict[str, FieldHelp] = {
     f.name: f
     for f in (
-        FieldHelp("max_tokens", "Max tokens", "tokens",
-                  "The most tokens a request of this task may generate; a client asking for fewer gets what it "
-                  "asked, one asking for more (or nothing) gets this.", "", placeholder="384"),
-        FieldHelp("long_prompt_tokens", "Long prompt from", "prompt tokens",
-                  "Prompts longer than this count as long and get the long-prompt cap below. Blank = no "
-                  "long-prompt rule.", "", placeholder="none"),
-        FieldHelp("long_prompt_max_tokens", "Max tokens for a long prompt", "tokens",
-                  "The cap for a long prompt (never above Max tokens). Blank = Max tokens.", "",
-                  placeholder="max tokens"),
-        FieldHelp("repetition_ngram", "Stop a loop of", "words",
-                  "Ends an answer (finish_reason stop, its engine slot freed) once its last this-many words have "
-                  "appeared Repeats times: a small model stuck in a loop. Blank = off, for tasks that repeat on "
-                  "purpose.", "", placeholder="off"),
-        FieldHelp("repetition_count", "Repeats", "times",
-                  "How many times those words must appear before the answer is ended.", "", placeholder="3"),
-        FieldHelp("json_stop", "End JSON when complete", "",
-                  "In the JSON modes, the answer ends where its top-level value ends, when the engine would go "
-                  "on.", "", kind="select", choices=(("true", "Yes"), ("false", "No"))),
-        FieldHelp("stop", "Stop sequences", "one per box",
-                  "Generation ends at any of these, merged with the request's own and the model's defaults. "
-                  "Empty a box to remove it; save to get more empty boxes.", "", kind="list"),
+        FieldHelp(
+            "max_tokens",
+            "Max tokens",
+            "tokens",
+            "The most tokens a request of this task may generate; a client asking for fewer gets what it "
+            "asked, one asking for more (or nothing) gets this.",
+            "",
+            placeholder="384",
+        ),
+        FieldHelp(
+            "long_prompt_tokens",
+            "Long prompt from",
+            "prompt tokens",
+            "Prompts longer than this count as long and get the long-prompt cap below. Blank = no long-prompt rule.",
+            "",
+            placeholder="none",
+        ),
+        FieldHelp(
+            "long_prompt_max_tokens",
+            "Max tokens for a long prompt",
+            "tokens",
+            "The cap for a long prompt (never above Max tokens). Blank = Max tokens.",
+            "",
+            placeholder="max tokens",
+        ),
+        FieldHelp(
+            "repetition_ngram",
+            "Stop a loop of",
+            "words",
+            "Ends an answer (finish_reason stop, its engine slot freed) once its last this-many words have "
+            "appeared Repeats times: a small model stuck in a loop. Blank = off, for tasks that repeat on "
+            "purpose.",
+            "",
+            placeholder="off",
+        ),
+        FieldHelp(
+            "repetition_count",
+            "Repeats",
+            "times",
+            "How many times those words must appear before the answer is ended.",
+            "",
+            placeholder="3",
+        ),
+        FieldHelp(
+            "json_stop",
+            "End JSON when complete",
+            "",
+            "In the JSON modes, the answer ends where its top-level value ends, when the engine would go on.",
+            "",
+            kind="select",
+            choices=(("true", "Yes"), ("false", "No")),
+        ),
+        FieldHelp(
+            "stop",
+            "Stop sequences",
+            "one per box",
+            "Generation ends at any of these, merged with the request's own and the model's defaults. "
+            "Empty a box to remove it; save to get more empty boxes.",
+            "",
+            kind="list",
+        ),
     )
-}  # fmt: skip
+}
 
 EMPTY_STOP_BOXES = 2  # blank stop inputs under a task's list, for new ones
 

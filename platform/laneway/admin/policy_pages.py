@@ -44,8 +44,15 @@ def _feeds(svc: AdminService, lane: str, cap: int) -> list[dict[str, Any]]:
         if lanes is not None and lane not in lanes:
             continue
         sequences = d.engine.info.max_concurrency
-        out.append({"name": d.spec.name, "alias": d.spec.alias, "sequences": sequences, "dedicated": lanes is not None,
-                    "unused": max(0, sequences - cap)})  # fmt: skip
+        out.append(
+            {
+                "name": d.spec.name,
+                "alias": d.spec.alias,
+                "sequences": sequences,
+                "dedicated": lanes is not None,
+                "unused": max(0, sequences - cap),
+            }
+        )
     return out
 
 
@@ -87,11 +94,21 @@ class PolicyPages(Controller):
             task["shown"] = _shown(task, typed.get(key))
             stops = typed[key].get("stop_list", task["stop"]) if key in typed else task["stop"]
             task["stops"] = [*stops, *[""] * EMPTY_STOP_BOXES]
-        context = {"admin": current.username, "csrf": current.csrf, "lanes": lanes, "tasks": tasks,
-                   "rule_fields": LANE_RULE_FIELDS, "limit_fields": LANE_LIMIT_FIELDS, "task_fields": TASK_FIELDS_HELP,
-                   "errors": errors, "typed": typed, "new_lane": NEW_LANE, "new_task": NEW_TASK,
-                   "new_stops": [*typed.get(NEW_TASK, {}).get("stop_list", []), *[""] * EMPTY_STOP_BOXES],
-                   **extra}  # fmt: skip
+        context = {
+            "admin": current.username,
+            "csrf": current.csrf,
+            "lanes": lanes,
+            "tasks": tasks,
+            "rule_fields": LANE_RULE_FIELDS,
+            "limit_fields": LANE_LIMIT_FIELDS,
+            "task_fields": TASK_FIELDS_HELP,
+            "errors": errors,
+            "typed": typed,
+            "new_lane": NEW_LANE,
+            "new_task": NEW_TASK,
+            "new_stops": [*typed.get(NEW_TASK, {}).get("stop_list", []), *[""] * EMPTY_STOP_BOXES],
+            **extra,
+        }
         code = status or (400 if errors or extra.get("error") else 200)
         # Whatever form was sent, the address bar shows the page (htmx): a reload reads it, not the form's action.
         return Template(
@@ -111,8 +128,15 @@ class PolicyPages(Controller):
         async def apply(data: Any, sent: set[str]) -> Any:
             return await policies.put_lane(admin_service, request.user.username, name, data, sent, new=True)
 
-        return await self._save(request, admin_service, NEW_LANE, LaneIn, apply, f"Added the lane {name} (last: "
-                                "move it up to have its rule tried earlier).", form=_filled(form))  # fmt: skip
+        return await self._save(
+            request,
+            admin_service,
+            NEW_LANE,
+            LaneIn,
+            apply,
+            f"Added the lane {name} (last: move it up to have its rule tried earlier).",
+            form=_filled(form),
+        )
 
     @post("/lanes/{name:str}")
     async def edit_lane(
@@ -130,18 +154,25 @@ class PolicyPages(Controller):
     ) -> Page:
         form = await form_of(request)
         up = form.get("direction") == "up"
-        return await self._act(admin_service, request.user, name,
-                               lambda: policies.move_lane(admin_service, request.user.username, name, -1 if up else 1),
-                               f"Moved {name} {'up' if up else 'down'}: its rule is now tried "
-                               f"{'earlier' if up else 'later'}.")  # fmt: skip
+        return await self._act(
+            admin_service,
+            request.user,
+            name,
+            lambda: policies.move_lane(admin_service, request.user.username, name, -1 if up else 1),
+            f"Moved {name} {'up' if up else 'down'}: its rule is now tried {'earlier' if up else 'later'}.",
+        )
 
     @post("/lanes/{name:str}/delete")
     async def delete_lane(
         self, request: AdminRequest, admin_service: NamedDependency[AdminService], name: FromPath[str]
     ) -> Page:
-        return await self._act(admin_service, request.user, name,
-                               lambda: policies.delete_lane(admin_service, request.user.username, name),
-                               f"Deleted the lane {name}.")  # fmt: skip
+        return await self._act(
+            admin_service,
+            request.user,
+            name,
+            lambda: policies.delete_lane(admin_service, request.user.username, name),
+            f"Deleted the lane {name}.",
+        )
 
     # ---- task policies ----
     @post("/tasks")
@@ -152,8 +183,9 @@ class PolicyPages(Controller):
         async def apply(data: Any, sent: set[str]) -> Any:
             return await policies.put_task(admin_service, request.user.username, task, data, sent, new=True)
 
-        return await self._save(request, admin_service, NEW_TASK, TaskIn, apply, f"Added the task policy {task}.",
-                                form=_filled(form))  # fmt: skip
+        return await self._save(
+            request, admin_service, NEW_TASK, TaskIn, apply, f"Added the task policy {task}.", form=_filled(form)
+        )
 
     @post("/tasks/{task:str}")
     async def edit_task(
@@ -162,17 +194,21 @@ class PolicyPages(Controller):
         async def apply(data: Any, sent: set[str]) -> Any:
             return await policies.put_task(admin_service, request.user.username, task, data, sent)
 
-        return await self._save(request, admin_service, f"task:{task}", TaskIn, apply, f"Saved {task}. The gateway "
-                                "applies it now.")  # fmt: skip
+        return await self._save(
+            request, admin_service, f"task:{task}", TaskIn, apply, f"Saved {task}. The gateway applies it now."
+        )
 
     @post("/tasks/{task:str}/delete")
     async def delete_task(
         self, request: AdminRequest, admin_service: NamedDependency[AdminService], task: FromPath[str]
     ) -> Page:
-        return await self._act(admin_service, request.user, f"task:{task}",
-                               lambda: policies.delete_task(admin_service, request.user.username, task),
-                               f"Deleted the task policy {task}: its requests get the default max_tokens "
-                               "now.")  # fmt: skip
+        return await self._act(
+            admin_service,
+            request.user,
+            f"task:{task}",
+            lambda: policies.delete_task(admin_service, request.user.username, task),
+            f"Deleted the task policy {task}: its requests get the default max_tokens now.",
+        )
 
     # ---- shared ----
     async def _save(
@@ -198,8 +234,9 @@ class PolicyPages(Controller):
             if kind is LaneIn:  # an unticked box sends nothing: show it unticked, as it was sent
                 typed.setdefault("background", "false")
             param = (exc.param or "").split("[")[0] or None  # stop[2] is shown by the stop list
-            return await self._policies_page(svc, request.user, errors={key: (param, exc.message)},
-                                             typed={key: typed}, status=exc.status)  # fmt: skip
+            return await self._policies_page(
+                svc, request.user, errors={key: (param, exc.message)}, typed={key: typed}, status=exc.status
+            )
         return await self._policies_page(svc, request.user, notice=notice)
 
     async def _act(

@@ -37,25 +37,44 @@ _WHOLE = f"a whole number from 1 to {INT32_MAX:,}"
 LIMIT_FIELDS: dict[str, FieldHelp] = {
     f.name: f
     for f in (
-        FieldHelp("weight", "Weight", "x share",
-                  "Its share of a busy lane against other tenants: weight 2 gets twice the tokens of weight 1 when "
-                  "both are waiting. Required; 1 is the default.",
-                  "Weight must be a number greater than 0 and at most 100, such as 1 or 2.5.",
-                  step="any", min="0.01", max="100", placeholder="1"),
-        FieldHelp("rpm", "Requests per minute", "requests / min",
-                  "Requests it may start per minute, all its keys and gateway replicas together; one over is "
-                  "answered 429 with Retry-After. Blank = unlimited.",
-                  f"Requests per minute must be {_WHOLE}, or blank for unlimited."),
-        FieldHelp("tpm", "Tokens per minute", "tokens / min",
-                  "Tokens per minute, counting each request's prompt + max_tokens when it starts; what it does not "
-                  "use is given back when it ends. Blank = unlimited.",
-                  f"Tokens per minute must be {_WHOLE}, or blank for unlimited."),
-        FieldHelp("max_concurrency", "Max concurrency", "requests at once",
-                  "Requests it may have in flight at the same time (queued or running); one more gets 429 "
-                  "concurrency_limit_exceeded. Blank = unlimited.",
-                  f"Max concurrency must be {_WHOLE}, or blank for unlimited."),
+        FieldHelp(
+            "weight",
+            "Weight",
+            "x share",
+            "Its share of a busy lane against other tenants: weight 2 gets twice the tokens of weight 1 when "
+            "both are waiting. Required; 1 is the default.",
+            "Weight must be a number greater than 0 and at most 100, such as 1 or 2.5.",
+            step="any",
+            min="0.01",
+            max="100",
+            placeholder="1",
+        ),
+        FieldHelp(
+            "rpm",
+            "Requests per minute",
+            "requests / min",
+            "Requests it may start per minute, all its keys and gateway replicas together; one over is "
+            "answered 429 with Retry-After. Blank = unlimited.",
+            f"Requests per minute must be {_WHOLE}, or blank for unlimited.",
+        ),
+        FieldHelp(
+            "tpm",
+            "Tokens per minute",
+            "tokens / min",
+            "Tokens per minute, counting each request's prompt + max_tokens when it starts; what it does not "
+            "use is given back when it ends. Blank = unlimited.",
+            f"Tokens per minute must be {_WHOLE}, or blank for unlimited.",
+        ),
+        FieldHelp(
+            "max_concurrency",
+            "Max concurrency",
+            "requests at once",
+            "Requests it may have in flight at the same time (queued or running); one more gets 429 "
+            "concurrency_limit_exceeded. Blank = unlimited.",
+            f"Max concurrency must be {_WHOLE}, or blank for unlimited.",
+        ),
     )
-}  # fmt: skip
+}
 
 
 def field_message(param: str | None, message: str) -> str:
@@ -108,8 +127,11 @@ def audit_changes(before: dict[str, Any] | None, after: dict[str, Any] | None) -
     created entity lists every field it was created with, a deleted one every field it had."""
     old, new = before or {}, after or {}
     fields = list(dict.fromkeys([*old, *new]))
-    return [(f, _shown(old.get(f)) if before is not None else "", _shown(new.get(f)) if after is not None else "")
-            for f in fields if f != "id" and (before is None or after is None or old.get(f) != new.get(f))]  # fmt: skip
+    return [
+        (f, _shown(old.get(f)) if before is not None else "", _shown(new.get(f)) if after is not None else "")
+        for f in fields
+        if f != "id" and (before is None or after is None or old.get(f) != new.get(f))
+    ]
 
 
 def replica_state(live: LiveDeployment | None, figures: ReplicaFigures | None) -> dict[str, str]:
@@ -120,9 +142,16 @@ def replica_state(live: LiveDeployment | None, figures: ReplicaFigures | None) -
     health = "healthy" if live.healthy and not live.probing else "probing" if live.healthy else "ejected"
     engine = live.engine
     reported = engine.reported_load() if isinstance(engine, LoadReportingEngine) else None
-    load = "-" if reported is None else (
-        f"{reported.running:g} running, {reported.waiting:g} waiting, KV {reported.kv_usage:.0%}")  # fmt: skip
+    load = (
+        "-"
+        if reported is None
+        else (f"{reported.running:g} running, {reported.waiting:g} waiting, KV {reported.kv_usage:.0%}")
+    )
     rate = figures.hit_rate if figures is not None else None
     hit = "-" if rate is None or figures is None else f"{rate:.0%} of {figures.placed} requests"
-    return {"health": health, "in_flight": f"{live.outstanding} / {engine.info.max_concurrency}",
-            "engine_load": load, "hit_rate": hit}  # fmt: skip
+    return {
+        "health": health,
+        "in_flight": f"{live.outstanding} / {engine.info.max_concurrency}",
+        "engine_load": load,
+        "hit_rate": hit,
+    }

@@ -43,8 +43,11 @@ def parse(data: PriceIn) -> tuple[int | None, int | None, int | None]:
     i, o, c = out
     if (i is None) != (o is None) or (i is None and c is not None):
         missing = "input" if i is None else "output"
-        raise GatewayError(ErrorCode.INVALID_REQUEST, f"A price needs both input and output ({missing} is missing); "
-                           "give neither to remove the price.", param=missing)  # fmt: skip
+        raise GatewayError(
+            ErrorCode.INVALID_REQUEST,
+            f"A price needs both input and output ({missing} is missing); give neither to remove the price.",
+            param=missing,
+        )
     return i, o, c
 
 
@@ -75,8 +78,14 @@ async def set_price(svc: AdminService, actor: str, alias: str, data: PriceIn) ->
         before = (m.price_input, m.price_output, m.price_cached_input)
         if before != micros:
             await ModelRepository(session).set_price(alias, micros)
-            await AuditRepository(session).add(actor, "update", "model", alias, {"price": shown(svc, alias, before)},
-                                               {"price": shown(svc, alias, micros)})  # fmt: skip
+            await AuditRepository(session).add(
+                actor,
+                "update",
+                "model",
+                alias,
+                {"price": shown(svc, alias, before)},
+                {"price": shown(svc, alias, micros)},
+            )
     await svc.reload_policies()
     await svc.config_changes.notify()
     return shown(svc, alias, micros)

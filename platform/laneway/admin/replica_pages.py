@@ -46,9 +46,20 @@ class ReplicaPages(Controller):
     include_in_schema = False
     exception_handlers = {NotLoggedIn: to_login}
 
-    async def _page(self, request: AdminRequest, svc: AdminService, registry: Registry, figures: Routing,
-                    queues: Queues, alias: str, *, kind: str = "", swap: str = "", status: int | None = None,
-                    **extra: Any) -> Template:  # fmt: skip
+    async def _page(
+        self,
+        request: AdminRequest,
+        svc: AdminService,
+        registry: Registry,
+        figures: Routing,
+        queues: Queues,
+        alias: str,
+        *,
+        kind: str = "",
+        swap: str = "",
+        status: int | None = None,
+        **extra: Any,
+    ) -> Template:
         rows = await deployments.replicas(svc, alias)
         async with svc.sessions() as session:
             lanes = [lane.name for lane in await PolicyRepository(session).lanes()]
@@ -68,20 +79,37 @@ class ReplicaPages(Controller):
             if swapping is not None and same:
                 values |= {f: str(getattr(swapping, f)) for f in DEPLOYMENT_FIELDS[1:]}
             checked = list(swapping.config.get("lanes") or []) if swapping is not None and same else []
-        context = {"admin": request.user.username, "csrf": request.user.csrf, "alias": alias, "kinds": kinds(),
-                   "kind": kind, "fields": fields, "values": values, "checked": checked, "swap": swapping,
-                   "replicas": replica_rows(rows, registry, figures, queues) if rows else [],
-                   "waiting": alias_waiting(alias, queues), "errors": {}, "alias_url": alias_url(alias),
-                   "advanced_open": any(f.advanced and f.name in extra.get("errors", {}) for f in fields),
-                   **extra}  # fmt: skip
+        context = {
+            "admin": request.user.username,
+            "csrf": request.user.csrf,
+            "alias": alias,
+            "kinds": kinds(),
+            "kind": kind,
+            "fields": fields,
+            "values": values,
+            "checked": checked,
+            "swap": swapping,
+            "replicas": replica_rows(rows, registry, figures, queues) if rows else [],
+            "waiting": alias_waiting(alias, queues),
+            "errors": {},
+            "alias_url": alias_url(alias),
+            "advanced_open": any(f.advanced and f.name in extra.get("errors", {}) for f in fields),
+            **extra,
+        }
         code = status or (400 if extra.get("errors") or extra.get("error") else 200)
         # After a form's POST the address bar shows the alias page (htmx), so a reload reads it again.
         headers = {"HX-Replace-Url": alias_url(alias)} if request.method == "POST" else {}
         return Template("model.html", context=context, status_code=code, headers=headers)
 
     @get("/alias")
-    async def alias_page(self, request: AdminRequest, admin_service: NamedDependency[AdminService],
-                         registry: Registry, routing_figures: Routing, queue_stats: Queues) -> Page:  # fmt: skip
+    async def alias_page(
+        self,
+        request: AdminRequest,
+        admin_service: NamedDependency[AdminService],
+        registry: Registry,
+        routing_figures: Routing,
+        queue_stats: Queues,
+    ) -> Page:
         """?name= the alias (a new one: the form for its first replica); ?kind= the engine kind
         of the add form; ?swap= a replica to serve by another engine."""
         params = request.query_params
@@ -90,34 +118,73 @@ class ReplicaPages(Controller):
             check_text("alias", alias, max_length=200)
         except GatewayError:
             return Redirect("/admin/models", status_code=303)
-        return await self._page(request, admin_service, registry, routing_figures, queue_stats, alias,
-                                kind=params.get("kind", ""), swap=params.get("swap", ""))  # fmt: skip
+        return await self._page(
+            request,
+            admin_service,
+            registry,
+            routing_figures,
+            queue_stats,
+            alias,
+            kind=params.get("kind", ""),
+            swap=params.get("swap", ""),
+        )
 
     @get("/replicas/panel")
-    async def panel(self, request: AdminRequest, admin_service: NamedDependency[AdminService],
-                    registry: Registry, routing_figures: Routing, queue_stats: Queues) -> Page:  # fmt: skip
+    async def panel(
+        self,
+        request: AdminRequest,
+        admin_service: NamedDependency[AdminService],
+        registry: Registry,
+        routing_figures: Routing,
+        queue_stats: Queues,
+    ) -> Page:
         """The replicas table alone, for the page's htmx refresh."""
         alias = request.query_params.get("name", "")
         rows = await deployments.replicas(admin_service, alias)
-        context = {"alias": alias, "csrf": request.user.csrf, "waiting": alias_waiting(alias, queue_stats),
-                   "replicas": replica_rows(rows, registry, routing_figures, queue_stats),
-                   "alias_url": alias_url(alias)}  # fmt: skip
+        context = {
+            "alias": alias,
+            "csrf": request.user.csrf,
+            "waiting": alias_waiting(alias, queue_stats),
+            "replicas": replica_rows(rows, registry, routing_figures, queue_stats),
+            "alias_url": alias_url(alias),
+        }
         return Template("model_replicas.html", context=context)
 
     @post("/replicas/add")
-    async def add(self, request: AdminRequest, admin_service: NamedDependency[AdminService],
-                  registry: Registry, routing_figures: Routing, queue_stats: Queues) -> Page:  # fmt: skip
+    async def add(
+        self,
+        request: AdminRequest,
+        admin_service: NamedDependency[AdminService],
+        registry: Registry,
+        routing_figures: Routing,
+        queue_stats: Queues,
+    ) -> Page:
         return await self._typed(request, admin_service, registry, routing_figures, queue_stats, swap="")
 
     @post("/replicas/swap")
-    async def swap(self, request: AdminRequest, admin_service: NamedDependency[AdminService],
-                   registry: Registry, routing_figures: Routing, queue_stats: Queues) -> Page:  # fmt: skip
+    async def swap(
+        self,
+        request: AdminRequest,
+        admin_service: NamedDependency[AdminService],
+        registry: Registry,
+        routing_figures: Routing,
+        queue_stats: Queues,
+    ) -> Page:
         form = await form_of(request)
-        return await self._typed(request, admin_service, registry, routing_figures, queue_stats,
-                                 swap=form.get("name", ""))  # fmt: skip
+        return await self._typed(
+            request, admin_service, registry, routing_figures, queue_stats, swap=form.get("name", "")
+        )
 
-    async def _typed(self, request: AdminRequest, svc: AdminService, registry: Registry, figures: Routing,
-                     queues: Queues, *, swap: str) -> Page:  # fmt: skip
+    async def _typed(
+        self,
+        request: AdminRequest,
+        svc: AdminService,
+        registry: Registry,
+        figures: Routing,
+        queues: Queues,
+        *,
+        swap: str,
+    ) -> Page:
         """Add a replica, or swap one's engine, from the typed form; a refusal beside its field."""
         form = await form_of(request)
         checked = await form_lists(request, PREFIX + "lanes")
@@ -129,8 +196,12 @@ class ReplicaPages(Controller):
                 old = next((d for d in await deployments.replicas(svc, alias) if d.name == swap), None)
                 if old is not None and old.engine_kind == kind:
                     config |= {k: v for k, v in old.config.items() if k in SECRETS and k not in config}
-            raw = {"name": form.get("name", "").strip(), "engine_kind": kind, "config": config,
-                   **{f: form[f].strip() for f in DEPLOYMENT_FIELDS[1:] if form.get(f, "").strip()}}  # fmt: skip
+            raw = {
+                "name": form.get("name", "").strip(),
+                "engine_kind": kind,
+                "config": config,
+                **{f: form[f].strip() for f in DEPLOYMENT_FIELDS[1:] if form.get(f, "").strip()},
+            }
             replica = convert(raw, DeploymentIn, strict=False)
             if swap:
                 await replicas.swap_replica(svc, actor, alias, swap, replica)
@@ -142,21 +213,43 @@ class ReplicaPages(Controller):
             errors[_field_of(exc.param, kind)] = exc.message
         if errors:
             typed = {**form, PREFIX + "lanes": checked.get(PREFIX + "lanes", [])}
-            return await self._page(request, svc, registry, figures, queues, alias, kind=kind, swap=swap,
-                                    errors=errors, typed=typed, status=400)  # fmt: skip
+            return await self._page(
+                request,
+                svc,
+                registry,
+                figures,
+                queues,
+                alias,
+                kind=kind,
+                swap=swap,
+                errors=errors,
+                typed=typed,
+                status=400,
+            )
         done = f"Swapped {swap} to {kind}: it took over once warm." if swap else f"Added {form.get('name')} ({kind})."
         return await self._page(request, svc, registry, figures, queues, alias, notice=done)
 
     @post("/replicas/{action:str}")
-    async def act(self, request: AdminRequest, admin_service: NamedDependency[AdminService], action: FromPath[str],
-                  registry: Registry, routing_figures: Routing, queue_stats: Queues) -> Page:  # fmt: skip
+    async def act(
+        self,
+        request: AdminRequest,
+        admin_service: NamedDependency[AdminService],
+        action: FromPath[str],
+        registry: Registry,
+        routing_figures: Routing,
+        queue_stats: Queues,
+    ) -> Page:
         """drain / resume / disable / enable / remove one replica (form: alias, name)."""
         form = await form_of(request)
         alias, name, actor = form.get("alias", "").strip(), form.get("name", ""), request.user.username
         svc = admin_service
-        done = {"drain": f"Draining {name}: it takes no new request; what it runs finishes.",
-                "resume": f"{name} takes requests again.", "disable": f"Disabled {name}: its engine stops once idle.",
-                "enable": f"Enabled {name}: started and warm.", "remove": f"Removed {name}."}  # fmt: skip
+        done = {
+            "drain": f"Draining {name}: it takes no new request; what it runs finishes.",
+            "resume": f"{name} takes requests again.",
+            "disable": f"Disabled {name}: its engine stops once idle.",
+            "enable": f"Enabled {name}: started and warm.",
+            "remove": f"Removed {name}.",
+        }
         try:
             if action in ("drain", "resume"):
                 await replicas.set_draining(svc, actor, alias, name, action == "drain")
@@ -167,8 +260,16 @@ class ReplicaPages(Controller):
             else:
                 return Redirect(alias_url(alias), status_code=303)
         except GatewayError as exc:  # shown on the replica's row; nothing changed
-            return await self._page(request, svc, registry, routing_figures, queue_stats, alias,
-                                    row_errors={name: exc.message}, status=exc.status)  # fmt: skip
+            return await self._page(
+                request,
+                svc,
+                registry,
+                routing_figures,
+                queue_stats,
+                alias,
+                row_errors={name: exc.message},
+                status=exc.status,
+            )
         return await self._page(request, svc, registry, routing_figures, queue_stats, alias, notice=done[action])
 
 

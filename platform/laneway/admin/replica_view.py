@@ -53,11 +53,23 @@ def replica_rows(
         if d.draining:
             running = found.outstanding if found is not None else 0
             drain = f"draining: {running} still running" if running else "drained: nothing running"
-        out.append({"name": d.name, "engine": d.engine_kind, "where": str(d.config.get(where, "")) if where else "",
-                    "context": d.max_model_len, "enabled": d.enabled, "draining": d.draining, "drain": drain,
-                    "state": state, "why": why, "health_why": _health(found, shown["health"]),
-                    "waiting": waiting.get(d.name, 0) if found is not None else "-",
-                    "lanes": ", ".join(d.config.get("lanes") or []) or "all", **shown})  # fmt: skip
+        out.append(
+            {
+                "name": d.name,
+                "engine": d.engine_kind,
+                "where": str(d.config.get(where, "")) if where else "",
+                "context": d.max_model_len,
+                "enabled": d.enabled,
+                "draining": d.draining,
+                "drain": drain,
+                "state": state,
+                "why": why,
+                "health_why": _health(found, shown["health"]),
+                "waiting": waiting.get(d.name, 0) if found is not None else "-",
+                "lanes": ", ".join(d.config.get("lanes") or []) or "all",
+                **shown,
+            }
+        )
     return out
 
 

@@ -39,17 +39,22 @@ async def set_draining(svc: AdminService, actor: str, alias: str, name: str, dra
         found = next((d for d in rows if d.name == name), None)
         if found is None:
             names = ", ".join(d.name for d in rows)
-            raise GatewayError(ErrorCode.NOT_FOUND, f"'{alias}' has no replica '{name}' (it has {names}).",
-                               param="name")  # fmt: skip
+            raise GatewayError(
+                ErrorCode.NOT_FOUND, f"'{alias}' has no replica '{name}' (it has {names}).", param="name"
+            )
         before = bool(found.draining)
         if draining and not any(d.enabled and not d.draining for d in rows if d.name != name):
-            raise GatewayError(ErrorCode.CONFLICT, f"'{name}' is the only replica of '{alias}' taking requests; "
-                               "add or resume another before draining it.", param="name")  # fmt: skip
+            raise GatewayError(
+                ErrorCode.CONFLICT,
+                f"'{name}' is the only replica of '{alias}' taking requests; add or resume another before draining it.",
+                param="name",
+            )
         if before != draining:
             found.draining = draining
             await session.flush()
-            await AuditRepository(session).add(actor, "update", "deployment", name, {"draining": before},
-                                               {"draining": draining})  # fmt: skip
+            await AuditRepository(session).add(
+                actor, "update", "deployment", name, {"draining": before}, {"draining": draining}
+            )
     if before != draining:
         if svc.registry is not None:
             svc.registry.set_draining(name, draining)  # here at once; the other replicas on NOTIFY
@@ -63,8 +68,11 @@ async def set_enabled(svc: AdminService, actor: str, alias: str, name: str, enab
     current = await replicas(svc, alias)
     chosen = _find(current, alias, name)
     if not enabled and not any(d.enabled for d in current if d.name != name):
-        raise GatewayError(ErrorCode.CONFLICT, f"'{name}' is the last enabled replica of '{alias}'; an alias needs "
-                           "one. Add or enable another first.", param="name")  # fmt: skip
+        raise GatewayError(
+            ErrorCode.CONFLICT,
+            f"'{name}' is the last enabled replica of '{alias}'; an alias needs one. Add or enable another first.",
+            param="name",
+        )
     if chosen.enabled == enabled:
         return {"alias": alias, "name": name, "enabled": enabled}
     changed = [DeploymentIn(**{**_fields(d), "enabled": enabled}) if d.name == name else d for d in current]
@@ -79,8 +87,9 @@ async def swap_replica(svc: AdminService, actor: str, alias: str, name: str, new
     current = await replicas(svc, alias)
     old = _find(current, alias, name)
     swapped = DeploymentIn(**{**_fields(new), "name": name, "enabled": old.enabled, "draining": old.draining})
-    result = await put_model(svc, actor, alias, ModelIn(deployments=[swapped if d.name == name else d
-                                                                      for d in current]))  # fmt: skip
+    result = await put_model(
+        svc, actor, alias, ModelIn(deployments=[swapped if d.name == name else d for d in current])
+    )
     return {**result, "name": name, "engine_kind": new.engine_kind}
 
 

@@ -33,11 +33,21 @@ MAX_PROMPT_WORDS = 1_000_000  # a described prompt is built in memory: bounded
 
 def snapshot_of(t: Tenant) -> TenantSnapshot:
     """The tenant as a request with a key of its own would see it (no key limits)."""
-    return TenantSnapshot(id=t.id, name=t.name, api_key_id=0, weight=t.weight, rpm=t.rpm, tpm=t.tpm,
-                          max_concurrency=t.max_concurrency, disabled=t.disabled,
-                          allowed_models=frozenset(t.allowed_models) if t.allowed_models is not None else None,
-                          allowed_lanes=frozenset(t.allowed_lanes or ()), priority_floor=t.priority_floor,
-                          tokens_per_day=t.tokens_per_day, tokens_per_month=t.tokens_per_month)  # fmt: skip
+    return TenantSnapshot(
+        id=t.id,
+        name=t.name,
+        api_key_id=0,
+        weight=t.weight,
+        rpm=t.rpm,
+        tpm=t.tpm,
+        max_concurrency=t.max_concurrency,
+        disabled=t.disabled,
+        allowed_models=frozenset(t.allowed_models) if t.allowed_models is not None else None,
+        allowed_lanes=frozenset(t.allowed_lanes or ()),
+        priority_floor=t.priority_floor,
+        tokens_per_day=t.tokens_per_day,
+        tokens_per_month=t.tokens_per_month,
+    )
 
 
 def described_body(form: dict[str, str]) -> tuple[str, bytes]:
@@ -80,9 +90,12 @@ class RoutePages(Controller):
     ) -> Page:
         choices = await self._choices(admin_service, registry)
         params = request.query_params
-        typed = {"model": params.get("model") or next(iter(choices["models"]), ""),
-                 "tenant": params.get("tenant") or next(iter(choices["tenants"]), ""),
-                 "prompt_tokens": "200", "mode": "shape"}  # fmt: skip
+        typed = {
+            "model": params.get("model") or next(iter(choices["models"]), ""),
+            "tenant": params.get("tenant") or next(iter(choices["tenants"]), ""),
+            "prompt_tokens": "200",
+            "mode": "shape",
+        }
         context = {"admin": request.user.username, "csrf": request.user.csrf, "typed": typed, **choices}
         return Template("route.html", context=context)
 
@@ -98,8 +111,7 @@ class RoutePages(Controller):
     ) -> Page:
         form = await form_of(request)
         choices = await self._choices(admin_service, registry)
-        context: dict[str, Any] = {"admin": request.user.username, "csrf": request.user.csrf, "typed": form,
-                                   **choices}  # fmt: skip
+        context: dict[str, Any] = {"admin": request.user.username, "csrf": request.user.csrf, "typed": form, **choices}
         async with admin_service.sessions() as session:
             name = form.get("tenant", "").strip()
             row = (await session.execute(select(Tenant).where(Tenant.name == name))).scalar_one_or_none()
@@ -112,21 +124,38 @@ class RoutePages(Controller):
             endpoint, body = form.get("endpoint", "chat"), form.get("body", "").encode()
         else:
             endpoint, body = described_body(form)
-        headers = {k: form[f"header_{k}"].strip() for k in ("x-laneway-task", "x-laneway-lane")
-                   if form.get(f"header_{k}", "").strip()}  # fmt: skip
+        headers = {
+            k: form[f"header_{k}"].strip()
+            for k in ("x-laneway-task", "x-laneway-lane")
+            if form.get(f"header_{k}", "").strip()
+        }
         context |= {"tenant": tenant, "usage": usage, "sent": body.decode(), "endpoint": endpoint, "headers": headers}
         if tenant.disabled:
-            context["refusal"] = {"status": 403, "code": "tenant_disabled", "message": f"Tenant '{tenant.name}' is "
-                                  "disabled: its keys are refused before anything is routed."}  # fmt: skip
+            context["refusal"] = {
+                "status": 403,
+                "code": "tenant_disabled",
+                "message": f"Tenant '{tenant.name}' is disabled: its keys are refused before anything is routed.",
+            }
             return Template("route.html", context=context)
         try:
             plan = await route_planner(tenant, endpoint, body, headers)
         except GatewayError as exc:  # what laneway would answer instead
-            context["refusal"] = {"status": exc.status, "code": exc.code.value, "message": exc.message,
-                                  "param": exc.param}  # fmt: skip
+            context["refusal"] = {
+                "status": exc.status,
+                "code": exc.code.value,
+                "message": exc.message,
+                "param": exc.param,
+            }
             return Template("route.html", context=context)
         lanes, why = lanes_tried(plan)
-        context |= {"plan": plan, "call": plan.call, "lanes_tried": lanes, "lane_why": why,
-                    "max_tokens_why": max_tokens_said(plan), "limits": limits_said(plan, tenant),
-                    "replicas": replicas_said(plan, registry, routing_figures), "int32_max": INT32_MAX}  # fmt: skip
+        context |= {
+            "plan": plan,
+            "call": plan.call,
+            "lanes_tried": lanes,
+            "lane_why": why,
+            "max_tokens_why": max_tokens_said(plan),
+            "limits": limits_said(plan, tenant),
+            "replicas": replicas_said(plan, registry, routing_figures),
+            "int32_max": INT32_MAX,
+        }
         return Template("route.html", context=context)

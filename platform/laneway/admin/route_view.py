@@ -17,17 +17,28 @@ from laneway.types import TenantSnapshot
 
 
 def _rule(lane: LanePolicy) -> str:
-    return lane_rule({"match_stream": lane.match_stream, "match_max_prompt_tokens": lane.match_max_prompt_tokens,
-                      "match_tasks": sorted(lane.match_tasks) if lane.match_tasks is not None else None})  # fmt: skip
+    return lane_rule(
+        {
+            "match_stream": lane.match_stream,
+            "match_max_prompt_tokens": lane.match_max_prompt_tokens,
+            "match_tasks": sorted(lane.match_tasks) if lane.match_tasks is not None else None,
+        }
+    )
 
 
 def lanes_tried(plan: RoutePlan) -> tuple[list[dict[str, Any]], str]:
     """Each lane in match order with its rule and whether the request matches it, and why the
     chosen lane took it."""
     call, lanes = plan.call, plan.policies.lanes
-    rows = [{"name": lane.name, "rule": _rule(lane), "chosen": lane.name == call.lane.name,
-             "matches": lane.matches(prompt_tokens=call.generation.prompt_tokens, stream=call.stream, task=call.task)}
-            for lane in lanes]  # fmt: skip
+    rows = [
+        {
+            "name": lane.name,
+            "rule": _rule(lane),
+            "chosen": lane.name == call.lane.name,
+            "matches": lane.matches(prompt_tokens=call.generation.prompt_tokens, stream=call.stream, task=call.task),
+        }
+        for lane in lanes
+    ]
     if plan.explicit_lane:
         why = f"named by the request (X-Laneway-Lane: {plan.explicit_lane}), which its tenant may do"
     elif not lanes:
@@ -53,8 +64,10 @@ def max_tokens_said(plan: RoutePlan) -> list[str]:
         if policy.long_prompt_tokens is not None:
             long = prompt > policy.long_prompt_tokens
             cap = policy.long_prompt_max_tokens or policy.max_tokens
-            lines.append(f"a prompt over {policy.long_prompt_tokens} tokens gets at most {cap}: this one "
-                         f"({prompt}) {'does' if long else 'does not'}")  # fmt: skip
+            lines.append(
+                f"a prompt over {policy.long_prompt_tokens} tokens gets at most {cap}: this one "
+                f"({prompt}) {'does' if long else 'does not'}"
+            )
     asked = plan.requested_max_tokens
     lines.append(f"the request asks for {asked}" if asked else "the request sets no max_tokens")
     room = call.deployment.engine.info.max_model_len - prompt
@@ -66,8 +79,14 @@ def limits_said(plan: RoutePlan, tenant: TenantSnapshot) -> dict[str, Any]:
     call = plan.call
     reserve = call.generation.prompt_tokens + call.generation.n * call.generation.max_tokens
     lane = call.lane
-    return {"reserve": reserve, "rpm": tenant.rpm, "tpm": tenant.tpm, "concurrency": tenant.max_concurrency,
-            "lane": lane, "too_large": tenant.tpm is not None and reserve > tenant.tpm}  # fmt: skip
+    return {
+        "reserve": reserve,
+        "rpm": tenant.rpm,
+        "tpm": tenant.tpm,
+        "concurrency": tenant.max_concurrency,
+        "lane": lane,
+        "too_large": tenant.tpm is not None and reserve > tenant.tpm,
+    }
 
 
 def _why_not(d: LiveDeployment, plan: RoutePlan) -> str:
@@ -93,7 +112,14 @@ def replicas_said(plan: RoutePlan, registry: EngineRegistry, figures: RoutingFig
     candidates = {id(d) for d in plan.replicas}
     out = []
     for d in registry.replicas(call.alias):
-        out.append({"name": d.spec.name, "engine": d.spec.engine_kind, "candidate": id(d) in candidates,
-                    "picked": d is chosen, "why_not": "" if id(d) in candidates else _why_not(d, plan),
-                    **replica_state(d, placed.get(d.spec.name))})  # fmt: skip
+        out.append(
+            {
+                "name": d.spec.name,
+                "engine": d.spec.engine_kind,
+                "candidate": id(d) in candidates,
+                "picked": d is chosen,
+                "why_not": "" if id(d) in candidates else _why_not(d, plan),
+                **replica_state(d, placed.get(d.spec.name)),
+            }
+        )
     return out

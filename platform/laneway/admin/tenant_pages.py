@@ -70,8 +70,17 @@ class TenantPages(Controller):
         if page > last:
             page = last
             found, total = await tenant_page(svc.sessions, q, page, per_page)
-        context = {"admin": current.username, "csrf": current.csrf, "tenants": found, "total": total, "q": q,
-                   "page": page, "per_page": per_page, "error": error, "list_error": list_error}  # fmt: skip
+        context = {
+            "admin": current.username,
+            "csrf": current.csrf,
+            "tenants": found,
+            "total": total,
+            "q": q,
+            "page": page,
+            "per_page": per_page,
+            "error": error,
+            "list_error": list_error,
+        }
         # A rejected create form comes back as typed, its message next to the field.
         context |= {"typed": typed or {}, "error_field": error_field, "limit_fields": LIMIT_FIELDS}
         return Template("tenants.html", context=context, status_code=status)
@@ -83,8 +92,14 @@ class TenantPages(Controller):
             data, _ = tenant_input(form)
             created = await tenants.create_tenant(admin_service, request.user.username, data)
         except GatewayError as exc:
-            return await self._tenants_page(admin_service, request.user, error=field_message(exc.param, exc.message),
-                                            status=exc.status, error_field=exc.param, typed=form)  # fmt: skip
+            return await self._tenants_page(
+                admin_service,
+                request.user,
+                error=field_message(exc.param, exc.message),
+                status=exc.status,
+                error_field=exc.param,
+                typed=form,
+            )
         return Redirect(f"/admin/tenants/{created['id']}", status_code=303)
 
     async def _tenant_page(
@@ -99,10 +114,14 @@ class TenantPages(Controller):
         async with svc.sessions() as session:
             tenant = await get_or_404(session, Tenant, tenant_id)
             rows = await session.execute(select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.id))
-            context = {"admin": current.username, "csrf": current.csrf, "tenant": row(tenant, TENANT_FIELDS),
-                       "keys": [row(k, KEY_FIELDS) for k in rows.scalars()],
-                       "usage": await tenant_usage(limiter, session, tenant),
-                       **extra}  # fmt: skip
+            context = {
+                "admin": current.username,
+                "csrf": current.csrf,
+                "tenant": row(tenant, TENANT_FIELDS),
+                "keys": [row(k, KEY_FIELDS) for k in rows.scalars()],
+                "usage": await tenant_usage(limiter, session, tenant),
+                **extra,
+            }
         context["limit_fields"] = LIMIT_FIELDS
         if extra.get("typed"):  # a rejected edit: show what was typed, not the stored values
             context["tenant"] = typed_tenant(context["tenant"], extra["typed"])
@@ -134,11 +153,19 @@ class TenantPages(Controller):
         except GatewayError as exc:
             if exc.status == 404:
                 raise
-            return await self._tenant_page(admin_service, limiter, current, tenant_id,
-                                           error=field_message(exc.param, exc.message), status=exc.status,
-                                           error_field=exc.param, typed=form)  # fmt: skip
-        return await self._tenant_page(admin_service, limiter, current, tenant_id,
-                                       notice="Saved. The gateway applies it now.")  # fmt: skip
+            return await self._tenant_page(
+                admin_service,
+                limiter,
+                current,
+                tenant_id,
+                error=field_message(exc.param, exc.message),
+                status=exc.status,
+                error_field=exc.param,
+                typed=form,
+            )
+        return await self._tenant_page(
+            admin_service, limiter, current, tenant_id, notice="Saved. The gateway applies it now."
+        )
 
     @post("/tenants/{tenant_id:int}/keys")
     async def issue_key(
@@ -149,16 +176,20 @@ class TenantPages(Controller):
         tenant_id: FromPath[int],
     ) -> Page:
         current, form = request.user, await form_of(request)
-        raw = {"name": form.get("name", "default").strip() or "default",
-               "expires_days": form.get("expires_days", "").strip() or None, **key_limits_input(form)}  # fmt: skip
+        raw = {
+            "name": form.get("name", "default").strip() or "default",
+            "expires_days": form.get("expires_days", "").strip() or None,
+            **key_limits_input(form),
+        }
         try:
             data = convert(raw, KeyIn, strict=False)
             issued = await keys.issue_api_key(admin_service, current.username, tenant_id, data)
         except GatewayError as exc:
             if exc.status == 404:
                 raise
-            return await self._tenant_page(admin_service, limiter, current, tenant_id, key_error=exc.message,
-                                           status=exc.status)  # fmt: skip
+            return await self._tenant_page(
+                admin_service, limiter, current, tenant_id, key_error=exc.message, status=exc.status
+            )
         return await self._tenant_page(admin_service, limiter, current, tenant_id, secret=issued["secret"])
 
     @post("/keys/{key_id:int}/limits")
@@ -175,13 +206,16 @@ class TenantPages(Controller):
             tenant_id = (await get_or_404(session, ApiKey, key_id)).tenant_id
         raw = key_limits_input(form)
         try:
-            await keys.edit_api_key(admin_service, current.username, key_id,
-                                    convert(raw, KeyLimitsIn, strict=False), set(raw))  # fmt: skip
+            await keys.edit_api_key(
+                admin_service, current.username, key_id, convert(raw, KeyLimitsIn, strict=False), set(raw)
+            )
         except GatewayError as exc:  # shown on the key's row
-            return await self._tenant_page(admin_service, limiter, current, tenant_id,
-                                           key_errors={key_id: exc.message}, status=exc.status)  # fmt: skip
-        return await self._tenant_page(admin_service, limiter, current, tenant_id, notice="Saved the key's limits. "
-                                       "The gateway applies them now.")  # fmt: skip
+            return await self._tenant_page(
+                admin_service, limiter, current, tenant_id, key_errors={key_id: exc.message}, status=exc.status
+            )
+        return await self._tenant_page(
+            admin_service, limiter, current, tenant_id, notice="Saved the key's limits. The gateway applies them now."
+        )
 
     @post("/keys/{key_id:int}/revoke")
     async def revoke_key(

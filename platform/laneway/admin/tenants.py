@@ -16,9 +16,22 @@ from laneway.contracts.errors import GatewayError
 from laneway.db.models import Tenant
 from laneway.db.repositories import AuditRepository
 
-TENANT_FIELDS = ("id", "name", "weight", "rpm", "tpm", "max_concurrency", "allowed_models", "allowed_lanes",
-                 "priority_floor", "tokens_per_day", "tokens_per_month", "budget_per_day", "budget_per_month",
-                 "disabled")  # fmt: skip
+TENANT_FIELDS = (
+    "id",
+    "name",
+    "weight",
+    "rpm",
+    "tpm",
+    "max_concurrency",
+    "allowed_models",
+    "allowed_lanes",
+    "priority_floor",
+    "tokens_per_day",
+    "tokens_per_month",
+    "budget_per_day",
+    "budget_per_month",
+    "disabled",
+)
 PRIORITY_FLOOR_RANGE = (-1000, 1000)
 
 

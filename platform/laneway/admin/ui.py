@@ -67,8 +67,9 @@ class AdminUI(Controller):
     async def login_page(self, logins: NamedDependency[Logins]) -> Template:
         token = secrets.token_urlsafe(24)
         cookie = Cookie(key=LOGIN_CSRF_COOKIE, value=token, path="/admin", httponly=True, samesite="strict")
-        return Template("login.html", context={"login_csrf": token, "first_login": await _first_login(logins)},
-                        cookies=[cookie])  # fmt: skip
+        return Template(
+            "login.html", context={"login_csrf": token, "first_login": await _first_login(logins)}, cookies=[cookie]
+        )
 
     @post("/login", opt=PUBLIC)
     async def login(self, request: Request, logins: NamedDependency[Logins]) -> Page:  # type: ignore[type-arg]
@@ -78,8 +79,12 @@ class AdminUI(Controller):
             check_csrf(form.get("csrf_token", ""), expected)
             cookie, _ = await open_session(request, logins, form.get("username", ""), form.get("password", ""))
         except GatewayError as exc:  # 401 wrong, 429 throttled (with Retry-After), 400 bad username
-            return Template("login.html", context={"login_csrf": expected, "error": exc.message},
-                            status_code=exc.status, headers=exc.headers)  # fmt: skip
+            return Template(
+                "login.html",
+                context={"login_csrf": expected, "error": exc.message},
+                status_code=exc.status,
+                headers=exc.headers,
+            )
         return Redirect("/admin/dashboard", status_code=303, cookies=[cookie])  # the live view first
 
     @post("/logout", opt=OPTIONAL)

@@ -64,20 +64,36 @@ def usage_charts(summary: UsageSummary) -> list[Chart]:
     labels = _axis_labels(summary)
     figures = [b.figures for b in summary.buckets]
     return [
-        stacked_bars("requests-chart", "Requests", labels, [
-            Series("succeeded", "#4c7bd9", [f.requests - f.errors for f in figures]),
-            Series("errors", "#c8423a", [f.errors for f in figures]),
-        ]),
-        stacked_bars("tokens-chart", "Tokens", labels, [
-            Series("prompt", "#7a9cc6", [f.prompt_tokens for f in figures]),
-            Series("completion", "#3c8d5a", [f.completion_tokens for f in figures]),
-        ]),
-        lines("ttft-chart", "Time to first token", labels, [
-            Series("p50", "#4c7bd9", [f.ttft[0.5] for f in figures]),
-            Series("p95", "#e0a030", [f.ttft[0.95] for f in figures]),
-            Series("p99", "#c8423a", [f.ttft[0.99] for f in figures]),
-        ], unit=" ms"),
-    ]  # fmt: skip
+        stacked_bars(
+            "requests-chart",
+            "Requests",
+            labels,
+            [
+                Series("succeeded", "#4c7bd9", [f.requests - f.errors for f in figures]),
+                Series("errors", "#c8423a", [f.errors for f in figures]),
+            ],
+        ),
+        stacked_bars(
+            "tokens-chart",
+            "Tokens",
+            labels,
+            [
+                Series("prompt", "#7a9cc6", [f.prompt_tokens for f in figures]),
+                Series("completion", "#3c8d5a", [f.completion_tokens for f in figures]),
+            ],
+        ),
+        lines(
+            "ttft-chart",
+            "Time to first token",
+            labels,
+            [
+                Series("p50", "#4c7bd9", [f.ttft[0.5] for f in figures]),
+                Series("p95", "#e0a030", [f.ttft[0.95] for f in figures]),
+                Series("p99", "#c8423a", [f.ttft[0.99] for f in figures]),
+            ],
+            unit=" ms",
+        ),
+    ]
 
 
 def csv_cell(value: Any) -> Any:

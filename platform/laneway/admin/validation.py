@@ -135,8 +135,14 @@ def humane(exc: msgspec.ValidationError) -> GatewayError:
     return GatewayError(ErrorCode.INVALID_REQUEST, message, param=param or None)
 
 
-_KIND_WORDS = {"int": "a whole number", "float": "a number", "str": "text", "bool": "true or false",
-               "array": "a list", "object": "an object"}  # fmt: skip
+_KIND_WORDS = {
+    "int": "a whole number",
+    "float": "a number",
+    "str": "text",
+    "bool": "true or false",
+    "array": "a list",
+    "object": "an object",
+}
 _COMPARE_WORDS = {">=": "at least", ">": "greater than", "<=": "at most", "<": "less than"}
 
 

@@ -27,11 +27,29 @@ log = logging.getLogger("laneway.api")
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 # OpenAI's API areas: an unmatched path under one is counted under it (a client calling an
 # endpoint laneway lacks), any other path as "other", so the label stays bounded.
-OPENAI_AREAS = frozenset({
-    "assistants", "audio", "batches", "chat", "completions", "containers", "conversations", "embeddings",
-    "evals", "files", "fine_tuning", "images", "models", "moderations", "realtime", "responses", "threads",
-    "uploads", "vector_stores",
-})  # fmt: skip
+OPENAI_AREAS = frozenset(
+    {
+        "assistants",
+        "audio",
+        "batches",
+        "chat",
+        "completions",
+        "containers",
+        "conversations",
+        "embeddings",
+        "evals",
+        "files",
+        "fine_tuning",
+        "images",
+        "models",
+        "moderations",
+        "realtime",
+        "responses",
+        "threads",
+        "uploads",
+        "vector_stores",
+    }
+)
 
 
 def unmatched_path(path: str) -> str:
@@ -86,8 +104,9 @@ class ErrorHandlers:
 
     def gateway_error(self, request: Request, exc: GatewayError) -> Response[bytes]:  # type: ignore[type-arg]
         self._count(request, exc.status, exc.code)
-        return error_response(exc.status, exc.message, code=exc.code, param=exc.param, type_=exc.type,
-                              headers=exc.headers)  # fmt: skip
+        return error_response(
+            exc.status, exc.message, code=exc.code, param=exc.param, type_=exc.type, headers=exc.headers
+        )
 
     def http_exception(self, request: Request, exc: HTTPException) -> Response[bytes]:  # type: ignore[type-arg]
         self._count(request, exc.status_code, None)
@@ -98,5 +117,6 @@ class ErrorHandlers:
         rid = request_id(scope)
         log.exception("unhandled error on %s %s (request %s)", scope["method"], scope["path"], rid, exc_info=exc)
         self._count(request, 500, "internal_error")
-        return error_response(500, "The gateway failed to handle this request; it has been logged.",
-                              code="internal_error")  # fmt: skip
+        return error_response(
+            500, "The gateway failed to handle this request; it has been logged.", code="internal_error"
+        )

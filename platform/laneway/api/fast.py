@@ -109,8 +109,9 @@ class FastRoutes:
         except Exception as exc:
             response = self._error(request, exc)
         if isinstance(response, Stream):
-            asgi = response.to_asgi_response(cast(Any, None), cast(Any, None),
-                                             headers={"x-request-id": request_id(scope)})  # fmt: skip
+            asgi = response.to_asgi_response(
+                cast(Any, None), cast(Any, None), headers={"x-request-id": request_id(scope)}
+            )
             await asgi(scope, receive, send)
             return
         await _send(send, scope, response)

@@ -48,9 +48,11 @@ class OpenAIController(Controller):
         gateway = api.gateway
         alias = model_id.lstrip("/")
         if alias not in gateway.visible_models(tenant):
-            raise GatewayError(ErrorCode.MODEL_NOT_FOUND,
-                               f"The model '{alias}' does not exist or you do not have access to it.",
-                               param="model")  # fmt: skip
+            raise GatewayError(
+                ErrorCode.MODEL_NOT_FOUND,
+                f"The model '{alias}' does not exist or you do not have access to it.",
+                param="model",
+            )
         card = _card(gateway, alias, int(api.started_at))
         return Response(p.encode(card), media_type=MediaType.JSON)
 

@@ -232,8 +232,12 @@ COMPLETION = operation(
 
 def generation(response: type[Any], request: type[Any], **stream: Any) -> type[Operation]:
     """The operation of an endpoint that runs a request through the pipeline."""
-    register_wire_types(request, response, *([stream["stream_chunk"]] if "stream_chunk" in stream else ()),
-                        *stream.get("stream_events", ()))  # fmt: skip
+    register_wire_types(
+        request,
+        response,
+        *([stream["stream_chunk"]] if "stream_chunk" in stream else ()),
+        *stream.get("stream_events", ()),
+    )
     return operation(
         Wire(
             response,

@@ -64,8 +64,9 @@ async def decode(request: Incoming, kind: type[T]) -> T:
         unknown = _UNKNOWN_FIELD.match(str(exc))
         if unknown is not None:  # as OpenAI answers it: a parameter it does not know is not ignored
             name = unknown.group(1)
-            raise invalid_request(f"Unknown parameter: '{name}'.", param=name,
-                                  code=ErrorCode.UNKNOWN_PARAMETER) from None  # fmt: skip
+            raise invalid_request(
+                f"Unknown parameter: '{name}'.", param=name, code=ErrorCode.UNKNOWN_PARAMETER
+            ) from None
         raise validation_error(exc) from None
     except msgspec.DecodeError as exc:
         raise validation_error(exc) from None
@@ -176,11 +177,18 @@ def _extensions(req: Body, max_tokens: int | None) -> SamplingExtensions | None:
     """The engine-specific sampling extensions the body set, checked for sense (the engine's
     own support is checked once it is chosen); None when it set none."""
     if (  # the common case, on every request: none sent (attribute reads, not a dataclass built)
-        req.top_k is None and req.min_p is None and req.repetition_penalty is None and req.ignore_eos is None
-        and req.min_tokens is None and req.stop_token_ids is None and req.include_stop_str_in_output is None
-        and req.skip_special_tokens is None and req.spaces_between_special_tokens is None
-        and req.truncate_prompt_tokens is None and req.structured_outputs is None
-    ):  # fmt: skip
+        req.top_k is None
+        and req.min_p is None
+        and req.repetition_penalty is None
+        and req.ignore_eos is None
+        and req.min_tokens is None
+        and req.stop_token_ids is None
+        and req.include_stop_str_in_output is None
+        and req.skip_special_tokens is None
+        and req.spaces_between_special_tokens is None
+        and req.truncate_prompt_tokens is None
+        and req.structured_outputs is None
+    ):
         return None
     if req.min_tokens is not None and max_tokens is not None and req.min_tokens > max_tokens:
         raise invalid_request(
@@ -194,8 +202,9 @@ def _extensions(req: Body, max_tokens: int | None) -> SamplingExtensions | None:
                 f"structured_outputs needs exactly one of {', '.join(_CONSTRAINTS)}.", param="structured_outputs"
             )
         if b"\\u0000" in msgspec.json.encode(structured):  # a NUL anywhere in it, as JSON escapes it
-            raise invalid_request("structured_outputs must not contain NUL (\\u0000) characters.",
-                                  param="structured_outputs")  # fmt: skip
+            raise invalid_request(
+                "structured_outputs must not contain NUL (\\u0000) characters.", param="structured_outputs"
+            )
     ext = SamplingExtensions(
         top_k=req.top_k,
         min_p=req.min_p,
@@ -238,11 +247,14 @@ def cache_key(value: str | None) -> str | None:
     if value is None:
         return None
     problem = (
-        "must not be empty" if not value
-        else f"must be at most {CACHE_KEY_MAX} characters (got {len(value)})" if len(value) > CACHE_KEY_MAX
-        else "must not contain NUL or other control characters" if _CONTROL.search(value)
+        "must not be empty"
+        if not value
+        else f"must be at most {CACHE_KEY_MAX} characters (got {len(value)})"
+        if len(value) > CACHE_KEY_MAX
+        else "must not contain NUL or other control characters"
+        if _CONTROL.search(value)
         else None
-    )  # fmt: skip
+    )
     if problem is not None:
         raise invalid_request(f"`prompt_cache_key` {problem}.", param="prompt_cache_key")
     return value
@@ -280,8 +292,15 @@ def chat_intent(request: Incoming, req: p.ChatCompletionRequest) -> GenerationIn
     routing = hints(request, req)
     routing["task"] = routing["task"] or "chat"
     max_tokens = req.max_completion_tokens or req.max_tokens
-    return GenerationIntent(endpoint="chat", messages=turns, max_tokens=max_tokens,
-                            extensions=_extensions(req, max_tokens), **common, **features, **routing)  # fmt: skip
+    return GenerationIntent(
+        endpoint="chat",
+        messages=turns,
+        max_tokens=max_tokens,
+        extensions=_extensions(req, max_tokens),
+        **common,
+        **features,
+        **routing,
+    )
 
 
 def completion_intent(request: Incoming, req: p.CompletionRequest) -> GenerationIntent:
@@ -291,8 +310,15 @@ def completion_intent(request: Incoming, req: p.CompletionRequest) -> Generation
         if len(prompt) != 1:
             raise unsupported("prompt", "a list of several prompts")
         prompt = prompt[0]
-    return GenerationIntent(endpoint="completions", prompt=prompt, max_tokens=req.max_tokens, logprobs=req.logprobs,
-                            extensions=_extensions(req, req.max_tokens), **common, **hints(request, req))  # fmt: skip
+    return GenerationIntent(
+        endpoint="completions",
+        prompt=prompt,
+        max_tokens=req.max_tokens,
+        logprobs=req.logprobs,
+        extensions=_extensions(req, req.max_tokens),
+        **common,
+        **hints(request, req),
+    )
 
 
 def _turn(i: int, m: p.ChatMessageIn) -> ChatTurn:
@@ -304,8 +330,9 @@ def _turn(i: int, m: p.ChatMessageIn) -> ChatTurn:
     )
     if calls and m.role != "assistant":
         raise invalid_request("Only assistant messages carry tool_calls.", param=f"messages[{i}].tool_calls")
-    return ChatTurn(role=m.role, content=_message_text(i, m), tool_calls=calls, tool_call_id=m.tool_call_id,
-                    name=m.name)  # fmt: skip
+    return ChatTurn(
+        role=m.role, content=_message_text(i, m), tool_calls=calls, tool_call_id=m.tool_call_id, name=m.name
+    )
 
 
 def _message_text(i: int, m: p.ChatMessageIn) -> str:

@@ -38,8 +38,9 @@ def respond(
     headers = lane_header(answer.call)
     if isinstance(answer, Completed):
         return Response(p.encode(body(answer)), media_type=MediaType.JSON, headers=headers)
-    return LeasedStream(answer.lease, events(answer), headers={**SSE_HEADERS, **headers},
-                        send_timeout_s=api.stream_send_timeout_s)  # fmt: skip
+    return LeasedStream(
+        answer.lease, events(answer), headers={**SSE_HEADERS, **headers}, send_timeout_s=api.stream_send_timeout_s
+    )
 
 
 def usage(call: Call) -> p.Usage:

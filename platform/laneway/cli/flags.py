@@ -41,9 +41,15 @@ def list_flag(text: str, clear_word: str) -> list[str] | None:
 
 
 # Tenant flags -> TenantIn fields (tenant create and tenant set).
-TENANT_LIMITS = {"rpm": "rpm", "tpm": "tpm", "max_concurrency": "max_concurrency", "weight": "weight",
-                  "priority_floor": "priority_floor", "daily_tokens": "tokens_per_day",
-                  "monthly_tokens": "tokens_per_month"}  # fmt: skip
+TENANT_LIMITS = {
+    "rpm": "rpm",
+    "tpm": "tpm",
+    "max_concurrency": "max_concurrency",
+    "weight": "weight",
+    "priority_floor": "priority_floor",
+    "daily_tokens": "tokens_per_day",
+    "monthly_tokens": "tokens_per_month",
+}
 # Key flags -> KeyIn / KeyLimitsIn fields (key issue and key set).
 KEY_LIMITS = {"rpm": "rpm", "tpm": "tpm", "max_concurrency": "max_concurrency"}
 # Money budgets, given in the currency ("5.00") and sent as micro-units (core/prices.py).

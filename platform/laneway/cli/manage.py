@@ -157,8 +157,10 @@ async def model_price(svc: AdminService, actor: str, args: argparse.Namespace) -
         print(f"model {args.alias} has no price")
         return
     cached = result["cached_input"] if result["cached_input"] is not None else result["input"]
-    print(f"model {args.alias} costs {result['input']} in, {result['output']} out, {cached} cached in "
-          f"({result['currency']} per 1M tokens)")  # fmt: skip
+    print(
+        f"model {args.alias} costs {result['input']} in, {result['output']} out, {cached} cached in "
+        f"({result['currency']} per 1M tokens)"
+    )
 
 
 async def admin_create(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
@@ -175,8 +177,10 @@ async def admin_create(svc: AdminService, actor: str, args: argparse.Namespace) 
 def _said_batch(b: dict[str, Any]) -> str:
     counts = b["request_counts"]
     failed = f" ({counts['failed']} failed)" if counts["failed"] else ""
-    return (f"{b['id']}\t{b['tenant']}\t{b['status']}\t{b['done']}/{counts['total']} done{failed}\t{b['endpoint']}\t"
-            f"created {b['created_at']}\texpires {b['expires_at']}")  # fmt: skip
+    return (
+        f"{b['id']}\t{b['tenant']}\t{b['status']}\t{b['done']}/{counts['total']} done{failed}\t{b['endpoint']}\t"
+        f"created {b['created_at']}\texpires {b['expires_at']}"
+    )
 
 
 async def batch_list(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
@@ -197,5 +201,6 @@ async def batch_cancel(svc: AdminService, actor: str, args: argparse.Namespace) 
     from laneway.admin import batches
 
     b = await batches.cancel_batch(svc, actor, args.batch_id)
-    print(f"batch {b['id']} of {b['tenant']} is {b['status']}: its pending requests are cancelled, "
-          "those running finish")  # fmt: skip
+    print(
+        f"batch {b['id']} of {b['tenant']} is {b['status']}: its pending requests are cancelled, those running finish"
+    )

@@ -104,8 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     _tenant_arguments(s)
     s.add_argument("--rename", metavar="NEW_NAME")
     on_off = s.add_mutually_exclusive_group()
-    on_off.add_argument("--disable", dest="disabled", action="store_const", const=True,
-                        help="refuse its keys (401) until --enable")  # fmt: skip
+    on_off.add_argument(
+        "--disable", dest="disabled", action="store_const", const=True, help="refuse its keys (401) until --enable"
+    )
     on_off.add_argument("--enable", dest="disabled", action="store_const", const=False)
     s.set_defaults(fn=with_service(tenant_set), changes=tenant_changes, usage=s)
 

@@ -75,8 +75,9 @@ def shutting_down(retry_after: float = 1) -> GatewayError:
 
 def dependency_unavailable(code: ErrorCode, dependency: str, retry_after: float = 1) -> GatewayError:
     """A dependency the gateway needs (Redis, the database) is down and no fallback applies."""
-    return GatewayError(code, f"The gateway cannot reach its {dependency} right now; retry shortly.",
-                        retry_after=retry_after)  # fmt: skip
+    return GatewayError(
+        code, f"The gateway cannot reach its {dependency} right now; retry shortly.", retry_after=retry_after
+    )
 
 
 _PATH = re.compile(r"at `\$\.?([^`]*)`")

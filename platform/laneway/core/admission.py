@@ -79,8 +79,9 @@ def admit(scheduler: QueueView, lane: LanePolicy, tenant_id: int = 0, weight: fl
 
         hog = max((tid for tid in weights if tid != tenant_id), key=excess)
         hog_depth = scheduler.tenant_depth(lane.name, hog)
-        scheduler.evict_newest(lane.name, hog, lambda: over_share(lane, hog_depth, lane.max_queue_depth
-                                                                  * weights[hog] / total_weight))  # fmt: skip
+        scheduler.evict_newest(
+            lane.name, hog, lambda: over_share(lane, hog_depth, lane.max_queue_depth * weights[hog] / total_weight)
+        )
     wait = scheduler.predicted_wait(lane, tenant_id, weight)
     if wait > lane.queue_timeout_s:
         raise wait_too_long(lane, wait)

@@ -307,9 +307,32 @@ def _outcome(row: tuple[object, ...] | None) -> TenantSnapshot | GatewayError:
     """A key's row (db/repositories.py KeyRows) as what authenticating with it gives."""
     if row is None:
         return _unauthorized("Incorrect API key provided.")
-    (_, key_id, revoked_at, expires_at, key_rpm, key_tpm, key_conc, key_models,
-     tenant_id, name, weight, rpm, tpm, conc, models, lanes, floor, per_day, per_month, disabled,
-     budget_day, budget_month, key_budget_day, key_budget_month) = row  # fmt: skip
+    (
+        _,
+        key_id,
+        revoked_at,
+        expires_at,
+        key_rpm,
+        key_tpm,
+        key_conc,
+        key_models,
+        tenant_id,
+        name,
+        weight,
+        rpm,
+        tpm,
+        conc,
+        models,
+        lanes,
+        floor,
+        per_day,
+        per_month,
+        disabled,
+        budget_day,
+        budget_month,
+        key_budget_day,
+        key_budget_month,
+    ) = row
     if revoked_at is not None:
         return _unauthorized("This API key has been revoked.")
     if isinstance(expires_at, datetime) and as_utc(expires_at) <= datetime.now(UTC):

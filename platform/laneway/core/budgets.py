@@ -44,8 +44,10 @@ def owner_of(name: str) -> int | None:
 def budgets(tenant: TenantSnapshot, now: float) -> list[Budget]:
     """The budgets that apply to a request of this tenant and key now, the tenant's first."""
     out = []
-    limits = (("tenant", None, tenant.budget_per_day, tenant.budget_per_month),
-              ("key", tenant.api_key_id, tenant.key_budget_per_day, tenant.key_budget_per_month))  # fmt: skip
+    limits = (
+        ("tenant", None, tenant.budget_per_day, tenant.budget_per_month),
+        ("key", tenant.api_key_id, tenant.key_budget_per_day, tenant.key_budget_per_month),
+    )
     for owner, key_id, per_day, per_month in limits:
         for kind, limit in zip(PERIOD_KINDS, (per_day, per_month), strict=True):
             if limit:

@@ -39,8 +39,9 @@ class DependencyHealth:
         if last is None or now - last >= self._log_every:
             self._last_log[dependency] = now
             n, self._unlogged[dependency] = self._unlogged[dependency], 0
-            log.warning("%s fault (%d since the last report): %s: %s; %s",
-                        dependency, n, type(exc).__name__, exc, consequence)  # fmt: skip
+            log.warning(
+                "%s fault (%d since the last report): %s: %s; %s", dependency, n, type(exc).__name__, exc, consequence
+            )
 
     def recovered(self, dependency: str) -> None:
         if self.degraded.get(dependency):

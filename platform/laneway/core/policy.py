@@ -68,9 +68,16 @@ class TaskPolicy:
 # Used when the lanes table is empty: one lane that takes everything.
 DEFAULT_LANE = LanePolicy(name="default", max_queue_depth=256, queue_timeout_s=30.0, max_concurrency=64)
 # Batch lines' lane where the admins configured no background lane (and none named "batch").
-BACKGROUND_LANE = LanePolicy(name="batch", priority=1_000, background=True, max_queue_depth=4096,
-                             queue_timeout_s=600.0, max_concurrency=1_024, max_unacked_tokens=4096,
-                             retry_after_s=30)  # fmt: skip
+BACKGROUND_LANE = LanePolicy(
+    name="batch",
+    priority=1_000,
+    background=True,
+    max_queue_depth=4096,
+    queue_timeout_s=600.0,
+    max_concurrency=1_024,
+    max_unacked_tokens=4096,
+    retry_after_s=30,
+)
 
 
 @dataclass(frozen=True)
@@ -153,13 +160,22 @@ class PolicyStore:
             priced = await models.prices()
         fallbacks = {alias: tuple(listed) for alias, listed in graph.items() if listed}
         prices = {alias: Price(*figures) for alias, figures in priced.items()}
-        snapshot = PolicySnapshot(lanes=lanes, tasks=tasks, version=self.current.version + 1, fallback_lists=fallbacks,
-                                  prices=prices)  # fmt: skip
+        snapshot = PolicySnapshot(
+            lanes=lanes, tasks=tasks, version=self.current.version + 1, fallback_lists=fallbacks, prices=prices
+        )
         now = self.current
         if (snapshot.lanes, snapshot.tasks, snapshot.fallback_lists, snapshot.prices) != (
-            now.lanes, now.tasks, now.fallback_lists, now.prices
-        ):  # fmt: skip
+            now.lanes,
+            now.tasks,
+            now.fallback_lists,
+            now.prices,
+        ):
             self.current = snapshot  # one reference swap: atomic for every reader
-            log.info("policies reloaded: lanes=%s tasks=%s fallbacks=%s prices=%s", [x.name for x in lanes],
-                     sorted(tasks), fallbacks, sorted(prices))  # fmt: skip
+            log.info(
+                "policies reloaded: lanes=%s tasks=%s fallbacks=%s prices=%s",
+                [x.name for x in lanes],
+                sorted(tasks),
+                fallbacks,
+                sorted(prices),
+            )
         return self.current

@@ -85,12 +85,32 @@ class KeyRows:
     pre-ping, is most of it). SQLAlchemy still types every value: each column's own result
     processor (SQLite's datetimes, JSON and booleans), as a select through the ORM would."""
 
-    COLUMNS = (ApiKey.secret_sha256, ApiKey.id, ApiKey.revoked_at, ApiKey.expires_at, ApiKey.rpm, ApiKey.tpm,
-               ApiKey.max_concurrency, ApiKey.allowed_models, Tenant.id, Tenant.name, Tenant.weight, Tenant.rpm,
-               Tenant.tpm, Tenant.max_concurrency, Tenant.allowed_models, Tenant.allowed_lanes,
-               Tenant.priority_floor, Tenant.tokens_per_day, Tenant.tokens_per_month, Tenant.disabled,
-               Tenant.budget_per_day, Tenant.budget_per_month, ApiKey.budget_per_day,
-               ApiKey.budget_per_month)  # fmt: skip
+    COLUMNS = (
+        ApiKey.secret_sha256,
+        ApiKey.id,
+        ApiKey.revoked_at,
+        ApiKey.expires_at,
+        ApiKey.rpm,
+        ApiKey.tpm,
+        ApiKey.max_concurrency,
+        ApiKey.allowed_models,
+        Tenant.id,
+        Tenant.name,
+        Tenant.weight,
+        Tenant.rpm,
+        Tenant.tpm,
+        Tenant.max_concurrency,
+        Tenant.allowed_models,
+        Tenant.allowed_lanes,
+        Tenant.priority_floor,
+        Tenant.tokens_per_day,
+        Tenant.tokens_per_month,
+        Tenant.disabled,
+        Tenant.budget_per_day,
+        Tenant.budget_per_month,
+        ApiKey.budget_per_day,
+        ApiKey.budget_per_month,
+    )
     BATCH = 500  # keys a query
 
     def __init__(self, engine: AsyncEngine) -> None:
@@ -129,8 +149,10 @@ class KeyRows:
 
     def _processors(self, driver_types: list[Any]) -> list[Callable[[Any], Any] | None]:
         dialect = self._engine.dialect
-        return [c.type.dialect_impl(dialect).result_processor(dialect, t)
-                for c, t in zip(self._columns, driver_types, strict=True)]  # fmt: skip
+        return [
+            c.type.dialect_impl(dialect).result_processor(dialect, t)
+            for c, t in zip(self._columns, driver_types, strict=True)
+        ]
 
 
 class ModelRepository:

@@ -266,10 +266,26 @@ class UsageStatsRepository:
 
 
 EXPORT_COLUMNS = (
-    "id", "created_at", "request_id", "api_key_id", "model", "deployment", "lane", "endpoint", "end_user", "stream",
-    "status", "finish_reason", "error_code", "prompt_tokens", "completion_tokens", "queue_ms", "ttft_ms", "total_ms",
+    "id",
+    "created_at",
+    "request_id",
+    "api_key_id",
+    "model",
+    "deployment",
+    "lane",
+    "endpoint",
+    "end_user",
+    "stream",
+    "status",
+    "finish_reason",
+    "error_code",
+    "prompt_tokens",
+    "completion_tokens",
+    "queue_ms",
+    "ttft_ms",
+    "total_ms",
     "cost_micros",
-)  # fmt: skip
+)
 
 
 def _clamp(b: Any, n: int) -> int:

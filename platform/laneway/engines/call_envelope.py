@@ -251,8 +251,9 @@ class EnvelopeReader:
                 arguments = json.dumps(_arguments_of(value), ensure_ascii=False)
                 out.append(ToolCall(id=new_call_id(), name=str(value[NAME_KEY]), arguments=arguments, index=len(out)))
             elif partial and call.name is not None:
-                out.append(ToolCall(id=new_call_id(), name=call.name, arguments=self._partial_arguments(call),
-                                    index=len(out)))  # fmt: skip
+                out.append(
+                    ToolCall(id=new_call_id(), name=call.name, arguments=self._partial_arguments(call), index=len(out))
+                )
         return tuple(out)
 
     def _partial_arguments(self, call: _CallSpan) -> str:

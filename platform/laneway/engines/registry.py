@@ -6,27 +6,12 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from laneway.engines.base import Engine, EngineError, system_prompt_chat
-from laneway.engines.llamacpp import LlamaCppEngine
-from laneway.engines.sim import SimEngine
-from laneway.engines.trtllm import TritonTRTLLMEngine
-from laneway.engines.vllm import VLLMEngine
+from laneway.engines.kinds import REMOTE_ENGINE_KINDS, build_engine
 from laneway.types import DeploymentSpec
 
 log = logging.getLogger("laneway.engines")
-
-EngineFactory = Callable[..., Any]
-ENGINE_KINDS: dict[str, EngineFactory] = {
-    "llamacpp": LlamaCppEngine,
-    "sim": SimEngine,
-    "vllm": VLLMEngine,
-    "trtllm": TritonTRTLLMEngine,
-}
-
-
-REMOTE_ENGINE_KINDS = frozenset({"vllm", "trtllm"})
 
 
 class UnknownModel(LookupError):
@@ -76,20 +61,6 @@ class LiveDeployment:
 EJECT_AFTER_FAILURES = 3
 
 
-def build_engine(spec: DeploymentSpec) -> Engine:
-    factory = ENGINE_KINDS.get(spec.engine_kind)
-    if factory is None:
-        raise EngineError(f"unknown engine kind {spec.engine_kind!r} (known: {', '.join(sorted(ENGINE_KINDS))})")
-    engine: Engine = factory(
-        spec.alias,
-        spec.config,
-        quantization=spec.quantization,
-        gpu_type=spec.gpu_type,
-        max_model_len=spec.max_model_len,
-    )
-    return engine
-
-
 class EngineRegistry:
     """Live changes (load, sync, swap, install) are serialised by one lock: two overlapping
     syncs (a NOTIFY, the poller, an admin edit) never start two sets of engines for an alias;
@@ -126,8 +97,13 @@ class EngineRegistry:
                 # Every sync retries a deployment that is down: one ERROR line per new reason, not one a poll.
                 reason = str(exc)
                 repeated = self._logged_failure.get(spec.name) == reason
-                log.log(logging.DEBUG if repeated else logging.ERROR, "deployment %s (%s) failed to start: %s",
-                        spec.name, spec.engine_kind, reason)  # fmt: skip
+                log.log(
+                    logging.DEBUG if repeated else logging.ERROR,
+                    "deployment %s (%s) failed to start: %s",
+                    spec.name,
+                    spec.engine_kind,
+                    reason,
+                )
                 self._logged_failure[spec.name] = reason
                 self.failed[spec.name] = reason
                 continue

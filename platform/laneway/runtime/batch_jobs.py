@@ -38,8 +38,14 @@ def batch_services(
         def slots(alias: str) -> int:
             return sum(d.engine.info.max_concurrency for d in registry.replicas(alias))
 
-        runner = BatchRunner(store, api, owner=replica_name(), slots=slots, poll_s=settings.batch_poll_interval_s,
-                             lease_s=settings.batch_lease_s)  # fmt: skip
+        runner = BatchRunner(
+            store,
+            api,
+            owner=replica_name(),
+            slots=slots,
+            poll_s=settings.batch_poll_interval_s,
+            lease_s=settings.batch_lease_s,
+        )
     services = BatchServices(
         store=store,
         api=api,

@@ -58,13 +58,27 @@ class RoutePlanner:
         replicas, pick = [call.deployment], None
         if waiting.late(call):
             gen = call.generation
-            route = waiting.dispatch.ticket_route(gen.prompt, gen.cache_salt, call.prompt_cache_key, call.needs,
-                                                  gen.prompt_tokens)  # fmt: skip
-            ticket = Ticket(request_id=call.request_id, tenant_id=tenant.id, weight=tenant.weight, cost=0,
-                            lane=call.lane, route=route)  # fmt: skip
+            route = waiting.dispatch.ticket_route(
+                gen.prompt, gen.cache_salt, call.prompt_cache_key, call.needs, gen.prompt_tokens
+            )
+            ticket = Ticket(
+                request_id=call.request_id,
+                tenant_id=tenant.id,
+                weight=tenant.weight,
+                cost=0,
+                lane=call.lane,
+                route=route,
+            )
             replicas = waiting.dispatch.alias_scheduler(call.alias).candidates(ticket)
-            pick = waiting.dispatch.picker.pick(route.route, replicas, lambda d: waiting.scheduler(d).capacity,
-                                                dry_run=True)  # fmt: skip
-        return RoutePlan(call=call, policies=gateway.policies.current, requested_max_tokens=intent.max_tokens,
-                         default_max_tokens=gateway.preparer.default_max_tokens, replicas=replicas, pick=pick,
-                         explicit_lane=intent.lane)  # fmt: skip
+            pick = waiting.dispatch.picker.pick(
+                route.route, replicas, lambda d: waiting.scheduler(d).capacity, dry_run=True
+            )
+        return RoutePlan(
+            call=call,
+            policies=gateway.policies.current,
+            requested_max_tokens=intent.max_tokens,
+            default_max_tokens=gateway.preparer.default_max_tokens,
+            replicas=replicas,
+            pick=pick,
+            explicit_lane=intent.lane,
+        )

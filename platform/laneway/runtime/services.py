@@ -177,17 +177,22 @@ class Runtime:
         # connection, closed after all of them (docs/decisions/0002-redis-pipe.md).
         hub = None
         if settings.redis_url:
-            hub = RedisHub(settings.redis_url, timeout_s=settings.redis_timeout_s,
-                           max_connections=settings.redis_max_connections)  # fmt: skip
+            hub = RedisHub(
+                settings.redis_url, timeout_s=settings.redis_timeout_s, max_connections=settings.redis_max_connections
+            )
         self.redis_hub = hub
         if hub is not None:
             steps.started_step("redis", hub.close)
         self.limiter = limiter = self._rate_limiter(hub)
         steps.started_step("rate limiter", limiter.close)
         await limiter.load_used(sessions)  # quotas count from the usage rows (Redis: a lost counter's)
-        alerts = BudgetAlerts(self.metrics.budget_alerts, share=settings.budget_alert_share,
-                              currency=settings.currency, webhook_url=settings.budget_alert_webhook_url,
-                              timeout_s=settings.budget_alert_timeout_s)  # fmt: skip
+        alerts = BudgetAlerts(
+            self.metrics.budget_alerts,
+            share=settings.budget_alert_share,
+            currency=settings.currency,
+            webhook_url=settings.budget_alert_webhook_url,
+            timeout_s=settings.budget_alert_timeout_s,
+        )
         steps.started_step("budget alerts", alerts.close)
         for each in (limiter, getattr(limiter, "fallback", limiter)):  # Redis's fallback alerts too
             each.alert, each.alert_share = alerts, settings.budget_alert_share
@@ -251,8 +256,12 @@ class Runtime:
 
         # A deployment that could not start is retried by every poll, whether or not the
         # configuration moved (an engine that was down comes up with no edit).
-        self.config_poll = poll = ConfigPoll(lambda: config_version(db), reload_config, seen=loaded_version,
-                                             unsettled=lambda: bool(registry.failed or registry.rejected))  # fmt: skip
+        self.config_poll = poll = ConfigPoll(
+            lambda: config_version(db),
+            reload_config,
+            seen=loaded_version,
+            unsettled=lambda: bool(registry.failed or registry.rejected),
+        )
 
         async def apply_notified() -> None:  # NOTIFY covers tenants and keys too: not in the counter
             authenticator.invalidate()
@@ -270,8 +279,14 @@ class Runtime:
         watcher = asyncio.create_task(poll.run(registry, every_s, health, after_tick=after_poll), name="config-poll")
         steps.started_step("config poll", lambda: cancelled(watcher))
         self.started_at = time.time()
-        self.admin = AdminService(sessions, changes, authenticator=authenticator, policies=policies, registry=registry,
-                                  currency=settings.currency)  # fmt: skip
+        self.admin = AdminService(
+            sessions,
+            changes,
+            authenticator=authenticator,
+            policies=policies,
+            registry=registry,
+            currency=settings.currency,
+        )
         self.logins = Logins(self.login_guard, sessions, settings.admin_cookie_secure, admin_password_file(settings))
         self.api = ApiServices(gateway, authenticator, settings.stream_send_timeout_s, self.started_at)
         self.batches, runner = batch_services(settings, sessions, self.api, registry)

@@ -39,9 +39,12 @@ class GatewayServer(FencedServer):
         if self._accept_fanout > 1 and len(listening) == 1 and listening[0].family in (socket.AF_INET, socket.AF_INET6):
             config = self.config
             self._surge = SurgeAcceptors(
-                listening[0].fileno(), protocol_factory, extra=self._accept_fanout - 1, backlog=config.backlog,
+                listening[0].fileno(),
+                protocol_factory,
+                extra=self._accept_fanout - 1,
+                backlog=config.backlog,
                 ssl=config.ssl,
-            )  # fmt: skip
+            )
             # Checked on the runtime's loop-lag tick (it starts with the lifespan, done by now).
             self._unsubscribe = self._runtime.loop_lag.subscribe(self._surge.tick)
             self._runtime.metrics.watch(self._surge.readings)

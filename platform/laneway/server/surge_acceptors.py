@@ -133,11 +133,22 @@ class SurgeAcceptors:
 
     def readings(self) -> list[Reading]:
         return [
-            ("laneway_accept_queue", "New connections the kernel holds that the server has not accepted yet "
-             "(at the last 50 ms tick).", "gauge", {}, self.last_queued),
-            ("laneway_accept_surges_total", "Times the listening socket was watched through more descriptors "
-             "because new connections queued up unaccepted.", "counter", {}, self.surges),
-        ]  # fmt: skip
+            (
+                "laneway_accept_queue",
+                "New connections the kernel holds that the server has not accepted yet (at the last 50 ms tick).",
+                "gauge",
+                {},
+                self.last_queued,
+            ),
+            (
+                "laneway_accept_surges_total",
+                "Times the listening socket was watched through more descriptors "
+                "because new connections queued up unaccepted.",
+                "counter",
+                {},
+                self.surges,
+            ),
+        ]
 
     def _close_copies(self) -> None:
         for server in self._servers:

@@ -174,9 +174,13 @@ class RequestTrace:
         parent = _PROPAGATOR.extract(carrier)  # an invalid traceparent starts a new trace, never a refusal
         received: float | None = cast("dict[str, Any]", scope).get(RECEIVED_AT)
         start = self._ns(received) if received is not None else self._ns0
-        self._root: Span = tracer.start_span(name, context=parent, kind=SpanKind.SERVER, start_time=start,
-                                             attributes={"http.request.method": "POST", "http.route": scope["path"],
-                                                         "url.path": scope["path"]})  # fmt: skip
+        self._root: Span = tracer.start_span(
+            name,
+            context=parent,
+            kind=SpanKind.SERVER,
+            start_time=start,
+            attributes={"http.request.method": "POST", "http.route": scope["path"], "url.path": scope["path"]},
+        )
         self._context: Context = set_span_in_context(self._root)
         self._engine: Span | None = None
         self._auth_end: int | None = None
@@ -188,8 +192,17 @@ class RequestTrace:
     def _ns(self, perf_counter: float) -> int:
         return self._ns0 + int((perf_counter - self._pc0) * 1e9)
 
-    def _span(self, name: str, start: int, end: int, *, status: int = 200, code: str | None = None,
-              parent: Context | None = None, attributes: dict[str, Any] | None = None) -> None:  # fmt: skip
+    def _span(
+        self,
+        name: str,
+        start: int,
+        end: int,
+        *,
+        status: int = 200,
+        code: str | None = None,
+        parent: Context | None = None,
+        attributes: dict[str, Any] | None = None,
+    ) -> None:
         """A finished child span, written after the fact (start and end in epoch ns); none for a
         request the sampler left out (OTEL_TRACES_SAMPLER): its children would not be recorded."""
         if not self._root.is_recording():
@@ -246,8 +259,9 @@ class RequestTrace:
                 attributes["gen_ai.request.choice.count"] = call.generation.n
         # From the slot's grant: the engine's time to first token is measured from there too.
         start = self._ns(call.dispatched_at) if call.dispatched_at is not None else None
-        self._engine = span = self._tracer.start_span(f"{op} {call.alias}", context=self._context, start_time=start,
-                                                      kind=SpanKind.CLIENT, attributes=attributes)  # fmt: skip
+        self._engine = span = self._tracer.start_span(
+            f"{op} {call.alias}", context=self._context, start_time=start, kind=SpanKind.CLIENT, attributes=attributes
+        )
         _PROPAGATOR.inject(carrier, context=set_span_in_context(span))
         return tuple(carrier.items())
 
@@ -262,8 +276,15 @@ class RequestTrace:
             if call.first_token_at is not None and dispatched is not None:
                 first = self._ns(call.first_token_at)
                 self._span("first_token", dispatched, first, parent=context)
-                self._span("decode", first, now, status=call.status, code=call.error_code, parent=context,
-                           attributes={"gen_ai.usage.output_tokens": call.completion_tokens})  # fmt: skip
+                self._span(
+                    "decode",
+                    first,
+                    now,
+                    status=call.status,
+                    code=call.error_code,
+                    parent=context,
+                    attributes={"gen_ai.usage.output_tokens": call.completion_tokens},
+                )
             span.set_attributes(_usage(call))
         _outcome(span, call.status, call.error_code, server=False)
         span.end(end_time=now)
@@ -289,8 +310,14 @@ class RequestTrace:
             dispatched = call.dispatched_at
             queued_until = self._ns(dispatched) if dispatched is not None else now
             queue_status, queue_code = (200, None) if dispatched is not None else (call.status, call.error_code)
-            self._span("queue", started, queued_until, status=queue_status, code=queue_code,
-                       attributes={"laneway.lane": call.lane.name})  # fmt: skip
+            self._span(
+                "queue",
+                started,
+                queued_until,
+                status=queue_status,
+                code=queue_code,
+                attributes={"laneway.lane": call.lane.name},
+            )
             attributes = {
                 "laneway.lane": call.lane.name,
                 "laneway.model": call.alias,

@@ -39,14 +39,29 @@ class BudgetAlerts:
         whose = (
             f"tenant '{tenant.name}'" if budget.owner == "tenant" else f"API key {tenant.api_key_id} of '{tenant.name}'"
         )
-        log.warning("%s has spent %s of its %s budget of %s %s (%s): past %d %%", whose, from_micros(spent), kind,
-                    from_micros(budget.limit), self._currency, budget.period.name, round(self.share * 100))  # fmt: skip
+        log.warning(
+            "%s has spent %s of its %s budget of %s %s (%s): past %d %%",
+            whose,
+            from_micros(spent),
+            kind,
+            from_micros(budget.limit),
+            self._currency,
+            budget.period.name,
+            round(self.share * 100),
+        )
         if self._url is None:
             return
         key = tenant.api_key_id if budget.owner == "key" else None
-        body = {"tenant": tenant.name, "tenant_id": tenant.id, "api_key_id": key, "period": budget.period.name,
-                "spend": from_micros(spent), "budget": from_micros(budget.limit), "currency": self._currency,
-                "threshold": self.share}  # fmt: skip
+        body = {
+            "tenant": tenant.name,
+            "tenant_id": tenant.id,
+            "api_key_id": key,
+            "period": budget.period.name,
+            "spend": from_micros(spent),
+            "budget": from_micros(budget.limit),
+            "currency": self._currency,
+            "threshold": self.share,
+        }
         try:
             self._queue.put_nowait(body)
         except asyncio.QueueFull:

@@ -35,16 +35,22 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
         raise invalid_request(f"`metadata` may have at most {METADATA_KEYS} keys.", param="metadata")
     for key, value in metadata.items():
         if len(key) > METADATA_KEY_LEN or len(value) > METADATA_VALUE_LEN or "\x00" in key + value:
-            raise invalid_request(f"`metadata` keys have at most {METADATA_KEY_LEN} characters and values at most "
-                                  f"{METADATA_VALUE_LEN}, without NUL.", param="metadata")  # fmt: skip
+            raise invalid_request(
+                f"`metadata` keys have at most {METADATA_KEY_LEN} characters and values at most "
+                f"{METADATA_VALUE_LEN}, without NUL.",
+                param="metadata",
+            )
 
 
 class BatchesController(Controller):
     path = "/v1/batches"
     security = openapi.API_KEY
 
-    @post("/", status_code=200, operation_class=openapi.operation(
-        openapi.Wire(BatchObject, request=CreateBatchRequest, errors=BATCH_ERRORS)))  # fmt: skip
+    @post(
+        "/",
+        status_code=200,
+        operation_class=openapi.operation(openapi.Wire(BatchObject, request=CreateBatchRequest, errors=BATCH_ERRORS)),
+    )
     async def create(self, request: Request, batch_api: BatchApi) -> Response[bytes]:  # type: ignore[type-arg]
         api = batch_api.api
         tenant = await authenticate(request, api.authenticator)
@@ -54,19 +60,32 @@ class BatchesController(Controller):
         store = batch_api.store
         info = await store.get_file(tenant.id, req.input_file_id)
         if info is None:
-            raise GatewayError(ErrorCode.NOT_FOUND, f"No such File object: {req.input_file_id[:80]}",
-                               param="input_file_id")  # fmt: skip
+            raise GatewayError(
+                ErrorCode.NOT_FOUND, f"No such File object: {req.input_file_id[:80]}", param="input_file_id"
+            )
         if info.purpose != "batch":
-            raise invalid_request(f"The file {info.id} has purpose '{info.purpose}'; a batch's input needs 'batch'.",
-                                  param="input_file_id")  # fmt: skip
+            raise invalid_request(
+                f"The file {info.id} has purpose '{info.purpose}'; a batch's input needs 'batch'.",
+                param="input_file_id",
+            )
         content = await store.file_content(tenant.id, req.input_file_id) or b""
         known = frozenset(api.gateway.registry.aliases())
-        model, items = await asyncio.to_thread(parse_lines, content, req.endpoint, tenant, known.__contains__,
-                                        batch_api.limits)  # fmt: skip
+        model, items = await asyncio.to_thread(
+            parse_lines, content, req.endpoint, tenant, known.__contains__, batch_api.limits
+        )
         key = hash_secret(KeyAuthenticator.bearer(request.headers.get("authorization")))
         expires = datetime.now(UTC) + timedelta(seconds=batch_api.window_s)
-        batch = await store.create_batch(tenant.id, key, req.endpoint, req.input_file_id, req.completion_window,
-                                         req.metadata, expires, items, model=model)  # fmt: skip
+        batch = await store.create_batch(
+            tenant.id,
+            key,
+            req.endpoint,
+            req.input_file_id,
+            req.completion_window,
+            req.metadata,
+            expires,
+            items,
+            model=model,
+        )
         batch_api.kick()
         return json_response(batch_object(batch))
 
@@ -92,8 +111,11 @@ class BatchesController(Controller):
             raise missing(batch_id)
         return json_response(batch_object(batch))
 
-    @post("/{batch_id:str}/cancel", status_code=200,
-          operation_class=openapi.operation(openapi.Wire(BatchObject, errors=BATCH_ERRORS)))  # fmt: skip
+    @post(
+        "/{batch_id:str}/cancel",
+        status_code=200,
+        operation_class=openapi.operation(openapi.Wire(BatchObject, errors=BATCH_ERRORS)),
+    )
     async def cancel(self, request: Request, batch_api: BatchApi, batch_id: FromPath[str]) -> Response[bytes]:  # type: ignore[type-arg]
         tenant = await authenticate(request, batch_api.api.authenticator)
         batch = await batch_api.store.cancel(tenant.id, batch_id)

@@ -28,8 +28,12 @@ class FilesController(Controller):
     path = "/v1/files"
     security = openapi.API_KEY
 
-    @post("/", status_code=200, request_max_body_size=UPLOAD_LIMIT,
-          operation_class=openapi.operation(openapi.Wire(FileObject, errors=FILE_ERRORS)))  # fmt: skip
+    @post(
+        "/",
+        status_code=200,
+        request_max_body_size=UPLOAD_LIMIT,
+        operation_class=openapi.operation(openapi.Wire(FileObject, errors=FILE_ERRORS)),
+    )
     async def upload(self, request: Request, batch_api: BatchApi) -> Response[bytes]:  # type: ignore[type-arg]
         tenant = await authenticate(request, batch_api.api.authenticator)
         if not request.headers.get("content-type", "").startswith("multipart/form-data"):
@@ -37,15 +41,18 @@ class FilesController(Controller):
         form = await request.form()
         purpose, upload = form.get("purpose"), form.get("file")
         if purpose != "batch":
-            raise invalid_request(f"`purpose` must be 'batch' (laneway keeps files for batches only); got "
-                                  f"'{str(purpose)[:40]}'.", param="purpose")  # fmt: skip
+            raise invalid_request(
+                f"`purpose` must be 'batch' (laneway keeps files for batches only); got '{str(purpose)[:40]}'.",
+                param="purpose",
+            )
         if not isinstance(upload, UploadFile):
             raise invalid_request("Send the file's content as the multipart field `file`.", param="file")
         content = await upload.read()
         limit = batch_api.limits.max_bytes
         if len(content) > limit:
-            raise invalid_request(f"The file has {len(content)} bytes; a batch input file may have at most {limit}.",
-                                  param="file")  # fmt: skip
+            raise invalid_request(
+                f"The file has {len(content)} bytes; a batch input file may have at most {limit}.", param="file"
+            )
         if not content.strip():
             raise invalid_request("The file is empty.", param="file")
         name = (upload.filename or "input.jsonl")[:255].replace("\x00", "")
@@ -67,8 +74,7 @@ class FilesController(Controller):
             raise invalid_request("`limit` must be between 1 and 10000.", param="limit")
         if order not in ("asc", "desc"):
             raise invalid_request("`order` must be 'asc' or 'desc'.", param="order")
-        rows = await batch_api.store.list_files(tenant.id, purpose=purpose, after=after, limit=limit + 1,
-                                                order=order)  # fmt: skip
+        rows = await batch_api.store.list_files(tenant.id, purpose=purpose, after=after, limit=limit + 1, order=order)
         return json_response(FileList(**cursor_page([file_object(f) for f in rows], limit)))
 
     @get("/{file_id:str}", operation_class=openapi.operation(openapi.Wire(FileObject, errors=FILE_ERRORS)))
@@ -87,8 +93,11 @@ class FilesController(Controller):
             raise missing(file_id)
         return Response(body, media_type="application/octet-stream")
 
-    @delete("/{file_id:str}", status_code=200,
-            operation_class=openapi.operation(openapi.Wire(FileDeleted, errors=FILE_ERRORS)))  # fmt: skip
+    @delete(
+        "/{file_id:str}",
+        status_code=200,
+        operation_class=openapi.operation(openapi.Wire(FileDeleted, errors=FILE_ERRORS)),
+    )
     async def delete_file(self, request: Request, batch_api: BatchApi, file_id: FromPath[str]) -> Response[bytes]:  # type: ignore[type-arg]
         tenant = await authenticate(request, batch_api.api.authenticator)
         if not await batch_api.store.delete_file(tenant.id, file_id):

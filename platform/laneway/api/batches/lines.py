@@ -77,9 +77,12 @@ class LineRequest:
     def __init__(self, tenant: Any, body: bytes) -> None:
         self.headers: dict[str, str] = {}
         self.scope: dict[str, Any] = {
-            "type": "http", "headers": [], "extensions": {DISCONNECT_EXTENSION: _watch},
-            TENANT_KEY: tenant, BACKGROUND_KEY: True,
-        }  # fmt: skip
+            "type": "http",
+            "headers": [],
+            "extensions": {DISCONNECT_EXTENSION: _watch},
+            TENANT_KEY: tenant,
+            BACKGROUND_KEY: True,
+        }
         self._body = body
 
     @property
@@ -102,21 +105,27 @@ class LineOutcome:
 
 
 def answered(custom_id: str, status: int, rid: str, body: bytes, tokens: int = 0) -> LineOutcome:
-    line = OutputLine(id="batch_req_" + random_hex(), custom_id=custom_id,
-                      response=LineResponse(status, rid, msgspec.Raw(body)), error=None)  # fmt: skip
+    line = OutputLine(
+        id="batch_req_" + random_hex(),
+        custom_id=custom_id,
+        response=LineResponse(status, rid, msgspec.Raw(body)),
+        error=None,
+    )
     return LineOutcome(ok=200 <= status < 300, line=msgspec.json.encode(line), tokens=tokens)
 
 
 def not_run(custom_id: str, code: str, message: str) -> bytes:
     """The error file's line for a request that never ran (the batch expired or was cancelled)."""
-    line = OutputLine(id="batch_req_" + random_hex(), custom_id=custom_id, response=None,
-                      error=LineError(code, message))  # fmt: skip
+    line = OutputLine(
+        id="batch_req_" + random_hex(), custom_id=custom_id, response=None, error=LineError(code, message)
+    )
     return msgspec.json.encode(line)
 
 
 def _error_body(exc: GatewayError) -> bytes:
-    return msgspec.json.encode(ErrorEnvelope(ErrorBody(message=exc.message, type=exc.type, param=exc.param,
-                                                       code=exc.code.value)))  # fmt: skip
+    return msgspec.json.encode(
+        ErrorEnvelope(ErrorBody(message=exc.message, type=exc.type, param=exc.param, code=exc.code.value))
+    )
 
 
 async def run_line(api: ApiServices, endpoint: str, custom_id: str, key_sha256: str, body: str) -> LineOutcome:

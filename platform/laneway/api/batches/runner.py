@@ -212,16 +212,40 @@ class BatchRunner:
 
     def readings(self) -> list[Reading]:
         out: list[Reading] = [
-            ("laneway_batch_lines_in_flight", "Batch lines this replica is running or queueing.", "gauge", {},
-             len(self._running)),
-            ("laneway_batch_tokens_total", "Prompt and completion tokens of the batch lines this replica ran.",
-             "counter", {}, self.tokens),
-        ]  # fmt: skip
+            (
+                "laneway_batch_lines_in_flight",
+                "Batch lines this replica is running or queueing.",
+                "gauge",
+                {},
+                len(self._running),
+            ),
+            (
+                "laneway_batch_tokens_total",
+                "Prompt and completion tokens of the batch lines this replica ran.",
+                "counter",
+                {},
+                self.tokens,
+            ),
+        ]
         for state, n in sorted(self.finished.items()):
-            out.append(("laneway_batch_lines_total", "Batch lines this replica ended, by state (succeeded, "
-                        "failed) or sent back to wait (retried).", "counter", {"state": state}, n))  # fmt: skip
+            out.append(
+                (
+                    "laneway_batch_lines_total",
+                    "Batch lines this replica ended, by state (succeeded, failed) or sent back to wait (retried).",
+                    "counter",
+                    {"state": state},
+                    n,
+                )
+            )
         for state, n in sorted(self.states.items()):
-            out.append(("laneway_batch_lines", "Every replica's batch lines by state (pending, running, "
-                        "succeeded, failed, expired, cancelled), read from the database.", "gauge",
-                        {"state": state}, n))  # fmt: skip
+            out.append(
+                (
+                    "laneway_batch_lines",
+                    "Every replica's batch lines by state (pending, running, "
+                    "succeeded, failed, expired, cancelled), read from the database.",
+                    "gauge",
+                    {"state": state},
+                    n,
+                )
+            )
         return out

@@ -46,16 +46,25 @@ def cursor_page(items: list[Any], limit: int) -> dict[str, Any]:
 
 
 def file_object(f: FileInfo) -> FileObject:
-    return FileObject(id=f.id, bytes=f.bytes, created_at=int(f.created_at.timestamp()), filename=f.filename,
-                      purpose=f.purpose)  # fmt: skip
+    return FileObject(
+        id=f.id, bytes=f.bytes, created_at=int(f.created_at.timestamp()), filename=f.filename, purpose=f.purpose
+    )
 
 
 def batch_object(b: BatchInfo) -> BatchObject:
     errors = None
     if b.errors:
-        errors = BatchErrors(data=[BatchErrorData(code=str(e.get("code", "")), message=str(e.get("message", "")),
-                                                  param=e.get("param"), line=e.get("line"))
-                                   for e in b.errors.get("data", ())])  # fmt: skip
+        errors = BatchErrors(
+            data=[
+                BatchErrorData(
+                    code=str(e.get("code", "")),
+                    message=str(e.get("message", "")),
+                    param=e.get("param"),
+                    line=e.get("line"),
+                )
+                for e in b.errors.get("data", ())
+            ]
+        )
     return BatchObject(
         id=b.id,
         endpoint=b.endpoint,

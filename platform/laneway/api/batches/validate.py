@@ -41,11 +41,13 @@ def _bad(line: int | None, message: str, param: str = "input_file_id") -> Gatewa
 
 def check_request(endpoint: str, completion_window: str) -> None:
     if endpoint not in ENDPOINTS:
-        raise invalid_request(f"`endpoint` must be one of {', '.join(ENDPOINTS)}; got '{endpoint[:80]}'.",
-                              param="endpoint")  # fmt: skip
+        raise invalid_request(
+            f"`endpoint` must be one of {', '.join(ENDPOINTS)}; got '{endpoint[:80]}'.", param="endpoint"
+        )
     if completion_window not in WINDOWS:
-        raise invalid_request(f"`completion_window` must be '24h'; got '{completion_window[:20]}'.",
-                              param="completion_window")  # fmt: skip
+        raise invalid_request(
+            f"`completion_window` must be '24h'; got '{completion_window[:20]}'.", param="completion_window"
+        )
 
 
 def parse_lines(
@@ -69,8 +71,10 @@ def parse_lines(
         if not raw.strip():
             continue
         if len(items) == limits.max_lines:
-            raise _bad(None, f"the file has more than {limits.max_lines} requests; a batch may have at most "
-                             f"{limits.max_lines}.")  # fmt: skip
+            raise _bad(
+                None,
+                f"the file has more than {limits.max_lines} requests; a batch may have at most {limits.max_lines}.",
+            )
         items.append(_checked(number, raw, endpoint, tenant, known_model, seen, models))
     if not items:
         raise _bad(None, "the file has no requests; give one JSON object per line.")
@@ -93,28 +97,42 @@ def _checked(
     except msgspec.DecodeError:
         raise _bad(number, "not valid JSON; the file must be JSONL (one JSON object per line).") from None
     if not line.custom_id or len(line.custom_id) > MAX_CUSTOM_ID or _CONTROL.search(line.custom_id):
-        raise _bad(number, f"`custom_id` must have 1 to {MAX_CUSTOM_ID} characters, without NUL or other "
-                           "control characters.")  # fmt: skip
+        raise _bad(
+            number, f"`custom_id` must have 1 to {MAX_CUSTOM_ID} characters, without NUL or other control characters."
+        )
     if line.custom_id in seen:
         raise _bad(number, f"the custom_id '{line.custom_id[:80]}' appears twice; each request needs its own.")
     seen.add(line.custom_id)
     if line.method != "POST":
         raise _bad(number, f"`method` must be POST; got '{line.method[:20]}'.")
     if line.url != endpoint:
-        raise _bad(number, f"`url` is '{line.url[:80]}' but the batch's endpoint is '{endpoint}'; every line "
-                           "must call the batch's endpoint.")  # fmt: skip
+        raise _bad(
+            number,
+            f"`url` is '{line.url[:80]}' but the batch's endpoint is '{endpoint}'; every line "
+            "must call the batch's endpoint.",
+        )
     model = line.body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad(number, "`body.model` must name a model.")
     if not known_model(model):
-        raise GatewayError(ErrorCode.MODEL_NOT_FOUND, f"Line {number} of the input file: the model '{model[:80]}' "
-                           "does not exist or you do not have access to it.", param="input_file_id")  # fmt: skip
+        raise GatewayError(
+            ErrorCode.MODEL_NOT_FOUND,
+            f"Line {number} of the input file: the model '{model[:80]}' "
+            "does not exist or you do not have access to it.",
+            param="input_file_id",
+        )
     if not tenant.may_use(model):
-        raise GatewayError(ErrorCode.MODEL_NOT_ALLOWED, f"Line {number} of the input file: your key is not allowed "
-                           f"to use the model '{model[:80]}'.", param="input_file_id")  # fmt: skip
+        raise GatewayError(
+            ErrorCode.MODEL_NOT_ALLOWED,
+            f"Line {number} of the input file: your key is not allowed to use the model '{model[:80]}'.",
+            param="input_file_id",
+        )
     if models and model != models[0]:
-        raise _bad(number, f"the model is '{model[:80]}' but line 1 names '{models[0][:80]}'; a batch's requests "
-                           "all use one model, as OpenAI's do.")  # fmt: skip
+        raise _bad(
+            number,
+            f"the model is '{model[:80]}' but line 1 names '{models[0][:80]}'; a batch's requests "
+            "all use one model, as OpenAI's do.",
+        )
     models[:1] = [model]
     if line.body.get("stream"):
         raise _bad(number, "`body.stream` is true; a batch's requests are answered whole, not streamed.")

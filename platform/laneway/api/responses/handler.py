@@ -71,9 +71,17 @@ async def create_response(request: Incoming, api: ApiServices) -> Response[bytes
     )
     routing = hints(request, req)
     routing["task"] = routing["task"] or "chat"  # a Responses request is a chat: the chat task policy applies
-    intent = GenerationIntent(endpoint="responses", alias=req.model, stream=req.stream, messages=turns,
-                              max_tokens=req.max_output_tokens, temperature=req.temperature, top_p=req.top_p,
-                              **features, **routing)  # fmt: skip
+    intent = GenerationIntent(
+        endpoint="responses",
+        alias=req.model,
+        stream=req.stream,
+        messages=turns,
+        max_tokens=req.max_output_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        **features,
+        **routing,
+    )
     try:
         answer = await api.gateway.serve(tenant, intent, HttpClient(request))
     except ClientDisconnected:

@@ -69,8 +69,9 @@ class Dispatcher:
     def alias_scheduler(self, alias: str) -> AliasScheduler:
         s = self._aliases.get(alias)
         if s is None:
-            s = AliasScheduler(alias, lambda: self.registry.replicas(alias), self._capacity_of, self.picker,
-                               **self._scheduling)  # fmt: skip
+            s = AliasScheduler(
+                alias, lambda: self.registry.replicas(alias), self._capacity_of, self.picker, **self._scheduling
+            )
             s.placed = self._placed
             self._aliases[alias] = s
         return s
@@ -82,8 +83,15 @@ class Dispatcher:
     def alias_schedulers(self) -> list[AliasScheduler]:
         return list(self._aliases.values())
 
-    def ticket_route(self, prompt: str, salt: str | None, key: str | None, needs: frozenset[str],
-                     prompt_tokens: int, token_ids: tuple[int, ...] | None = None) -> TicketRoute:  # fmt: skip
+    def ticket_route(
+        self,
+        prompt: str,
+        salt: str | None,
+        key: str | None,
+        needs: frozenset[str],
+        prompt_tokens: int,
+        token_ids: tuple[int, ...] | None = None,
+    ) -> TicketRoute:
         size = self.params.block_bytes
         blocks = prompt_blocks(prompt, salt, size)
         session = None if key is None else f"{salt or ''}\0{key}"
@@ -96,8 +104,15 @@ class Dispatcher:
         has the capabilities the request needs; else `chosen` (Registry.resolve's choice)."""
         if self.routing != "round_robin":
             return chosen
-        same = [d for d in self.registry.replicas(alias) if d.engine.info.generates and d.healthy and not d.draining
-                and needs <= d.engine.info.capabilities and lane in d.spec.config.get("lanes", (lane,))]  # fmt: skip
+        same = [
+            d
+            for d in self.registry.replicas(alias)
+            if d.engine.info.generates
+            and d.healthy
+            and not d.draining
+            and needs <= d.engine.info.capabilities
+            and lane in d.spec.config.get("lanes", (lane,))
+        ]
         if len(same) < 2:
             return chosen
         turn = next(self._turns.setdefault(alias, itertools.count()))

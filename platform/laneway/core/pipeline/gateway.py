@@ -74,9 +74,16 @@ class Gateway:
         self.sinks = tuple(sinks)
         self.preparer = Preparer(registry, policies, default_max_tokens=default_max_tokens)
         self.failover = Failover(registry, max_tries=max_tries, budget=retry_budget)
-        self.waiting = Waiting(registry, shared_slots=shared_slots, routing=routing, routing_params=routing_params,
-                               quantum=quantum, starvation_share=starvation_share, headroom=headroom,
-                               background_reserve=background_reserve)  # fmt: skip
+        self.waiting = Waiting(
+            registry,
+            shared_slots=shared_slots,
+            routing=routing,
+            routing_params=routing_params,
+            quantum=quantum,
+            starvation_share=starvation_share,
+            headroom=headroom,
+            background_reserve=background_reserve,
+        )
         self._background: set[asyncio.Task[Any]] = set()
         self._leases: set[Lease] = set()  # opened and not yet released
         self._leases_opened = 0
@@ -237,8 +244,13 @@ class Gateway:
                     if target is None:
                         raise engine_failed(call, failure.error, self.registry) from failure.error
                     self.registry.record(call.deployment, ok=False)
-                    log.warning("%s failed %s before its first token (%s); trying %s", call.deployment.spec.name,
-                                call.generation.request_id, failure.reason, target.spec.name)  # fmt: skip
+                    log.warning(
+                        "%s failed %s before its first token (%s); trying %s",
+                        call.deployment.spec.name,
+                        call.generation.request_id,
+                        failure.reason,
+                        target.spec.name,
+                    )
                     await self._rebind(lease, target)
                 finally:
                     await attempt.aclose()  # at once: closing it cancels the engine's work
@@ -258,8 +270,9 @@ class Gateway:
         call.completion_tokens, call.reported_prompt_tokens, call.first_token_at = 0, None, None
         target.outstanding += 1
         lease.reopen_generation()
-        ticket = Ticket(request_id=call.request_id, tenant_id=old.tenant_id, weight=old.weight, cost=old.cost,
-                        lane=old.lane)  # fmt: skip
+        ticket = Ticket(
+            request_id=call.request_id, tenant_id=old.tenant_id, weight=old.weight, cost=old.cost, lane=old.lane
+        )
         await self.scheduler(target).acquire(ticket)
         lease.ticket = ticket
         self.failover.budget.requested(target.spec.name)

@@ -94,8 +94,14 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
                         if early is not None and early.stopped:
                             call.tokens_saved = early.saved(call.generation.max_tokens, produced)
                     yielded = True
-                    yield Delta(text=text, tokens=0, finish_reason=finish, index=i,
-                                tool_calls=delta.tool_calls, logprobs=delta.logprobs)  # fmt: skip
+                    yield Delta(
+                        text=text,
+                        tokens=0,
+                        finish_reason=finish,
+                        index=i,
+                        tool_calls=delta.tool_calls,
+                        logprobs=delta.logprobs,
+                    )
                     if left == 0:
                         return
                 elif text or delta.tool_calls or delta.logprobs:
@@ -103,8 +109,13 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
                     if text is delta.text and delta.prompt_tokens is None:
                         yield delta  # nothing held back or cut: the engine's own (no copy per chunk)
                     else:
-                        yield Delta(text=text, tokens=delta.tokens, index=i,
-                                    tool_calls=delta.tool_calls, logprobs=delta.logprobs)  # fmt: skip
+                        yield Delta(
+                            text=text,
+                            tokens=delta.tokens,
+                            index=i,
+                            tool_calls=delta.tool_calls,
+                            logprobs=delta.logprobs,
+                        )
             # An engine that ends without a reason ran out of tokens.
             for i in range(n):
                 if reasons[i] is None:
@@ -118,8 +129,9 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
             await engine_stream.aclose()  # closing the engine stream is the cancellation
     except EngineRequestError as exc:  # the request's values, not the engine's health
         call.fail(400, ErrorCode.INVALID_REQUEST)
-        raise GatewayError(ErrorCode.INVALID_REQUEST,
-                           f"The engine serving '{call.alias}' refused the request: {exc}") from exc  # fmt: skip
+        raise GatewayError(
+            ErrorCode.INVALID_REQUEST, f"The engine serving '{call.alias}' refused the request: {exc}"
+        ) from exc
     except EngineError as exc:
         if not yielded or not call.stream:  # nothing reached the client: another replica may serve it
             raise EarlyEngineFailure(exc, failure_reason(exc)) from exc

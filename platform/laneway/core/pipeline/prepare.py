@@ -65,11 +65,18 @@ class Preparer:
         asked_format = intent.response_format
         form = asked_format if (asked_format or {}).get("type", "text") != "text" else None
         messages = intent.messages
-        measured = await any_replica.engine.measure(prompt=intent.prompt, messages=messages, tools=offered,
-                                                    response_format=form)  # fmt: skip
+        measured = await any_replica.engine.measure(
+            prompt=intent.prompt, messages=messages, tools=offered, response_format=form
+        )
         snapshot = self.policies.current
-        chosen = self.router.route(snapshot, prompt_tokens=measured.tokens, stream=intent.stream, task=intent.task,
-                                   explicit_lane=_asked_lane(intent), background=intent.background)  # fmt: skip
+        chosen = self.router.route(
+            snapshot,
+            prompt_tokens=measured.tokens,
+            stream=intent.stream,
+            task=intent.task,
+            explicit_lane=_asked_lane(intent),
+            background=intent.background,
+        )
         # What the request asks beyond text: the deployment chosen must be able to do it.
         generation = GenerationRequest(
             request_id="",
@@ -99,10 +106,16 @@ class Preparer:
                 f"{measured.tokens} tokens and leaves no room for a completion.",
                 param="messages" if messages else "prompt",
             )
-        budget = snapshot.max_tokens(task=intent.task, prompt_tokens=measured.tokens, requested=intent.max_tokens,
-                                     room=room, default=self.default_max_tokens)  # fmt: skip
-        stops = snapshot.stops(task=intent.task, model_stops=deployment.spec.config.get("stop", ()),
-                               requested=intent.stop)  # fmt: skip
+        budget = snapshot.max_tokens(
+            task=intent.task,
+            prompt_tokens=measured.tokens,
+            requested=intent.max_tokens,
+            room=room,
+            default=self.default_max_tokens,
+        )
+        stops = snapshot.stops(
+            task=intent.task, model_stops=deployment.spec.config.get("stop", ()), requested=intent.stop
+        )
         # The body's id, whatever X-Request-Id the client sent: OpenAI's shape, unique per completion.
         prefix = _ID_PREFIX.get(intent.endpoint, "chatcmpl-" if messages is not None else "cmpl-")
         request_id = prefix + random_hex()
@@ -195,8 +208,14 @@ class Preparer:
                 param="input",
             )
         task = intent.task or "embeddings"
-        chosen = self.router.route(self.policies.current, prompt_tokens=total, stream=False, task=task,
-                                   explicit_lane=_asked_lane(intent), background=intent.background)  # fmt: skip
+        chosen = self.router.route(
+            self.policies.current,
+            prompt_tokens=total,
+            stream=False,
+            task=task,
+            explicit_lane=_asked_lane(intent),
+            background=intent.background,
+        )
         deployment = self.registry.resolve(alias, chosen.name, embeddings=True)
         context = deployment.engine.info.max_model_len
         longest = max(range(len(counts)), key=counts.__getitem__)
@@ -209,8 +228,9 @@ class Preparer:
             )
         request_id = "embd-" + random_hex()
         engine_id = engine_request_id(request_id, intent.client_request_id)
-        generation = GenerationRequest(request_id=engine_id, prompt="", prompt_tokens=total, max_tokens=0,
-                                       priority=priority, stream=False)  # fmt: skip
+        generation = GenerationRequest(
+            request_id=engine_id, prompt="", prompt_tokens=total, max_tokens=0, priority=priority, stream=False
+        )
         return Call(
             request_id=request_id,
             tenant=tenant,

@@ -86,8 +86,9 @@ class Waiting:
         if lease.late:
             queue = self.dispatch.alias_scheduler(call.alias)
             gen = call.generation
-            route = self.dispatch.ticket_route(gen.prompt, gen.cache_salt, call.prompt_cache_key, call.needs,
-                                               gen.prompt_tokens, gen.prompt_ids)  # fmt: skip
+            route = self.dispatch.ticket_route(
+                gen.prompt, gen.cache_salt, call.prompt_cache_key, call.needs, gen.prompt_tokens, gen.prompt_ids
+            )
             lease.placement = placement = _ticket(lease, cost, route)
             await queue.acquire(placement)
             queue.taken(placement)  # no await since the grant: the lease owns it from here
@@ -129,8 +130,14 @@ def _ticket(lease: Lease, cost: int, route: Any = None) -> Ticket:
     """The lease's place in a queue: the alias's (with its `route`) or its replica's. A
     background request's ticket carries how it gives its slot back when a foreground one needs it."""
     call = lease.call
-    ticket = Ticket(request_id=call.request_id, tenant_id=call.tenant.id, weight=call.tenant.weight, cost=cost,
-                    lane=call.lane, route=route)  # fmt: skip
+    ticket = Ticket(
+        request_id=call.request_id,
+        tenant_id=call.tenant.id,
+        weight=call.tenant.weight,
+        cost=cost,
+        lane=call.lane,
+        route=route,
+    )
     if call.lane.background:
         ticket.preempt = lambda: lease.interrupt(preempted())
     return ticket

@@ -33,8 +33,9 @@ from laneway.core.ratelimit.errors import (
 from laneway.core.ratelimit.headroom import ADMIT_AT_ONCE_FOR_S, ADMIT_AT_ONCE_UNANSWERED, Headroom
 from laneway.core.ratelimit.memory import MemoryRateLimiter, TokenBucket
 from laneway.core.ratelimit.protocol import LimiterReadings, RateLimiter, Reservation, SharedLimitReadings
-from laneway.core.ratelimit.redis_limiter import SETTLE_LINGER_S, RedisRateLimiter
+from laneway.core.ratelimit.redis_limiter import RedisRateLimiter
 from laneway.core.ratelimit.script_calls import COUNTER_GRACE_S, STALE_HOLDER_S
+from laneway.core.ratelimit.settle_queue import SETTLE_LINGER_S
 
 __all__ = [
     "ADMIT_AT_ONCE_FOR_S",

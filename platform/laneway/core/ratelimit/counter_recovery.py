@@ -121,8 +121,12 @@ class CounterRecovery:
                 return
             running[1].cancel()  # an older epoch of this counter: the new one is what counts now
         elif len(self._tasks) >= MAX_PENDING:
-            log.warning("quota counter %s of tenant %d not seeded from usage rows: %d seeds pending",
-                        name, tenant_id, len(self._tasks))  # fmt: skip
+            log.warning(
+                "quota counter %s of tenant %d not seeded from usage rows: %d seeds pending",
+                name,
+                tenant_id,
+                len(self._tasks),
+            )
             return
         task = asyncio.get_running_loop().create_task(self._recover(tenant_id, p, epoch, name), name="quota-seed")
         self._tasks[key] = (epoch, task)
@@ -156,8 +160,13 @@ class CounterRecovery:
             except (RedisError, OSError, SQLAlchemyError) as exc:
                 if self._wall_clock() >= p.resets_at.timestamp():
                     return False  # its period is over: nobody reserves against it any more
-                log.warning("seeding quota counter %s of tenant %d from usage rows failed (%s); retrying in %.1f s",
-                            name, tenant_id, exc, backoff)  # fmt: skip
+                log.warning(
+                    "seeding quota counter %s of tenant %d from usage rows failed (%s); retrying in %.1f s",
+                    name,
+                    tenant_id,
+                    exc,
+                    backoff,
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
@@ -178,8 +187,9 @@ class CounterRecovery:
     async def cost_before(self, tenant_id: int, p: Period, epoch: str, key_id: int | None) -> int:
         """Cost (micro-units) of the tenant's (or one of its keys') rows in p before the epoch."""
         async with self._sessions() as session:
-            spent = await UsageRepository(session).cost_since(p.start, tenant_id, key_id=key_id,
-                                                              before=epoch_time(epoch))  # fmt: skip
+            spent = await UsageRepository(session).cost_since(
+                p.start, tenant_id, key_id=key_id, before=epoch_time(epoch)
+            )
         return sum(spent.values())
 
     async def settled(self, timeout_s: float = 10.0) -> bool:

@@ -44,14 +44,21 @@ class Headroom:
     def answered(self, room: list[Any], at: float) -> None:
         """Redis's room after a reserve (reserve.lua's reply, in its order); 0 where no limit is set."""
         t = self.tenant
-        requests = ((room[0], t.rpm), (room[2], t.max_concurrency), (room[3], t.key_rpm),
-                    (room[5], t.key_max_concurrency))  # fmt: skip
-        tokens = ((room[1], t.tpm), (room[4], t.key_tpm), (room[6], quota_limit(t, "day")),
-                  (room[7], quota_limit(t, "month")))  # fmt: skip
+        requests = (
+            (room[0], t.rpm),
+            (room[2], t.max_concurrency),
+            (room[3], t.key_rpm),
+            (room[5], t.key_max_concurrency),
+        )
+        tokens = (
+            (room[1], t.tpm),
+            (room[4], t.key_tpm),
+            (room[6], quota_limit(t, "day")),
+            (room[7], quota_limit(t, "month")),
+        )
         self.request_room = min((float(r) for r, cap in requests if cap), default=math.inf)
         self.token_room = min((float(r) for r, cap in tokens if cap), default=math.inf)
         self.answered_at = at
 
     def admits(self, tokens: int, share: float) -> bool:
-        return (self.pending + 1 <= share * self.request_room
-                and self.pending_tokens + tokens <= share * self.token_room)  # fmt: skip
+        return self.pending + 1 <= share * self.request_room and self.pending_tokens + tokens <= share * self.token_room

@@ -121,8 +121,14 @@ class MemoryRateLimiter:
         self._count(used, [b.name for b in spend], cost)
         if self.alert is not None and self.alert_share > 0:
             self._soft_threshold(tenant, spend, used)
-        return Reservation(tenant, request_id, tokens, periods=tuple(p.name for p in periods), cost=cost,
-                           budgets=tuple(b.name for b in spend))  # fmt: skip
+        return Reservation(
+            tenant,
+            request_id,
+            tokens,
+            periods=tuple(p.name for p in periods),
+            cost=cost,
+            budgets=tuple(b.name for b in spend),
+        )
 
     def _soft_threshold(self, tenant: TenantSnapshot, spend: list[Budget], used: dict[str, int]) -> None:
         """Tell the hook of each budget that passed its soft threshold, once per period."""
@@ -184,8 +190,10 @@ class MemoryRateLimiter:
         if unused <= 0:
             return
         now = self._clock()
-        for table, ident, capacity in ((self._tpm, tenant.id, tenant.tpm),
-                                       (self._key_tpm, tenant.api_key_id, tenant.key_tpm)):  # fmt: skip
+        for table, ident, capacity in (
+            (self._tpm, tenant.id, tenant.tpm),
+            (self._key_tpm, tenant.api_key_id, tenant.key_tpm),
+        ):
             if capacity:
                 bucket = self._bucket(table, ident, capacity, now)
                 bucket.level = min(bucket.capacity, bucket.level + unused)

@@ -36,6 +36,11 @@ class LimitKeys:
 
     def _build(self, tenant: TenantSnapshot, periods: tuple[str, ...]) -> list[str]:
         key_base = f"{self.prefix}rl:{{{tenant.id}}}:key:{tenant.api_key_id}:"
-        return [*self.tenant(tenant.id), key_base + "rpm", key_base + "tpm", key_base + "inflight",
-                *(self.counter(tenant.id, name) for name in periods),
-                *(self.epoch(tenant.id, name) for name in periods)]  # fmt: skip
+        return [
+            *self.tenant(tenant.id),
+            key_base + "rpm",
+            key_base + "tpm",
+            key_base + "inflight",
+            *(self.counter(tenant.id, name) for name in periods),
+            *(self.epoch(tenant.id, name) for name in periods),
+        ]

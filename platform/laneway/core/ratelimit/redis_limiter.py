@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -34,13 +33,12 @@ from laneway.core.ratelimit.headroom import ADMIT_AT_ONCE_FOR_S, ADMIT_AT_ONCE_U
 from laneway.core.ratelimit.memory import MemoryRateLimiter
 from laneway.core.ratelimit.protocol import LimiterReadings, Reservation, SharedLimitReadings
 from laneway.core.ratelimit.redis_keys import LimitKeys
-from laneway.core.ratelimit.scripts import READ_COUNTERS, RESERVE, SETTLE, reply_epochs
+from laneway.core.ratelimit.scripts import READ_COUNTERS, RESERVE, reply_epochs
+from laneway.core.ratelimit.settle_queue import SettleQueue
 from laneway.core.redis_hub import RedisHub
 from laneway.types import TenantSnapshot
 
 log = logging.getLogger("laneway.core.ratelimit")
-
-SETTLE_LINGER_S = 0.005  # how long a settle waits for a batch of reserves to ride with
 
 
 class RedisRateLimiter:
@@ -54,9 +52,8 @@ class RedisRateLimiter:
       "open" serves with this replica's own limits (process memory, the same tenant limits:
       with N replicas a tenant may get up to N times its limit while Redis is down), "closed"
       refuses with 503 rate_limiter_unavailable + Retry-After. Never a 500.
-    - Settles go off the response path, riding with the next batch of reserves
-      (the hub's linger); those that fail are kept (bounded) and retried until Redis
-      answers, so a tenant's concurrency holders and refunds are never lost to an outage.
+    - Settles go off the response path through a SettleQueue (settle_queue.py), kept and
+      retried until Redis answers.
     """
 
     def __init__(
@@ -91,15 +88,12 @@ class RedisRateLimiter:
         self.fallback = MemoryRateLimiter(clock, lambda: self.wall_clock())
         self._open_until = 0.0  # breaker: Redis is not asked before this time
         self._probing = False
-        self._settles: deque[tuple[list[str], list[int | str]]] = deque(maxlen=100_000)  # failed: retried
-        self._outstanding = 0  # settles handed to the batcher, not answered yet
+        self.settles = SettleQueue(self.hub, retry_after_s, self._trip, clock)  # reserves admitted at once count too
         self._share = share  # of a limit's room a replica may admit at once (Headroom); 0: never
         self._headroom: dict[tuple[int, int], Headroom] = {}  # (tenant, API key) -> its room
         self.admitted_at_once = 0  # requests admitted without waiting for Redis (metrics, tests)
         self._unanswered = 0  # of those, the ones whose reserve Redis has not answered yet
         self.decided_by_redis = 0  # requests Redis answered for (admitted or refused)
-        self._settler: asyncio.Task[None] | None = None
-        self._closing = False
         self.recovery: CounterRecovery | None = None  # set by load_used(): counters from the usage rows
         self.alert: AlertHook | None = None  # money budgets past alert_share (reserve.lua says once)
         self.alert_share = 0.0
@@ -132,9 +126,14 @@ class RedisRateLimiter:
         self._health.failed("redis", exc, what)
 
     def _call(
-        self, tenant: TenantSnapshot, tokens: int, request_id: str, admitted: bool,
-        spend: list[Budget] | None = None, cost: int = 0,
-    ) -> tuple[list[Period], list[str], list[int | str]]:  # fmt: skip
+        self,
+        tenant: TenantSnapshot,
+        tokens: int,
+        request_id: str,
+        admitted: bool,
+        spend: list[Budget] | None = None,
+        cost: int = 0,
+    ) -> tuple[list[Period], list[str], list[int | str]]:
         """RESERVE's periods, KEYS and ARGV for this request (its budgets' after the rest)."""
         wall = self.wall_clock()
         periods = [period(kind, wall) for kind in PERIOD_KINDS]
@@ -154,9 +153,13 @@ class RedisRateLimiter:
         if decided is not None or tenant.budgeted:
             return decided
         room = self._headroom.get((tenant.id, tenant.api_key_id))
-        if (room is None or room.tenant is not tenant or not room.admits(tokens, self._share)
-                or self._unanswered >= ADMIT_AT_ONCE_UNANSWERED
-                or self._clock() - room.answered_at > ADMIT_AT_ONCE_FOR_S):  # fmt: skip
+        if (
+            room is None
+            or room.tenant is not tenant
+            or not room.admits(tokens, self._share)
+            or self._unanswered >= ADMIT_AT_ONCE_UNANSWERED
+            or self._clock() - room.answered_at > ADMIT_AT_ONCE_FOR_S
+        ):
             return None
         periods, keys, args = self._call(tenant, tokens, request_id, admitted=True)
         names = tuple(p.name for p in periods)
@@ -164,7 +167,7 @@ class RedisRateLimiter:
             return None
         room.pending += 1
         room.pending_tokens += tokens
-        self._outstanding += 1
+        self.settles.outstanding += 1
         self._unanswered += 1
         # Sent at the end of this loop turn, with whatever else this turn sends (the lingering
         # settles): not lingering on a timer of its own, whose wake-up costs more than the
@@ -179,7 +182,7 @@ class RedisRateLimiter:
         self, room: Headroom, reservation: Reservation, periods: list[Period], answer: asyncio.Future[Any]
     ) -> None:
         """Redis's reply to a reserve admitted at once: the room it leaves, the epochs."""
-        self._outstanding -= 1
+        self.settles.outstanding -= 1
         self._unanswered -= 1
         room.pending -= 1
         room.pending_tokens -= reservation.tokens
@@ -220,7 +223,7 @@ class RedisRateLimiter:
         except (RedisError, OSError) as exc:  # redis' TimeoutError is a RedisError; OSError: refused
             self._trip(exc)
             # The script may have run before the answer was lost: forget its holder later.
-            self._queue_settle(keys, [request_id, 0, 0, 0, 0, 0])
+            self.settles.send(keys, [request_id, 0, 0, 0, 0, 0])
             return self._without_redis(tenant, tokens, request_id, cost)
         finally:
             if probe:
@@ -258,8 +261,17 @@ class RedisRateLimiter:
         if unseeded and self.recovery is not None:  # budget counters begun now: seeded as the quotas'
             self.recovery.schedule_budgets(tenant.id, spend, unseeded, budget_epochs)
         calls.alert_crossed(self.alert, tenant, reply, spend)
-        return Reservation(tenant, request_id, tokens, local=False, periods=names, epochs=counted_in, cost=cost,
-                           budgets=tuple(b.name for b in spend), budget_epochs=budget_epochs)  # fmt: skip
+        return Reservation(
+            tenant,
+            request_id,
+            tokens,
+            local=False,
+            periods=names,
+            epochs=counted_in,
+            cost=cost,
+            budgets=tuple(b.name for b in spend),
+            budget_epochs=budget_epochs,
+        )
 
     def _decided_without_redis(
         self, tenant: TenantSnapshot, tokens: int, request_id: str, cost: int
@@ -287,46 +299,35 @@ class RedisRateLimiter:
             self.fallback.settle(reservation, used_tokens, used_cost)
             return
         tenant = reservation.tenant
-        keys = calls.with_budget_keys(self.keys, tenant.id, self.keys.for_call(tenant, reservation.periods),
-                                reservation.budgets)  # fmt: skip
+        keys = calls.with_budget_keys(
+            self.keys, tenant.id, self.keys.for_call(tenant, reservation.periods), reservation.budgets
+        )
         epochs, answer = reservation.epochs, reservation.answer
         if answer is not None:  # admitted at once: the settle goes after the reserve's reply
             if not answer.done():  # (counted in pending_settles as its reserve, until answered)
                 answer.add_done_callback(partial(self._settle_answered, reservation, used_tokens))
                 return
             if answer.cancelled() or answer.exception() is not None:  # it may have run: forget its holder
-                self._queue_settle(keys, [reservation.request_id, 0, 0, 0, 0, 0])
+                self.settles.send(keys, [reservation.request_id, 0, 0, 0, 0, 0])
                 return
             epochs = reply_epochs(answer.result())
         unused = max(0, reservation.tokens - used_tokens)
-        self._queue_settle(keys, [reservation.request_id, tenant.tpm or 0, unused, tenant.key_tpm or 0,
-                                  used_tokens, repr(self.wall_clock()), *epochs,
-                                  *calls.settle_args(reservation, used_cost)])  # fmt: skip
+        self.settles.send(
+            keys,
+            [
+                reservation.request_id,
+                tenant.tpm or 0,
+                unused,
+                tenant.key_tpm or 0,
+                used_tokens,
+                repr(self.wall_clock()),
+                *epochs,
+                *calls.settle_args(reservation, used_cost),
+            ],
+        )
 
     def _settle_answered(self, reservation: Reservation, used_tokens: int, _: asyncio.Future[Any]) -> None:
         self.settle(reservation, used_tokens)
-
-    def _queue_settle(self, keys: list[str], args: list[int | str]) -> None:
-        """Send it with the next batch of reserves, or alone after SETTLE_LINGER_S: under load
-        a settle rides in a write that goes out anyway, and a concurrency slot or a refund
-        comes back a few milliseconds later. One that fails is kept and retried."""
-        self._outstanding += 1
-        linger = 0.0 if self._closing else SETTLE_LINGER_S
-        reply = self.hub.call(SETTLE, keys, args, linger=linger)
-        reply.add_done_callback(partial(self._settle_sent, keys, args))
-
-    def _settle_sent(self, keys: list[str], args: list[int | str], reply: asyncio.Future[Any]) -> None:
-        self._outstanding -= 1
-        exc = asyncio.CancelledError() if reply.cancelled() else reply.exception()
-        if exc is None:
-            return
-        if not isinstance(exc, RedisError | OSError | asyncio.CancelledError):
-            log.error("a rate-limit settle failed and is dropped: %r", exc)
-            return
-        self._trip(exc)
-        self._settles.append((keys, args))
-        if self._settler is None or self._settler.done():
-            self._settler = asyncio.get_running_loop().create_task(self._run_settles(), name="redis-settles")
 
     @property
     def _redis(self) -> Any:
@@ -344,56 +345,15 @@ class RedisRateLimiter:
     def pending_settles(self) -> int:
         """Settles not yet answered by Redis (and reserves admitted at once): in flight, or kept
         after a fault."""
-        return self._outstanding + len(self._settles)
-
-    async def _run_settles(self) -> None:
-        """Retry the settles that failed, in batches of up to 256, backing off while Redis
-        does not answer (a tenant's holders and refunds are never lost to an outage)."""
-        backoff = self._retry_after
-        while self._settles:
-            if not self._closing:
-                await asyncio.sleep(backoff)
-            batch = [self._settles.popleft() for _ in range(min(256, len(self._settles)))]
-            replies = [self.hub.call(SETTLE, keys, args) for keys, args in batch]
-            failed, fault = [], None
-            for call, reply in zip(batch, replies, strict=True):
-                try:
-                    await reply
-                except (RedisError, OSError) as exc:
-                    failed.append(call)
-                    fault = exc
-            if fault is None:
-                backoff = self._retry_after
-                continue
-            self._trip(fault)
-            self._settles.extendleft(reversed(failed))  # first in line again
-            if self._closing:
-                return  # close() gave up waiting; what is left expires in Redis
-            backoff = min(backoff * 2, 30.0)
+        return self.settles.pending
 
     async def settled(self, timeout_s: float = 2.0) -> bool:
         """Wait until every queued settle has been sent (tests, shutdown); False on timeout."""
-        deadline = self._clock() + timeout_s
-        while self.pending_settles:
-            if self._clock() > deadline:
-                return False
-            await asyncio.sleep(0.002)
-        return True
+        return await self.settles.settled(timeout_s)
 
     async def close(self, timeout_s: float = 2.0) -> None:
         """Send what is still queued (for up to timeout_s), then close the connections."""
-        self._closing = True
-        self.hub.flush_soon()
-        try:
-            async with asyncio.timeout(timeout_s):
-                while self._outstanding or (self._settler is not None and not self._settler.done()):
-                    if self._settler is not None and not self._settler.done():
-                        await asyncio.shield(self._settler)
-                    else:
-                        await asyncio.sleep(0.002)
-        except TimeoutError:
-            if self._settler is not None:
-                self._settler.cancel()
+        await self.settles.drain(timeout_s)
         if self.recovery is not None:
             await self.recovery.close()
         if self._owns_hub:

@@ -24,9 +24,16 @@ FIRST_REPLY = 12  # reserve.lua's reply: the token limits' part, then the budget
 
 
 def reserve_args(
-    tenant: TenantSnapshot, tokens: int, request_id: str, admitted: bool, periods: Sequence[Period], wall: float,
-    spend: Sequence[Budget], cost: int, alert_share: float = 0.0,
-) -> list[int | str]:  # fmt: skip
+    tenant: TenantSnapshot,
+    tokens: int,
+    request_id: str,
+    admitted: bool,
+    periods: Sequence[Period],
+    wall: float,
+    spend: Sequence[Budget],
+    cost: int,
+    alert_share: float = 0.0,
+) -> list[int | str]:
     """RESERVE's ARGV for this request, its budgets' after the rest."""
     return [
         tenant.rpm or 0,

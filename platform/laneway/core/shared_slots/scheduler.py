@@ -105,9 +105,20 @@ class SharedScheduler:
         ticket.future = asyncio.get_running_loop().create_future()
         self._waiting[member] = ticket  # before the call: a grant may be published before its reply
         self._slots.owners[member] = self
-        args = [member, lane.name, lane.priority, lane.max_concurrency, lane.max_queue_depth, ticket.tenant_id,
-                max(ticket.weight, 0.01), max(1, ticket.cost), self._slots.lease_ttl_s, self.capacity,
-                self._service_s.get(lane.name, 0.0), lane.queue_timeout_s]  # fmt: skip
+        args = [
+            member,
+            lane.name,
+            lane.priority,
+            lane.max_concurrency,
+            lane.max_queue_depth,
+            ticket.tenant_id,
+            max(ticket.weight, 0.01),
+            max(1, ticket.cost),
+            self._slots.lease_ttl_s,
+            self.capacity,
+            self._service_s.get(lane.name, 0.0),
+            lane.queue_timeout_s,
+        ]
         try:
             verdict, code, value, mine = (
                 v.decode() if isinstance(v, bytes) else v for v in await self._slots.enqueue(self.name, args)
@@ -155,8 +166,9 @@ class SharedScheduler:
         waiter = asyncio.ensure_future(self.local.acquire(ticket))
         switched = asyncio.ensure_future(mode.wait())
         try:
-            await asyncio.wait({waiter, switched}, timeout=max(0.0, deadline - self._clock()),
-                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            await asyncio.wait(
+                {waiter, switched}, timeout=max(0.0, deadline - self._clock()), return_when=asyncio.FIRST_COMPLETED
+            )
         except BaseException:
             switched.cancel()
             waiter.cancel()

@@ -70,11 +70,19 @@ class Http1Pool:
     ) -> Http1Response:
         """Send one request and wait for the answer's head. Raises UpstreamError/UpstreamTimeout.
         A task cancelled while waiting closes the connection (the upstream sees it leave)."""
-        head = b"".join((
-            method.encode("ascii"), b" ", (self.base_path + path).encode("ascii"), b" HTTP/1.1\r\n",
-            self._fixed, _header_lines(headers), b"Content-Length: ", str(len(body)).encode("ascii"),
-            b"\r\n\r\n",
-        ))  # fmt: skip
+        head = b"".join(
+            (
+                method.encode("ascii"),
+                b" ",
+                (self.base_path + path).encode("ascii"),
+                b" HTTP/1.1\r\n",
+                self._fixed,
+                _header_lines(headers),
+                b"Content-Length: ",
+                str(len(body)).encode("ascii"),
+                b"\r\n\r\n",
+            )
+        )
         data = head + body if len(body) < 64 * 1024 else None
         for attempt in (0, 1):
             conn = await self._acquire()
@@ -130,8 +138,9 @@ class Http1Pool:
         self._opening += 1
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                _, conn = await self.loop.create_connection(lambda: Connection(self), self.host, self.port,
-                                                            ssl=self.tls)  # fmt: skip
+                _, conn = await self.loop.create_connection(
+                    lambda: Connection(self), self.host, self.port, ssl=self.tls
+                )
         except TimeoutError:
             raise UpstreamTimeout(
                 f"no connection to {self.host}:{self.port} within {self.connect_timeout_s:g} s"

@@ -34,8 +34,20 @@ class Http1Response:
     read() or chunks(). Use it as an async context manager (or call release()): the connection
     goes back to the pool once the body has ended, and is closed if it has not."""
 
-    __slots__ = ("_buffered", "_chunks", "_error", "_waiter", "complete", "conn", "head", "headers",
-                 "received", "released", "status", "until_close")  # fmt: skip
+    __slots__ = (
+        "_buffered",
+        "_chunks",
+        "_error",
+        "_waiter",
+        "complete",
+        "conn",
+        "head",
+        "headers",
+        "received",
+        "released",
+        "status",
+        "until_close",
+    )
 
     def __init__(self, conn: Carrier) -> None:
         self.conn = conn

@@ -112,8 +112,9 @@ class BatchSequence:
 class BatchDecoder:
     """The thread that owns one llama.cpp context of many sequences (see the module doc)."""
 
-    def __init__(self, ctx: BatchContext, *, n_batch: int, eog: Callable[[int], bool], name: str,
-                 max_step_s: float = 0.0) -> None:  # fmt: skip
+    def __init__(
+        self, ctx: BatchContext, *, n_batch: int, eog: Callable[[int], bool], name: str, max_step_s: float = 0.0
+    ) -> None:
         self.ctx, self.n_batch, self.n_vocab, self.eog = ctx, n_batch, ctx.n_vocab, eog
         self.max_step_s = max_step_s  # the time budget of a step's prompt tokens (<= 0: none, n_batch)
         self.token_seconds: float | None = None  # EWMA of a step's seconds per token (steps with prompt tokens)
@@ -311,8 +312,9 @@ class BatchDecoder:
         if seq.req.logprobs is not None:
             plan = seq.plan
             ptr = self.ctx.logits(i)
-            logprobs = (token_logprob(ptr, self.n_vocab, tok, seq.req.logprobs, plan.bias_ids, plan.bias_vals,
-                                      self._piece),)  # fmt: skip
+            logprobs = (
+                token_logprob(ptr, self.n_vocab, tok, seq.req.logprobs, plan.bias_ids, plan.bias_vals, self._piece),
+            )
         if choice.token(self._piece(tok), logprobs):
             self._choice_over(seq)
         else:

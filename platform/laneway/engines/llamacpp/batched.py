@@ -50,8 +50,9 @@ class BatchedGeneration:
         def on_exit() -> None:  # from the decoder thread
             loop.call_soon_threadsafe(exited)
 
-        seq = BatchSequence(start.slot, req, plan, prompt, emit=emit, on_exit=on_exit, reuse=start.reuse,
-                            copy_from=start.copy_from)  # fmt: skip
+        seq = BatchSequence(
+            start.slot, req, plan, prompt, emit=emit, on_exit=on_exit, reuse=start.reuse, copy_from=start.copy_from
+        )
         try:
             self.decoder.submit(seq)
         except BaseException:

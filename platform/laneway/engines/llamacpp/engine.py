@@ -51,8 +51,22 @@ OFF_LOOP_PROMPT_CHARS = 8192
 # What one context does beyond text: tools and JSON through grammars, logprobs from its
 # logits, n choices decoded one after another in the request's slot.
 # Of the sampling extensions, those llama.cpp's sampler has (core/capabilities.py refuses the rest by name).
-CAPABILITIES = frozenset({"tools", "json_object", "json_schema", "logprobs", "n", "penalties", "logit_bias",
-                          "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens"})  # fmt: skip
+CAPABILITIES = frozenset(
+    {
+        "tools",
+        "json_object",
+        "json_schema",
+        "logprobs",
+        "n",
+        "penalties",
+        "logit_bias",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "ignore_eos",
+        "min_tokens",
+    }
+)
 
 
 class LlamaCppEngine:
@@ -121,9 +135,15 @@ class LlamaCppEngine:
         contexts = 1 if self.batching else self.parallel
         try:
             self._contexts = await asyncio.to_thread(
-                load_contexts, self.model_path, contexts, n_ctx=self.n_ctx, n_threads=self.n_threads,
-                n_gpu_layers=self.n_gpu_layers, embedding=self.embedding, pooling=self._pooling,
-            )  # fmt: skip
+                load_contexts,
+                self.model_path,
+                contexts,
+                n_ctx=self.n_ctx,
+                n_threads=self.n_threads,
+                n_gpu_layers=self.n_gpu_layers,
+                embedding=self.embedding,
+                pooling=self._pooling,
+            )
         except Exception as exc:  # llama.cpp raises ValueError on a bad file
             raise EngineError(f"llama.cpp could not load {self.model_path}: {exc}") from exc
         first = self._contexts[0]
@@ -145,9 +165,13 @@ class LlamaCppEngine:
             sequences = self.parallel + len(self.system_prompts)
             try:
                 self._batch_ctx = await asyncio.to_thread(
-                    BatchContext, first, sequences=sequences, n_ctx=self.n_ctx, n_batch=self.n_batch,
+                    BatchContext,
+                    first,
+                    sequences=sequences,
+                    n_ctx=self.n_ctx,
+                    n_batch=self.n_batch,
                     n_threads=self.n_threads,
-                )  # fmt: skip
+                )
             except Exception as exc:
                 raise EngineError(f"llama.cpp could not make a context of {self.parallel} sequences: {exc}") from exc
             self._decoder = BatchDecoder(
@@ -226,8 +250,13 @@ class LlamaCppEngine:
         measured = await self.measure(messages=system_prompt_chat(system))
         if measured.tokens > self.n_ctx:
             raise EngineError(f"warm-up system prompt {seq_id - self.parallel} is longer than the context")
-        req = GenerationRequest(request_id=f"prefix-{seq_id}", prompt=measured.text, prompt_tokens=measured.tokens,
-                                max_tokens=1, prompt_ids=measured.ids)  # fmt: skip
+        req = GenerationRequest(
+            request_id=f"prefix-{seq_id}",
+            prompt=measured.text,
+            prompt_tokens=measured.tokens,
+            max_tokens=1,
+            prompt_ids=measured.ids,
+        )
         ids = list(measured.ids) if measured.ids is not None else self._tokenize(measured.text)
         await self._batched.warm_prefix(seq_id, req, self._plan(req), ids)
 

@@ -8,8 +8,9 @@ from typing import Any
 from laneway.engines.llamacpp.embedding import POOLING_NONE, POOLING_RANK, POOLING_TYPES, POOLING_UNSPECIFIED
 
 
-def load_contexts(path: Path, count: int, *, n_ctx: int, n_threads: int, n_gpu_layers: int, embedding: bool,
-                  pooling: int) -> list[Any]:  # fmt: skip
+def load_contexts(
+    path: Path, count: int, *, n_ctx: int, n_threads: int, n_gpu_layers: int, embedding: bool, pooling: int
+) -> list[Any]:
     """`count` contexts on the model at `path`. With `embedding`, an embedding context pools
     as `pooling` says, or as the model declares, or (a model that declares none) by the mean,
     since OpenAI gives one vector per input; a reranker's pooling is refused (ValueError)."""

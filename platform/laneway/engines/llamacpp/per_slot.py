@@ -78,8 +78,9 @@ class SlotDecoding:
             loop.call_soon_threadsafe(out.put_nowait, item)
 
         try:
-            future = loop.run_in_executor(self._pool, self._decode_loop, ctx, prompt, start.reuse, req, plan, cancel,
-                                          emit)  # fmt: skip
+            future = loop.run_in_executor(
+                self._pool, self._decode_loop, ctx, prompt, start.reuse, req, plan, cancel, emit
+            )
         except BaseException:
             release(None)
             raise
@@ -91,8 +92,16 @@ class SlotDecoding:
         finally:
             cancel.set()
 
-    def _decode_loop(self, ctx: Any, ids: list[int], reuse: int, req: GenerationRequest, plan: DecodePlan,
-                     cancel: threading.Event, emit: Emit) -> np.ndarray | None:  # fmt: skip
+    def _decode_loop(
+        self,
+        ctx: Any,
+        ids: list[int],
+        reuse: int,
+        req: GenerationRequest,
+        plan: DecodePlan,
+        cancel: threading.Event,
+        emit: Emit,
+    ) -> np.ndarray | None:
         """Runs in a worker thread: each of the request's n choices in turn, in this slot.
         Emits Delta objects, then DONE (or the exception). Returns the token ids the context's
         cells hold (None: not known, after a failure)."""
@@ -114,8 +123,16 @@ class SlotDecoding:
         finally:
             emit(DONE)
 
-    def _one_choice(self, ctx: Any, ids: list[int], req: GenerationRequest, plan: DecodePlan, index: int,
-                    cancel: threading.Event, emit: Emit) -> None:  # fmt: skip
+    def _one_choice(
+        self,
+        ctx: Any,
+        ids: list[int],
+        req: GenerationRequest,
+        plan: DecodePlan,
+        index: int,
+        cancel: threading.Event,
+        emit: Emit,
+    ) -> None:
         bias_ids, bias_vals = plan.bias_ids, plan.bias_vals
         sampled = 0  # tokens drawn for this choice: the processor runs once before each
 

@@ -85,6 +85,15 @@ def decode_plan(req: GenerationRequest, biases: TokenBiases, n_vocab: int, eog_i
     if ext is None:
         return DecodePlan(biases.ids, biases.values, grammar, mode, tools)
     hold = IGNORE_EOS if ext.ignore_eos else (ext.min_tokens or 0)
-    return DecodePlan(biases.ids, biases.values, grammar, mode, tools, top_k=max(ext.top_k or 0, 0),
-                      min_p=ext.min_p or 0.0, repeat_penalty=ext.repetition_penalty or 1.0, hold_eog=hold,
-                      eog_ids=eog_ids if hold else None)  # fmt: skip
+    return DecodePlan(
+        biases.ids,
+        biases.values,
+        grammar,
+        mode,
+        tools,
+        top_k=max(ext.top_k or 0, 0),
+        min_p=ext.min_p or 0.0,
+        repeat_penalty=ext.repetition_penalty or 1.0,
+        hold_eog=hold,
+        eog_ids=eog_ids if hold else None,
+    )

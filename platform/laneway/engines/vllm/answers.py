@@ -170,10 +170,17 @@ def answer_deltas(answer: Chunk) -> list[Delta]:
     out = []
     for k, choice in enumerate(choices):
         last = k == len(choices) - 1
-        out.append(Delta(text=choice.content(), tokens=usage.completion_tokens if last else 0,
-                         finish_reason=FINISH.get(choice.finish_reason or "", "length"),
-                         prompt_tokens=(usage.prompt_tokens or None) if last else None, index=choice.index,
-                         tool_calls=choice.calls(), logprobs=choice.token_logprobs()))  # fmt: skip
+        out.append(
+            Delta(
+                text=choice.content(),
+                tokens=usage.completion_tokens if last else 0,
+                finish_reason=FINISH.get(choice.finish_reason or "", "length"),
+                prompt_tokens=(usage.prompt_tokens or None) if last else None,
+                index=choice.index,
+                tool_calls=choice.calls(),
+                logprobs=choice.token_logprobs(),
+            )
+        )
     return out
 
 
@@ -223,5 +230,10 @@ async def stream_deltas(r: Http1Response, n: int) -> AsyncGenerator[Delta, None]
     prompt = usage.prompt_tokens if usage is not None and usage.prompt_tokens else None
     for i in range(n - 1):
         yield Delta(text="", tokens=0, finish_reason=finish.get(i, "length"), index=i)
-    yield Delta(text="", tokens=max(0, total - counted), finish_reason=finish.get(n - 1, "length"),
-                prompt_tokens=prompt, index=n - 1)  # fmt: skip
+    yield Delta(
+        text="",
+        tokens=max(0, total - counted),
+        finish_reason=finish.get(n - 1, "length"),
+        prompt_tokens=prompt,
+        index=n - 1,
+    )

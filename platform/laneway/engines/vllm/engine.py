@@ -113,8 +113,13 @@ class VLLMEngine:
             self.info = dataclasses.replace(self.info, capabilities=frozenset({"embeddings"}), generates=False)
         self.kv_events: KVEventsConsumer | None = None
         if c.kv_events_endpoint is not None and not self.embeddings:
-            self.kv_events = KVEventsConsumer(c.kv_events_endpoint, replay_endpoint=c.kv_events_replay_endpoint,
-                                              topic=c.kv_events_topic, bind=c.kv_events_bind, name=alias)  # fmt: skip
+            self.kv_events = KVEventsConsumer(
+                c.kv_events_endpoint,
+                replay_endpoint=c.kv_events_replay_endpoint,
+                topic=c.kv_events_topic,
+                bind=c.kv_events_bind,
+                name=alias,
+            )
         self._session: Http1Pool | None = None
         self._poller: asyncio.Task[None] | None = None
         self._active = 0
@@ -128,8 +133,14 @@ class VLLMEngine:
         headers = [("Authorization", f"Bearer {self.api_key}")] if self.api_key else []
         try:
             tls = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else None
-            self._session = Http1Pool(self.base_url, limit=self.info.max_concurrency + 8, connect_timeout_s=5.0,
-                                      read_timeout_s=self.timeout_s, headers=headers, tls=tls)  # fmt: skip
+            self._session = Http1Pool(
+                self.base_url,
+                limit=self.info.max_concurrency + 8,
+                connect_timeout_s=5.0,
+                read_timeout_s=self.timeout_s,
+                headers=headers,
+                tls=tls,
+            )
         except (ValueError, OSError) as exc:
             raise EngineError(f"vLLM config: {exc}") from exc
         if not await self.health():
@@ -198,8 +209,9 @@ class VLLMEngine:
             raise EngineError(f"deployment for {self.alias} is not started")
         return self._session
 
-    async def _call(self, method: str, path: str, body: bytes = b"", *, timeout_s: float,
-                    headers: Sequence[tuple[str, str]] = ()) -> tuple[int, bytes]:  # fmt: skip
+    async def _call(
+        self, method: str, path: str, body: bytes = b"", *, timeout_s: float, headers: Sequence[tuple[str, str]] = ()
+    ) -> tuple[int, bytes]:
         """A request off the hot path, whole: (status, body) within `timeout_s`."""
         async with asyncio.timeout(timeout_s):
             async with await self._http().request(method, path, body, headers) as r:
@@ -275,8 +287,12 @@ class VLLMEngine:
         return [(await self.measure(prompt=text)).tokens for text in inputs]
 
     async def embed(self, request: EmbeddingRequest) -> Embeddings:
-        body: dict[str, Any] = {"model": self.model, "input": list(request.inputs), "encoding_format": "float",
-                                **self.extra_body}  # fmt: skip
+        body: dict[str, Any] = {
+            "model": self.model,
+            "input": list(request.inputs),
+            "encoding_format": "float",
+            **self.extra_body,
+        }
         if request.priority:
             body["priority"] = request.priority
         self._active += 1

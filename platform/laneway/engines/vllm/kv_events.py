@@ -48,8 +48,16 @@ def _import_zmq() -> Any:
 class KVEventsConsumer:
     """Subscribes to one vLLM's KV events and keeps its KVBlockIndex."""
 
-    def __init__(self, endpoint: str, *, replay_endpoint: str | None = None, topic: str = "",
-                 bind: bool = False, replay_timeout_s: float = 2.0, name: str = "vllm") -> None:  # fmt: skip
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        replay_endpoint: str | None = None,
+        topic: str = "",
+        bind: bool = False,
+        replay_timeout_s: float = 2.0,
+        name: str = "vllm",
+    ) -> None:
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
         self.topic = topic.encode()

@@ -82,8 +82,9 @@ def _external(digest: bytes, as_int: bool) -> ExternalHash:
     return int.from_bytes(digest, "big") & _LOW64 if as_int else digest
 
 
-def iter_block_hashes(token_ids: Sequence[int], block_size: int, cache_salt: str | None, *,
-                      as_int: bool = True) -> Iterator[ExternalHash]:  # fmt: skip
+def iter_block_hashes(
+    token_ids: Sequence[int], block_size: int, cache_salt: str | None, *, as_int: bool = True
+) -> Iterator[ExternalHash]:
     """vLLM's hashes of the prompt's whole blocks, in order, as its events name them."""
     parent = NONE_HASH
     for i in range(len(token_ids) // block_size if block_size > 0 else 0):
@@ -153,8 +154,10 @@ class KVBlockIndex:
         ours = next(iter_block_hashes(e.token_ids, e.block_size, salt, as_int=self.hashes_as_int), None)
         self.verified = ours == e.block_hashes[0]
         if not self.verified:
-            log.warning("vLLM's block hashes are not sha256 of the default seed (another "
-                        "prefix_caching_hash_algo, or PYTHONHASHSEED set?): the precise index is off")  # fmt: skip
+            log.warning(
+                "vLLM's block hashes are not sha256 of the default seed (another "
+                "prefix_caching_hash_algo, or PYTHONHASHSEED set?): the precise index is off"
+            )
 
     def forget(self) -> None:
         self.blocks.clear()
