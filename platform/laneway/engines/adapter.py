@@ -2,8 +2,8 @@
 deployment's config into the kind's struct (engines/config.py: a refusal names the key), keep
 what the deployment row says of the engine (quantization, GPU, context), and describe the
 engine for routing, limits and /v1/models (EngineInfo). An adapter subclasses EngineAdapter,
-names its config struct and its defaults, and adds only its own state (and its own measure()
-where it has a tokenizer: the default estimates):
+names its config struct and its defaults, and adds only its own state (and its own
+count_prompt() where it has a tokenizer: the default estimates):
 
     class MyEngine(EngineAdapter[MyConfig]):
         engine = "mine"
@@ -17,6 +17,7 @@ where it has a tokenizer: the default estimates):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypedDict
 
 from laneway.engines.chat_template import render_chat
@@ -31,6 +32,17 @@ class DeploymentFacts(TypedDict, total=False):
     quantization: str
     gpu_type: str
     max_model_len: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PromptParts:
+    """What a request's prompt is made of, as measure() is given it: a completion's text, or a
+    chat's messages with the tools offered and the JSON form asked for."""
+
+    prompt: str | None = None
+    messages: Sequence[ChatTurn] | None = None
+    tools: Sequence[dict[str, Any]] = ()
+    response_format: dict[str, Any] | None = None
 
 
 class EngineAdapter(Generic[ConfigT]):
@@ -77,10 +89,15 @@ class EngineAdapter(Generic[ConfigT]):
         *,
         prompt: str | None = None,
         messages: Sequence[ChatTurn] | None = None,
-        tools: Sequence[dict[str, Any]] = (),  # declared by no engine that keeps this: refused first
+        tools: Sequence[dict[str, Any]] = (),
         response_format: dict[str, Any] | None = None,
     ) -> PromptMeasure:
+        """The Engine protocol's measure(): the adapter counts the parts in count_prompt()."""
+        return await self.count_prompt(PromptParts(prompt, messages, tools, response_format))
+
+    async def count_prompt(self, parts: PromptParts) -> PromptMeasure:
         """An engine without a tokenizer on this side (sim, Triton's ensemble takes text) counts
-        4 characters a token, the chat rendered with ChatML as a template would lay it out."""
-        text = render_chat(with_tools(messages, ())) if messages is not None else (prompt or "")
+        4 characters a token, the chat rendered with ChatML as a template would lay it out (no
+        tools: the gateway refuses them first, as no engine keeping this declares them)."""
+        text = render_chat(with_tools(parts.messages, ())) if parts.messages is not None else (parts.prompt or "")
         return PromptMeasure(text=text, tokens=max(1, (len(text) + 3) // 4))

@@ -21,7 +21,7 @@ from typing import Any, Unpack
 
 import numpy as np
 
-from laneway.engines.adapter import DeploymentFacts, EngineAdapter
+from laneway.engines.adapter import DeploymentFacts, EngineAdapter, PromptParts
 from laneway.engines.base import EngineError, run_embedding_warmup, run_warmup, system_prompt_chat
 from laneway.engines.chat_template import CHATML, render_chat
 from laneway.engines.config import LlamaCppConfig
@@ -35,7 +35,6 @@ from laneway.engines.llamacpp.per_slot import SlotDecoding
 from laneway.engines.llamacpp.plan import DecodePlan, TokenBiases, decode_plan
 from laneway.engines.tool_calls import with_tools
 from laneway.types import (
-    ChatTurn,
     Delta,
     EmbeddingRequest,
     Embeddings,
@@ -188,31 +187,19 @@ class LlamaCppEngine(EngineAdapter[LlamaCppConfig]):
     def active_slots(self) -> int:
         return sum(m.active for m in (self._batched, self._slots, self._embedder) if m is not None)
 
-    async def measure(
-        self,
-        *,
-        prompt: str | None = None,
-        messages: Sequence[ChatTurn] | None = None,
-        tools: Sequence[dict[str, Any]] = (),
-        response_format: dict[str, Any] | None = None,
-    ) -> PromptMeasure:
-        size = len(prompt or "") + sum(len(m.content) for m in messages or ())
-        if size > OFF_LOOP_PROMPT_CHARS or tools or response_format:  # a long template's work: off the loop
-            return await asyncio.to_thread(self._measure, prompt, messages, tools, response_format)
-        return self._measure(prompt, messages)
+    async def count_prompt(self, parts: PromptParts) -> PromptMeasure:
+        size = len(parts.prompt or "") + sum(len(m.content) for m in parts.messages or ())
+        if size > OFF_LOOP_PROMPT_CHARS or parts.tools or parts.response_format:  # a long template's work: off the loop
+            return await asyncio.to_thread(self.count_now, parts)
+        return self.count_now(parts)
 
-    def _measure(
-        self,
-        prompt: str | None,
-        messages: Sequence[ChatTurn] | None,
-        tools: Sequence[dict[str, Any]] = (),
-        response_format: dict[str, Any] | None = None,
-    ) -> PromptMeasure:
+    def count_now(self, parts: PromptParts) -> PromptMeasure:
+        """The prompt templated and tokenized by the model, on the calling thread."""
         # No native tool format here: tools, a schema and earlier calls become text turns.
-        if messages is not None:
-            text = render_chat(with_tools(messages, tools, response_format), self._template)
+        if parts.messages is not None:
+            text = render_chat(with_tools(parts.messages, parts.tools, parts.response_format), self._template)
         else:
-            text = prompt or ""
+            text = parts.prompt or ""
         ids = self._tokenize(text)
         return PromptMeasure(text=text, tokens=len(ids), ids=tuple(ids))
 

@@ -42,7 +42,7 @@ from typing import Any, Unpack
 import msgspec
 import numpy as np
 
-from laneway.engines.adapter import DeploymentFacts, EngineAdapter
+from laneway.engines.adapter import DeploymentFacts, EngineAdapter, PromptParts
 from laneway.engines.base import EngineError, EngineLoad, run_embedding_warmup, run_warmup, unit_rows
 from laneway.engines.config import VLLMConfig
 from laneway.engines.http1 import Http1Pool, UpstreamError
@@ -59,7 +59,6 @@ from laneway.engines.vllm.request_body import (
 )
 from laneway.types import (
     EXTENSIONS,
-    ChatTurn,
     Delta,
     EmbeddingRequest,
     Embeddings,
@@ -228,14 +227,8 @@ class VLLMEngine(EngineAdapter[VLLMConfig]):
                 log.warning("reading %s/metrics failed: %s", self.base_url, exc)
             await asyncio.sleep(self.metrics_poll_s)
 
-    async def measure(
-        self,
-        *,
-        prompt: str | None = None,
-        messages: Sequence[ChatTurn] | None = None,
-        tools: Sequence[dict[str, Any]] = (),
-        response_format: dict[str, Any] | None = None,
-    ) -> PromptMeasure:
+    async def count_prompt(self, parts: PromptParts) -> PromptMeasure:
+        prompt, messages, tools = parts.prompt, parts.messages, parts.tools
         text = prompt or ""
         if messages is not None:  # vLLM renders the chat itself; the text is only for estimates
             text = "\n".join(f"{m.role}: {m.content}" for m in messages)
