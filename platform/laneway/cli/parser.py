@@ -23,6 +23,7 @@ from laneway.cli.manage import (
 )
 from laneway.cli.runner import with_db, with_service
 from laneway.cli.serving import cmd_fetch_model, cmd_import_policies, cmd_make_demo_model, cmd_migrate, cmd_serve
+from laneway.engines.kinds import engine_kind_names
 
 DESCRIPTION = (
     "The `laneway` command: serve, migrate, make-demo-model, fetch-model, import-policies, tenants, keys, models, "
@@ -59,7 +60,7 @@ def _key_arguments(s: argparse.ArgumentParser) -> None:
 
 def _deployment_arguments(s: argparse.ArgumentParser) -> None:
     """One deployment's engine and its config (`model set`, `model replica add`)."""
-    s.add_argument("--engine", required=True, choices=["llamacpp", "sim", "vllm", "trtllm"])
+    s.add_argument("--engine", required=True, choices=engine_kind_names())
     s.add_argument("--config", default="{}", help="engine config as JSON")
     s.add_argument("--quantization", default="unknown")
     s.add_argument("--gpu-type", default="none")
