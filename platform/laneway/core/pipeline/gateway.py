@@ -11,8 +11,9 @@
 A non-streaming request is answered whole (Completed, Embedded) and its lease released here.
 A stream comes back admitted (Streaming): its lease then belongs to the response that sends
 it, which releases it when the stream ends. The outcome is classified once, by whoever first
-knows it (`Call.fail`): the client leaving is 499; an engine fault, a dependency or a shutdown
-is 503 (500 for a bug), with its own code, never mistaken for 499.
+knows it (`Call.fail`, given an ErrorCode: the status is the code's): the client leaving, or
+reading too slowly, is 499; an engine fault, a dependency or a shutdown is 503 (500 for a
+bug), with its own code, never mistaken for 499.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from laneway.contracts.errors import GatewayError, shutting_down
 from laneway.core import load_shedding
 from laneway.core.dispatch import RoutingParams
 from laneway.core.pipeline.answers import Client, Completed, Embedded, Streaming
-from laneway.core.pipeline.call import CLIENT_CLOSED, Call
+from laneway.core.pipeline.call import Call
 from laneway.core.pipeline.failover import EarlyEngineFailure, Failover, RetryBudget
 from laneway.core.pipeline.generate import embed_call, engine_failed, generate_deltas
 from laneway.core.pipeline.intent import EmbeddingIntent, GenerationIntent, Intent
@@ -119,7 +120,7 @@ class Gateway:
             owned = False  # the stream's owner releases it when the stream ends
             return stream
         except BaseException as exc:
-            call.fail(*self.outcome_of(exc))
+            call.fail(self.outcome_of(exc))
             raise
         finally:
             if owned:
@@ -200,7 +201,7 @@ class Gateway:
             load_shedding.queued()  # from here it waits for the engine, not for this loop
             await self.waiting.acquire(lease, tokens)
         except BaseException as exc:
-            call.fail(*self.outcome_of(exc))
+            call.fail(self.outcome_of(exc))
             raise
 
     async def admit(self, call: Call) -> Lease:
@@ -255,7 +256,7 @@ class Gateway:
                 finally:
                     await attempt.aclose()  # at once: closing it cancels the engine's work
         except BaseException as exc:
-            call.fail(*self.outcome_of(exc))
+            call.fail(self.outcome_of(exc))
             raise
         finally:
             lease.end_generation()
@@ -301,18 +302,16 @@ class Gateway:
         if not task.cancelled() and task.exception() is None:
             self.limiter.settle(task.result(), 0)
 
-    def outcome_of(self, exc: BaseException) -> tuple[int, str]:
-        """(status, code) for a request ended by `exc`, when nothing more specific was recorded."""
+    def outcome_of(self, exc: BaseException) -> ErrorCode:
+        """The code of a request ended by `exc`, when nothing more specific was recorded."""
         if isinstance(exc, GatewayError):
-            return exc.status, exc.code
+            return exc.code
         if isinstance(exc, asyncio.CancelledError | GeneratorExit):
             # Nobody said why: during a shutdown it is the server's doing, otherwise the client's.
-            if self.draining:
-                return 503, ErrorCode.SHUTTING_DOWN
-            return CLIENT_CLOSED, ErrorCode.CLIENT_DISCONNECTED
+            return ErrorCode.SHUTTING_DOWN if self.draining else ErrorCode.CLIENT_DISCONNECTED
         if isinstance(exc, EngineError):
-            return 503, ErrorCode.ENGINE_ERROR
-        return 500, ErrorCode.INTERNAL_ERROR
+            return ErrorCode.ENGINE_ERROR
+        return ErrorCode.INTERNAL_ERROR
 
     # ---- what a lease gives back (LeaseOwner) ----
     def release_slot(self, call: Call, ticket: Ticket | None, placement: Ticket | None) -> None:
