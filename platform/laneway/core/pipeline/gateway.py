@@ -27,16 +27,17 @@ from typing import Any, TypeVar, overload
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError, shutting_down
 from laneway.core import load_shedding
-from laneway.core.dispatch import RoutingParams
+from laneway.core.dispatch import ReplicaFigures
 from laneway.core.pipeline.answers import Client, Completed, Embedded, Streaming
 from laneway.core.pipeline.call import Call
+from laneway.core.pipeline.config import GatewayConfig
 from laneway.core.pipeline.failover import EarlyEngineFailure, Failover, RetryBudget
 from laneway.core.pipeline.generate import embed_call, engine_failed, generate_deltas
 from laneway.core.pipeline.intent import EmbeddingIntent, GenerationIntent, Intent
 from laneway.core.pipeline.lease import Lease
 from laneway.core.pipeline.outcome import Outcome, OutcomeSink
 from laneway.core.pipeline.prepare import Preparer
-from laneway.core.pipeline.waiting import Scheduler, Waiting
+from laneway.core.pipeline.waiting import DryRun, Scheduler, Waiting
 from laneway.core.policy import PolicyStore
 from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, Reservation
 from laneway.core.scheduler import Ticket
@@ -56,34 +57,30 @@ class Gateway:
         policies: PolicyStore,
         limiter: RateLimiter | None = None,
         *,
+        config: GatewayConfig | None = None,
         sinks: Sequence[OutcomeSink] = (),
-        default_max_tokens: int = 512,
-        quantum: int = 64,
-        starvation_share: float = 0.1,
-        headroom: int = 1,
-        background_reserve: int = 1,
         shared_slots: SharedSlots | None = None,
-        max_tries: int = 2,
-        retry_budget: RetryBudget | None = None,
-        routing: str = "cache_aware",
-        routing_params: RoutingParams | None = None,
     ) -> None:
+        """`config`: the tuning (core/pipeline/config.py); `sinks` take each finished request's
+        outcome; `shared_slots` shares remote engines' slots with other gateway replicas."""
+        config = config or GatewayConfig()
         self.registry = registry
         self.shared_slots = shared_slots
         self.policies = policies
         self.limiter: RateLimiter = limiter or MemoryRateLimiter()
         self.sinks = tuple(sinks)
-        self.preparer = Preparer(registry, policies, default_max_tokens=default_max_tokens)
-        self.failover = Failover(registry, max_tries=max_tries, budget=retry_budget)
+        self.preparer = Preparer(registry, policies, default_max_tokens=config.default_max_tokens)
+        budget = RetryBudget(config.retry_ratio, config.retry_minimum, config.retry_window_s)
+        self.failover = Failover(registry, max_tries=config.max_tries, budget=budget)
         self.waiting = Waiting(
             registry,
             shared_slots=shared_slots,
-            routing=routing,
-            routing_params=routing_params,
-            quantum=quantum,
-            starvation_share=starvation_share,
-            headroom=headroom,
-            background_reserve=background_reserve,
+            routing=config.routing,
+            routing_params=config.routing_params,
+            quantum=config.quantum,
+            starvation_share=config.starvation_share,
+            headroom=config.headroom,
+            background_reserve=config.background_reserve,
         )
         self._background: set[asyncio.Task[Any]] = set()
         self._leases: set[Lease] = set()  # opened and not yet released
@@ -252,7 +249,8 @@ class Gateway:
                         failure.reason,
                         target.spec.name,
                     )
-                    await self._rebind(lease, target)
+                    await self.waiting.rebind(lease, target)
+                    self.failover.budget.requested(target.spec.name)
                 finally:
                     await attempt.aclose()  # at once: closing it cancels the engine's work
         except BaseException as exc:
@@ -260,23 +258,6 @@ class Gateway:
             raise
         finally:
             lease.end_generation()
-
-    async def _rebind(self, lease: Lease, target: LiveDeployment) -> None:
-        """Move an admitted lease whose replica failed to `target`: the old slot and outstanding
-        count were given back when its generation ended; it waits for a slot there."""
-        call, old = lease.call, lease.ticket
-        assert old is not None
-        lease.ticket = None
-        call.deployment = target
-        call.completion_tokens, call.reported_prompt_tokens, call.first_token_at = 0, None, None
-        target.outstanding += 1
-        lease.reopen_generation()
-        ticket = Ticket(
-            request_id=call.request_id, tenant_id=old.tenant_id, weight=old.weight, cost=old.cost, lane=old.lane
-        )
-        await self.scheduler(target).acquire(ticket)
-        lease.ticket = ticket
-        self.failover.budget.requested(target.spec.name)
 
     async def embed(self, lease: Lease) -> Embeddings:
         assert lease.ticket is not None and lease.ticket.granted is not None, "admit() first"
@@ -336,6 +317,29 @@ class Gateway:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    # ---- what the runtime and the admin read, without reaching into the stages ----
+    @property
+    def default_max_tokens(self) -> int:
+        """prepare's max_tokens when neither the request nor its task sets one."""
+        return self.preparer.default_max_tokens
+
+    async def dry_run(self, tenant: TenantSnapshot, intent: GenerationIntent) -> DryRun:
+        """What serve() would decide for `intent` now, running none of it (the admin's route
+        tester): the pipeline's own prepare, a fallback chosen for an unhealthy replica as
+        serving would (whether its queue admits it depends on the moment: not asked), then the
+        replicas dispatch would weigh and its choice. No limit, queue or index is touched."""
+        call = await self.preparer.serving(tenant, intent, lambda c: c.deployment.healthy)
+        return self.waiting.dry_run(call)
+
+    def replicas_changed(self) -> None:
+        """The replicas or the policies changed (a reload, a health check that brought one back):
+        the aliases' queues are dispatched again at once, not at the next release."""
+        self.waiting.kick()
+
+    def replica_figures(self) -> dict[str, ReplicaFigures]:
+        """Per replica: what dispatch placed there since start (the admin's models page)."""
+        return self.waiting.replica_figures()
 
     # ---- the deployments' queues ----
     def capabilities(self, alias: str) -> frozenset[str]:
