@@ -18,7 +18,7 @@ from laneway.core.early_stops import (
     RepetitionStop,
     rule_for,
 )
-from laneway.core.pipeline import Gateway, GenerationIntent
+from laneway.core.pipeline import Gateway, GatewayConfig, GenerationIntent
 from laneway.core.policy import PolicySnapshot, PolicyStore, TaskPolicy
 from laneway.db.repositories import DeploymentSpec
 from laneway.engines.kinds import EngineKind
@@ -176,7 +176,10 @@ async def gateway(engine_kind: Callable[[EngineKind], EngineKind]) -> AsyncItera
     metrics = GatewayMetrics()
     recorder = UsageRecorder(None, interval_s=60)  # type: ignore[arg-type]
     gw = Gateway(
-        registry, PolicyStore(None, PolicySnapshot(tasks=TASKS)), sinks=[recorder, metrics], default_max_tokens=300
+        registry,
+        PolicyStore(None, PolicySnapshot(tasks=TASKS)),
+        sinks=[recorder, metrics],
+        config=GatewayConfig(default_max_tokens=300),
     )
     yield gw
     await registry.close()

@@ -23,6 +23,7 @@ from laneway.admin.route_view import lanes_tried, limits_said, max_tokens_said, 
 from laneway.admin.service import AdminService
 from laneway.admin.ui import Page, to_login
 from laneway.admin.validation import INT32_MAX
+from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.db.models import Tenant
 from laneway.db.repositories import PolicyRepository
@@ -132,8 +133,8 @@ class RoutePages(Controller):
         context |= {"tenant": tenant, "usage": usage, "sent": body.decode(), "endpoint": endpoint, "headers": headers}
         if tenant.disabled:
             context["refusal"] = {
-                "status": 403,
-                "code": "tenant_disabled",
+                "status": ErrorCode.TENANT_DISABLED.status,
+                "code": ErrorCode.TENANT_DISABLED.value,
                 "message": f"Tenant '{tenant.name}' is disabled: its keys are refused before anything is routed.",
             }
             return Template("route.html", context=context)

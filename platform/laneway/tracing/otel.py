@@ -47,6 +47,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, set_
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from laneway import __version__
+from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.contracts.scope import RECEIVED_AT, TRACE_KEY
 
@@ -220,7 +221,8 @@ class RequestTrace:
             self._span("auth", start, time.time_ns(), status=exc.status, code=exc.code)
             raise
         except BaseException:
-            self._span("auth", start, time.time_ns(), status=500, code="internal_error")
+            code = ErrorCode.INTERNAL_ERROR
+            self._span("auth", start, time.time_ns(), status=code.status, code=code)
             raise
         self._auth_end = time.time_ns()
         self._span("auth", start, self._auth_end, attributes={"laneway.tenant": tenant.name})
