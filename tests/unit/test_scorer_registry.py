@@ -13,6 +13,7 @@ from laneway.cli import preflight
 from laneway.core.dispatch import Route, RoutingParams
 from laneway.core.dispatch.scorers import Candidate, PrefixScorer, parse_profile, register_scorer
 from laneway.core.pipeline import Gateway, GenerationIntent
+from laneway.core.pipeline.config import GatewayConfig
 from laneway.core.policy import PolicyStore
 from laneway.engines.registry import EngineRegistry
 from laneway.settings import Settings
@@ -65,7 +66,9 @@ async def replicas() -> AsyncIterator[EngineRegistry]:
 
 async def placements(registry: EngineRegistry, profile: str, prompts: Sequence[str]) -> list[tuple[str, str | None]]:
     """Where each prompt, sent one after another, was served and why, under `profile`."""
-    gw = Gateway(registry, PolicyStore(None), routing_params=RoutingParams(profile=parse_profile(profile)))
+    gw = Gateway(
+        registry, PolicyStore(None), config=GatewayConfig(routing_params=RoutingParams(profile=parse_profile(profile)))
+    )
     out = []
     for prompt in prompts:
         call = await gw.prepare(ACME, GenerationIntent(endpoint="completions", alias="m", stream=False, prompt=prompt))
@@ -102,7 +105,9 @@ async def test_the_reason_is_the_most_specific_scorer_that_explains_it(replicas:
     """A next turn that holds both its session and its prefix is named by the session, as before
     the registry, whatever order the profile lists them in."""
     gw = Gateway(
-        replicas, PolicyStore(None), routing_params=RoutingParams(profile=parse_profile("prefix=1,session=0.5"))
+        replicas,
+        PolicyStore(None),
+        config=GatewayConfig(routing_params=RoutingParams(profile=parse_profile("prefix=1,session=0.5"))),
     )
     assert [s.name for s in gw.waiting.dispatch.picker.scorers] == ["prefix", "session"]
     for turn, expected in ((SYSTEM + "Q: my invoice?", None), (SYSTEM + "Q: my invoice? A: sent. Q: when?", "session")):
