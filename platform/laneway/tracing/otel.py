@@ -33,7 +33,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from litestar.middleware import DefineMiddleware
@@ -55,13 +55,6 @@ if TYPE_CHECKING:
     from laneway.core.pipeline import Call
     from laneway.types import TenantSnapshot
 
-# The endpoints traced, by path: the root span's name.
-ROOT_SPANS = {
-    "/v1/chat/completions": "chat.completions",
-    "/v1/completions": "completions",
-    "/v1/embeddings": "embeddings",
-    "/v1/responses": "responses",
-}
 # gen_ai.operation.name by Call.endpoint (the Responses API runs on the chat pipeline).
 _OPERATION = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings", "responses": "chat"}
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -82,8 +75,10 @@ class Tracing:
         self.tracer: Tracer = self.provider.get_tracer("laneway", __version__)
         self.endpoint = endpoint
 
-    def middleware(self) -> DefineMiddleware:
-        return DefineMiddleware(TracingMiddleware, tracing=self)
+    def middleware(self, spans: Mapping[str, str]) -> DefineMiddleware:
+        """The middleware that traces the POST routes of `spans` (path -> the root span's name:
+        the API's endpoints, api/registry.py)."""
+        return DefineMiddleware(TracingMiddleware, tracing=self, spans=dict(spans))
 
     def begin(self, name: str, scope: Scope) -> RequestTrace:
         return RequestTrace(self.tracer, name, scope)
@@ -123,13 +118,14 @@ class TracingMiddleware:
     """Opens the root span of each traced endpoint's request (put in the scope under TRACE_KEY)
     and ends it when the response is sent, unless the request's lease has taken it over."""
 
-    def __init__(self, app: ASGIApp, tracing: Tracing) -> None:
+    def __init__(self, app: ASGIApp, tracing: Tracing, spans: dict[str, str]) -> None:
         self.app = app
         self.tracing = tracing
+        self.spans = spans
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw = cast("dict[str, Any]", scope)
-        name = ROOT_SPANS.get(raw["path"]) if raw["type"] == "http" and raw["method"] == "POST" else None
+        name = self.spans.get(raw["path"]) if raw["type"] == "http" and raw["method"] == "POST" else None
         if name is None:
             await self.app(scope, receive, send)
             return
