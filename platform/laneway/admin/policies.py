@@ -242,8 +242,9 @@ async def _put_policy(
 
 
 def _check_ttft_within_timeout(lane: Lane | None, values: dict[str, Any], sent: set[str]) -> None:
-    """A TTFT target past the lane's queue timeout (its hard bound) could never be met by a
-    request that waited it out: refused, naming the field sent (the target, else the timeout)."""
+    """A TTFT target past the lane's queue timeout (its hard bound) promises nothing: a request
+    is refused before it could miss it. Refused, naming the field sent (the target, else the
+    timeout), with what both would be after the change."""
     column_default = Lane.__table__.c.queue_timeout_s.default
     timeout = values.get("queue_timeout_s", lane.queue_timeout_s if lane else column_default.arg)
     target = values.get("ttft_target_ms", lane.ttft_target_ms if lane else None)
