@@ -157,3 +157,22 @@ def test_the_lane_form_edits_the_targets_with_their_help(gw: Gateway, admin: htt
         assert r.status_code == 200
     finally:
         browser.close()
+
+
+def test_the_tenant_page_edits_the_grant_with_its_help(gw: Gateway, admin: httpx.Client) -> None:
+    browser = httpx.Client(base_url=gw.base_url + "/admin", cookies=admin.cookies)
+    csrf = admin.headers["X-CSRF-Token"]
+    tenant_id = next(t for t in admin.get("/tenants").json()["data"] if t["name"] == "granted")["id"]
+    try:
+        page = browser.get(f"/tenants/{tenant_id}").text
+        assert "Tightest TTFT target" in page and 'name="min_ttft_target_ms"' in page and 'value="20"' in page
+        r = browser.post(f"/tenants/{tenant_id}", data={"csrf_token": csrf, "weight": "1", "min_ttft_target_ms": "0"})
+        assert r.status_code == 400 and "min_ttft_target_ms must be a whole number of milliseconds" in r.text
+        r = browser.post(f"/tenants/{tenant_id}", data={"csrf_token": csrf, "weight": "1", "min_ttft_target_ms": "300"})
+        assert r.status_code == 200, r.text
+        granted = next(t for t in admin.get("/tenants").json()["data"] if t["id"] == tenant_id)
+        assert granted["min_ttft_target_ms"] == 300
+        r = browser.post(f"/tenants/{tenant_id}", data={"csrf_token": csrf, "weight": "1", "min_ttft_target_ms": "20"})
+        assert r.status_code == 200
+    finally:
+        browser.close()
