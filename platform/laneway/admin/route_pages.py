@@ -46,6 +46,7 @@ def snapshot_of(t: Tenant) -> TenantSnapshot:
         allowed_models=frozenset(t.allowed_models) if t.allowed_models is not None else None,
         allowed_lanes=frozenset(t.allowed_lanes or ()),
         priority_floor=t.priority_floor,
+        min_ttft_target_ms=t.min_ttft_target_ms,
         tokens_per_day=t.tokens_per_day,
         tokens_per_month=t.tokens_per_month,
     )

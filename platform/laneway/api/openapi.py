@@ -93,6 +93,13 @@ ROUTING_PARAMS = (
         schema=Schema(type=OpenAPIType.INTEGER),
         description="Priority within the tenant's allowance (never above its floor).",
     ),
+    Parameter(
+        name="X-Laneway-TTFT-Target-Ms",
+        param_in="header",
+        schema=Schema(type=OpenAPIType.NUMBER, exclusive_minimum=0, maximum=86_400_000),
+        description="A tighter time-to-first-token target than the lane's, in ms, within the tenant's grant "
+        "(never tighter than its min_ttft_target_ms; without that grant it changes nothing).",
+    ),
 )
 
 

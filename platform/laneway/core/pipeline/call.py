@@ -84,6 +84,7 @@ class Call:
     early_stop: str | None = None  # the early stop that ended its decoding, if one did
     tokens_saved: int = 0  # max_tokens less what the choices it cut had decoded (an estimate)
     price: Price | None = None  # its alias's price when it was prepared: its cost is at this one
+    ttft_target_ms: float | None = None  # its TTFT target: the lane's, or tighter as granted (core/slo.py)
 
     @property
     def cost_micros(self) -> int | None:
