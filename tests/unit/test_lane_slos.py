@@ -15,6 +15,7 @@ from laneway.api.ttft_target import HEADER, ttft_target_ms
 from laneway.bootstrap import POLICIES_DIR
 from laneway.contracts.errors import GatewayError
 from laneway.core.pipeline import Gateway, GenerationIntent, Outcome
+from laneway.core.pipeline.config import GatewayConfig
 from laneway.core.policy import LanePolicy, PolicySnapshot, PolicyStore
 from laneway.core.slo import request_ttft_target_ms
 from laneway.db.repositories import DeploymentSpec
@@ -158,7 +159,7 @@ async def test_the_request_target_rides_on_the_call_and_its_outcome() -> None:
     await registry.load([spec])
     sink = Recorded()
     policies = PolicyStore(None, PolicySnapshot(lanes=(INTERACTIVE, UNTARGETED)))
-    gw = Gateway(registry, policies, sinks=[sink], default_max_tokens=8)  # type: ignore[list-item]
+    gw = Gateway(registry, policies, sinks=[sink], config=GatewayConfig(default_max_tokens=8))  # type: ignore[list-item]
     try:
         for tenant, asked in ((GRANTED, 10.0), (PLAIN, 10.0), (GRANTED, None)):
             intent = GenerationIntent(endpoint="chat", alias="chat", stream=True, prompt="x", ttft_target_ms=asked)
