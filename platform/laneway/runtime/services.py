@@ -267,7 +267,7 @@ class Runtime:
             authenticator.invalidate()
             await poll.refresh(force=True)
 
-        self.config_changes = changes = ConfigChanges(db, apply_notified)
+        self.config_changes = changes = ConfigChanges(db, apply_notified, health)
         await changes.start()
         steps.started_step("config changes", changes.stop)
 
@@ -289,7 +289,7 @@ class Runtime:
         )
         self.logins = Logins(self.login_guard, sessions, settings.admin_cookie_secure, admin_password_file(settings))
         self.api = ApiServices(gateway, authenticator, settings.stream_send_timeout_s, self.started_at)
-        self.batches, runner = batch_services(settings, sessions, self.api, registry)
+        self.batches, runner = batch_services(settings, sessions, self.api, registry, self.health)
         self.batch_runner = runner
         if runner is not None:
             await runner.start()
