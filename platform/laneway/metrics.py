@@ -112,7 +112,7 @@ class GatewayMetrics:
         self.early_stops = Counter(
             "laneway_early_stops_total",
             "Answers whose decoding laneway ended early (core/early_stops.py), by lane, model and rule: "
-            "repetition, json_complete.",
+            "repetition, json_complete, json_nesting.",
             ("lane", "model", "reason"),
             registry=self.registry,
         )

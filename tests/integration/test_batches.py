@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from support import Gateway, sim_model, start_gateway, wait_for
@@ -302,5 +303,42 @@ def test_a_live_request_takes_a_slot_back_from_a_batch_at_once(tmp_path: Path) -
         rows = g.usage_rows("acme")
         assert [r.error_code for r in rows if r.status == 503] == ["preempted"]
         assert g.server.runtime.batch_runner.finished["retried"] == 1
+    finally:
+        g.stop()
+
+
+def test_ids_and_cursors_that_are_not_text_are_refused_before_the_database(pg_database: str, tmp_path: Path) -> None:
+    """On PostgreSQL, whose text holds no NUL: `GET /v1/files?purpose=%00` answered 500 (the
+    query reached the database; issue 37). Every id, cursor and purpose of the Files and
+    Batches routes is checked at the edge: a 400 in OpenAI's shape naming the parameter."""
+    models = {"fast": sim_model("fast")}
+    g = start_gateway(tmp_path, database_url=pg_database, seed_with={"models": models, "tenants": {"acme": {}}})
+    try:
+        with httpx.Client(base_url=g.api_url, headers={"Authorization": f"Bearer {g.keys['acme']}"}) as http:
+            hostile = [
+                ("GET", "/files?purpose=%00", "purpose"),
+                ("GET", "/files?purpose=batch%FF", "purpose"),  # not UTF-8
+                ("GET", "/files?after=%00", "after"),
+                ("GET", "/files?after=file-%1b", "after"),
+                ("GET", "/files?order=%00", "order"),
+                ("GET", "/files/file-%00", "file_id"),
+                ("GET", "/files/file-%00/content", "file_id"),
+                ("DELETE", "/files/file-%00", "file_id"),
+                ("GET", "/batches?after=%00", "after"),
+                ("GET", "/batches/batch_%00", "batch_id"),
+                ("POST", "/batches/batch_%00/cancel", "batch_id"),
+            ]
+            for method, path, param in hostile:
+                r = http.request(method, path)
+                assert r.status_code == 400, (path, r.status_code, r.text)
+                error = r.json()["error"]
+                assert error["param"] == param and error["type"] == "invalid_request_error", (path, error)
+            body = {"input_file_id": "file-\u0000", "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+            r = http.post("/batches", json=body)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "input_file_id", r.text
+            # The same routes with plain text: answered as before.
+            assert http.get("/files", params={"purpose": "batch", "after": "file-x"}).json()["data"] == []
+            assert http.get("/files/file-nope").status_code == 404
+            assert http.get("/batches", params={"after": "batch_x"}).json()["data"] == []
     finally:
         g.stop()

@@ -1,8 +1,12 @@
-"""The docs agree with the code: docs/configuration.md is what settings.py generates, and every
-relative link in the README and docs/ points at a file that exists."""
+"""The docs agree with the code: docs/configuration.md is what settings.py generates, every
+relative link in the README and docs/ points at a file that exists, every module they (and
+pyproject.toml's comments) name by its `.py` path exists, and no box of a diagram repeats the
+row above it."""
 
 import dataclasses
 import importlib.util
+import itertools
+import os
 import re
 from pathlib import Path
 from types import ModuleType
@@ -82,3 +86,57 @@ def test_the_links_are_checked_at_all() -> None:
 def test_readme_is_a_front_door() -> None:
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 250, f"README.md has {len(lines)} lines: move detail to docs/ or bench/results/"
+
+
+# A module named by its path (`core/early_stops.py`, `bench/streaming.py`) or its file name alone.
+MODULE_PATH = re.compile(r"(?<![\w./-])((?:[\w-]+/)*[\w-]+\.py)\b")
+
+
+def repository_file_names() -> set[str]:
+    names = set()
+    for _, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "node_modules"]
+        names.update(f for f in files if f.endswith(".py"))
+    return names
+
+
+def test_module_paths_named_in_the_docs_exist() -> None:
+    """A module renamed or split leaves its old path in the prose (issue 37: pyproject's
+    comments named `core/redis_batch.py` and `engines/http1.py`, traffic-control.md
+    `core/quota_recovery.py`). A path is looked for from the repository's root, the package's
+    (`core/...` means platform/laneway/core/...) and the page's own folder; a bare file name
+    anywhere in the repository. The dated runs in bench/results/ are records of their day."""
+    pages = [page for page in markdown_files() if "results" not in page.relative_to(ROOT).parts]
+    names = repository_file_names()
+    missing = []
+    for page in [*pages, ROOT / "pyproject.toml"]:
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            for path in MODULE_PATH.findall(line):
+                bases = (ROOT, ROOT / "platform" / "laneway", ROOT / "platform", page.parent)
+                found = any((base / path).is_file() for base in bases) if "/" in path else path in names
+                if not found:
+                    missing.append(f"{page.relative_to(ROOT)}:{number}: {path}")
+    assert not missing, "modules named in the docs that do not exist:\n" + "\n".join(missing)
+
+
+def diagram_cells(line: str) -> list[tuple[int, str]]:
+    return [(m.start(), m.group()) for m in re.finditer(r"[^|]+", line)] if line.count("|") >= 2 else []
+
+
+def test_no_diagram_box_repeats_the_row_above() -> None:
+    """A box's text on two lines running (architecture.md's first diagram had its engines'
+    '(gRPC), sim' twice): a row pasted twice, not a fact."""
+    repeated = []
+    for page in markdown_files():
+        for block in FENCE.findall(page.read_text(encoding="utf-8")):
+            if not re.search(r"^\s*\+-", block, re.M):
+                continue  # no box drawn: a table of figures repeats its values by right
+            lines = block.splitlines()
+            for above, below in itertools.pairwise(lines):
+                top, bottom = diagram_cells(above), diagram_cells(below)
+                if not top or [at for at, _ in top] != [at for at, _ in bottom]:
+                    continue  # not two rows of one table of boxes
+                for (_, a), (_, b) in zip(top, bottom, strict=True):
+                    if a == b and re.search(r"[A-Za-z]", a):
+                        repeated.append(f"{page.relative_to(ROOT)}: {a.strip()!r}")
+    assert not repeated, "diagram rows repeated:\n" + "\n".join(repeated)

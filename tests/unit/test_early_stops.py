@@ -1,5 +1,6 @@
 """Early stops (core/early_stops.py): the rules on text, and the pipeline that cuts a looping
-or finished JSON answer, cancels the engine at once and counts what that saved."""
+or finished JSON answer, or one that nests without end, cancels the engine at once and counts
+what that saved."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from typing import Any
 import pytest
 from laneway.core.early_stops import (
     JSON_COMPLETE,
+    JSON_NESTING,
+    MAX_JSON_DEPTH,
+    NESTING_REPEATS,
     REPETITION,
     EarlyStop,
     EarlyStopRule,
@@ -118,6 +122,58 @@ def test_json_end_leaves_alone_an_answer_that_is_not_an_object_or_array() -> Non
     assert cut_text(JsonEnd(), ['"a string"', " more"]) is None
 
 
+def nested(levels: list[str], times: int) -> str:
+    """An object that opens `{"key": {` for each of `levels`, `times` over, and never closes."""
+    return "{" + "".join(f' "{key}": {{' for key in levels) * times
+
+
+def test_json_nesting_cuts_a_value_whose_key_path_repeats() -> None:
+    """SmolLM2 in json_object mode: `{ "a": { "b": { ...` until max_tokens (issue 37)."""
+    for levels in (["a"], ["a", "b"], ["name", "value", "x"]):
+        rule = JsonEnd()
+        assert cut_text(rule, [nested(levels, 20)]) == nested(levels, NESTING_REPEATS), levels
+        assert rule.reason == JSON_NESTING
+    # Arrays count as a path element of their own ([] for the items): a list of itself.
+    rule = JsonEnd()
+    text = '{"items": [' + '{"items": [' * 20
+    assert cut_text(rule, [text]) == '{"items": [' * NESTING_REPEATS + "{" and rule.reason == JSON_NESTING
+    # Another key every level: cut once nested past MAX_JSON_DEPTH.
+    rule = JsonEnd()
+    text = "{" + "".join(f'"k{i}": {{' for i in range(40))
+    assert cut_text(rule, [text]) == "{" + "".join(f'"k{i}": {{' for i in range(MAX_JSON_DEPTH))
+    assert rule.reason == JSON_NESTING
+
+
+def test_json_nesting_finds_the_same_cut_whatever_the_deltas() -> None:
+    rng = random.Random(7)
+    levels = ['a \\"q\\" b', "c,{d}"]  # keys with escaped quotes, commas and braces in them
+    text = nested(levels, 10)
+    want = nested(levels, NESTING_REPEATS)
+    assert cut_text(JsonEnd(), [text]) == want
+    for _ in range(200):
+        assert cut_text(JsonEnd(), random_chunks(text, rng)) == want
+
+
+def test_json_that_nests_as_data_does_is_not_cut() -> None:
+    def tree(depth: int) -> dict[str, Any]:
+        return {"name": f"n{depth}", "children": [tree(depth - 1)] if depth else []}
+
+    values: list[Any] = [
+        tree(NESTING_REPEATS - 1),  # a tree's path repeats (children, [], ...) but not 6 times
+        [{"a": {"a": {"a": 1}}}] * 50,  # the same keys over and over, side by side
+        {"a": '{"a": {"a": {', "b": ["a", "a", {"c": "a"}]},  # keys' names as values
+        {"a": {"b": {"a": {"b": {"a": 1}}}}, "c": [[[[1]]]]},
+    ]
+    nest: Any = 1
+    for i in range(MAX_JSON_DEPTH - 1):  # as deep as allowed, another key every level
+        nest = {f"k{i}": nest}
+    values.append(nest)
+    for value in values:
+        text = json.dumps(value)
+        rule = JsonEnd()
+        assert cut_text(rule, [text, " trailing"]) == text and rule.reason == JSON_COMPLETE
+
+
 def request(**fields: Any) -> GenerationRequest:
     return GenerationRequest(request_id="r", prompt="p", prompt_tokens=1, max_tokens=10, **fields)
 
@@ -171,6 +227,7 @@ async def gateway(engine_kind: Callable[[EngineKind], EngineKind]) -> AsyncItera
             spec("json", {"head": ['{"a', '": "}', '\\"",', ' "b": [1', ", 2]", "}\n"], "loop": ["\n", " "]}),
             spec("ends", {"head": ["Fine", "."], "loop": [" Yes", "."], "finish_after": 4}),
             spec("json-ends", {"head": ['{"a"', ": 1", "}"], "loop": [" "], "finish_after": 3}),
+            spec("json-nests", {"head": ["{"], "loop": [' "a"', ": {"]}),
         ]
     )
     metrics = GatewayMetrics()
@@ -251,6 +308,18 @@ async def test_a_json_answer_ends_with_its_value(gateway: Gateway) -> None:
     assert call.finish_reason == "stop" and call.early_stop == JSON_COMPLETE
     assert engine(gateway, "json").cancelled == 1 and call.completion_tokens == 6
     assert saved(gateway) == {("default", "json", JSON_COMPLETE): 300 - 6}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_json_answer_that_nests_without_end_is_cut_and_named(gateway: Gateway, stream: bool) -> None:
+    text, call = await answer(gateway, "json-nests", stream=stream, response_format={"type": "json_object"})
+    assert text == "{" + ' "a": {' * NESTING_REPEATS
+    tokens = 1 + 2 * NESTING_REPEATS  # the "{", then ' "a"' and ': {' a level
+    assert call.finish_reason == "stop" and call.early_stop == JSON_NESTING
+    assert engine(gateway, "json-nests").cancelled == 1 and call.completion_tokens == tokens
+    assert saved(gateway) == {("default", "json-nests", JSON_NESTING): 300 - tokens}
+    [row] = usage_rows(gateway)
+    assert row["early_stop"] == JSON_NESTING and row["finish_reason"] == "stop"
 
 
 async def test_an_answer_the_engine_ends_itself_is_not_an_early_stop(gateway: Gateway) -> None:

@@ -1,15 +1,19 @@
 """Each dependency's private API is touched from one fenced module at most, with a pinned version
 range and its own contract test (docs/decisions/). This test keeps the fences where they are:
 an import of a dependency's private module, or of an undocumented internal one, anywhere else
-fails, and so does a fenced dependency whose pin lost its upper bound."""
+fails, and so does a fenced dependency whose pin lost its upper bound. Every dependency the
+package imports is named in pyproject.toml itself, not reached through another's extra."""
 
 from __future__ import annotations
 
 import ast
+import importlib.metadata
+import sys
 import tomllib
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "platform" / "laneway"
@@ -62,3 +66,26 @@ def test_each_fence_has_its_module_its_contract_test_and_a_pinned_range() -> Non
         assert (ROOT / "tests" / "unit" / contract).is_file(), contract
         specifier = pins[DISTRIBUTIONS[top]]
         assert any(s.operator in ("<", "<=", "==", "~=") for s in specifier), f"{top} needs an upper bound"
+
+
+def test_every_imported_dependency_is_declared_by_name() -> None:
+    """hiredis was imported (core/redis_hub/) but came only through `redis[hiredis]`, grpcio
+    (engines/trtllm.py) only through `tritonclient[grpc]` (issue 37): a dependency's extra
+    may drop them in any release. A top-level name several distributions share (the
+    `opentelemetry` namespace) passes when one of them is declared."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = list(project["dependencies"])
+    for extra in project.get("optional-dependencies", {}).values():
+        requirements += extra
+    declared = {canonicalize_name(Requirement(r).name) for r in requirements}
+    providers = importlib.metadata.packages_distributions()
+    undeclared = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for name in third_party_imports(path):
+            top = name.split(".")[0]
+            if top in sys.stdlib_module_names:
+                continue
+            distributions = providers.get(top, [])
+            if not any(canonicalize_name(d) in declared for d in distributions):
+                undeclared.append(f"{path.relative_to(PACKAGE).as_posix()}: {top} ({', '.join(distributions) or '?'})")
+    assert undeclared == [], "imported but not declared in pyproject.toml:\n" + "\n".join(sorted(set(undeclared)))

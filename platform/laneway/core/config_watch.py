@@ -16,15 +16,20 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from laneway.core.dependencies import DependencyHealth, database_unreachable
+
 log = logging.getLogger("laneway.config")
 
 CHANNEL = "laneway_config"
 
 
 class ConfigChanges:
-    def __init__(self, engine: AsyncEngine, apply: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self, engine: AsyncEngine, apply: Callable[[], Awaitable[None]], health: DependencyHealth | None = None
+    ) -> None:
         self._engine = engine
         self._apply = apply
+        self._health = health or DependencyHealth()  # the process's: one report of a database outage
         self._task: asyncio.Task[None] | None = None
         self._pending: asyncio.Task[None] | None = None
         self.received = 0  # notifications applied (for tests and logs)
@@ -76,7 +81,10 @@ class ConfigChanges:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("listening for config changes failed (%s); polling covers it, retrying", exc)
+                if database_unreachable(exc):  # an outage: reported with the others, a line an interval
+                    self._health.failed("database", exc, "not listening for config changes; polling covers it")
+                else:
+                    log.warning("listening for config changes failed (%s); polling covers it, retrying", exc)
             await asyncio.sleep(2)
 
     def _on_notify(self, *_: Any) -> None:
@@ -87,5 +95,8 @@ class ConfigChanges:
         try:
             await self._apply()
             self.received += 1
-        except Exception:
-            log.exception("applying a config change failed; the next poll retries")
+        except Exception as exc:
+            if database_unreachable(exc):
+                self._health.failed("database", exc, "a config change not applied; the next poll retries")
+            else:
+                log.exception("applying a config change failed; the next poll retries")

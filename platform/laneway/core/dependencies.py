@@ -9,6 +9,7 @@ component is working around right now (a fallback in use, stale data served).
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -60,6 +61,12 @@ def database_unreachable(exc: BaseException) -> bool:
     if isinstance(exc, sa_exc.DBAPIError):
         if exc.connection_invalidated:
             return True
-        # SQLSTATE 08: connection exception; 57: shutting down / starting up; 53: out of resources.
-        return str(getattr(exc.orig, "sqlstate", "") or "")[:2] in ("08", "57", "53")
-    return False
+        return _outage_sqlstate(exc.orig)
+    # The driver's own errors, unwrapped: the config poll reads its counter through the raw
+    # connection (db/config_version.py), where asyncpg's and sqlite3's reach the caller as they are.
+    return isinstance(exc, sqlite3.OperationalError) or _outage_sqlstate(exc)
+
+
+def _outage_sqlstate(exc: BaseException | None) -> bool:
+    # SQLSTATE 08: connection exception; 57: shutting down / starting up; 53: out of resources.
+    return str(getattr(exc, "sqlstate", "") or "")[:2] in ("08", "57", "53")

@@ -7,6 +7,14 @@
   whatever the engine decodes after it (whitespace, or more text when nothing constrains it).
   It fires on the first text after the closing bracket (in the same delta or the next): an
   engine that ends right there (a grammar's end) is not cut, and claims no saving.
+- JSON nesting: the same scanner keeps the key path (the keys, and `[]` for an array's
+  items, under which each open object or array was opened). A small model may nest
+  `{"a": {"b": {"a": {"b": ...` until max_tokens, a value that never closes; the repetition
+  rule is off in the JSON modes (JSON repeats its keys by design), so the path is what shows
+  the loop: it fires when the path ends with one run of up to NESTING_PERIOD keys repeated
+  NESTING_REPEATS times, or the value nests deeper than MAX_JSON_DEPTH whatever its keys. A
+  recursive value a client asked for (a tree's "children") repeats its path too, hence a
+  count well past the depths such answers reach.
 
 Both read the text as the client gets it (after the stop strings), incrementally: each piece
 of text is scanned once, and the repetition rule does O(ngram) work per unit. Units are words
@@ -15,7 +23,8 @@ text, not token ids (a remote engine's chunk may hold several tokens), and the s
 into other deltas must stop at the same place, streamed or not.
 
 A rule's `feed(text)` returns the offset in `text` to cut at (the end of the unit that made
-the repetition, or of the closing bracket), or None while the answer goes on.
+the repetition, of the closing bracket, or of the opening bracket that nested too far), or
+None while the answer goes on; its `reason` then names the rule that fired.
 """
 
 from __future__ import annotations
@@ -30,12 +39,21 @@ from laneway.types import GenerationRequest
 
 REPETITION = "repetition"
 JSON_COMPLETE = "json_complete"
+JSON_NESTING = "json_nesting"
 JSON_MODES = ("json_object", "json_schema")
+# The JSON nesting rule: a key path ending with a run of 1..NESTING_PERIOD keys repeated
+# NESTING_REPEATS times ({"a": {"a": ... six deep; a tree's "children", [] six levels down),
+# or any value nested deeper than MAX_JSON_DEPTH objects and arrays.
+NESTING_PERIOD = 4
+NESTING_REPEATS = 6
+MAX_JSON_DEPTH = 32
+KEY_CHARS = 64  # of a key, what the path keeps: a longer key is told apart by its start
 
 _UNIT = re.compile(r"(\w+)|[^\w\s]")
 _WORD_START = re.compile(r"\w+")
-_JSON_SYNTAX = re.compile(r'[{}\[\]"]')
+_JSON_SYNTAX = re.compile(r'[{}\[\]",]')
 _IN_STRING = re.compile(r'["\\]')
+ITEMS = "[]"  # the path's element for a value opened as an array's item
 
 
 class EarlyStop(Protocol):
@@ -89,16 +107,21 @@ class RepetitionStop:
 
 class JsonEnd:
     """Cuts where the top-level object or array closed (strings and escapes understood), once
-    text follows it. An answer that does not begin with one (after whitespace) is left alone."""
-
-    reason = JSON_COMPLETE
+    text follows it; or where the value nests without end (the key path repeating, or too
+    deep). An answer that does not begin with an object or array (after whitespace) is left
+    alone."""
 
     def __init__(self) -> None:
-        self._depth = 0
+        self.reason = JSON_COMPLETE
+        self._open: list[str] = []  # the brackets open, outermost first
+        self._path: list[str] = []  # under which key (or ITEMS) each but the outermost was opened
         self._in_string = False
         self._escaped = False
         self._off = False
         self._complete = False  # the value closed at the end of the text so far
+        self._expect_key = False  # in an object, before its next key
+        self._key: str | None = None  # the key being read (None: the string is a value)
+        self._last_key = ITEMS  # the innermost object's key whose value comes next
 
     def feed(self, text: str) -> int | None:
         if self._complete:
@@ -106,27 +129,18 @@ class JsonEnd:
         if self._off:
             return None
         i, end = 0, len(text)
-        if self._depth == 0:
+        if not self._open:
             stripped = len(text) - len(text.lstrip())
             if stripped == end:
                 return None
             if text[stripped] not in "{[":
                 self._off = True
                 return None
-            self._depth, i = 1, stripped + 1
+            i = stripped + 1
+            self._push(text[stripped])
         while i < end:
             if self._in_string:
-                if self._escaped:
-                    self._escaped, i = False, i + 1
-                    continue
-                m = _IN_STRING.search(text, i)
-                if m is None:
-                    return None
-                i = m.end()
-                if m.group() == "\\":
-                    self._escaped = True
-                else:
-                    self._in_string = False
+                i = self._read_string(text, i)
                 continue
             m = _JSON_SYNTAX.search(text, i)
             if m is None:
@@ -134,16 +148,67 @@ class JsonEnd:
             char, i = m.group(), m.end()
             if char == '"':
                 self._in_string = True
+                self._key = "" if self._expect_key and self._open[-1] == "{" else None
+            elif char == ",":
+                self._expect_key = self._open[-1] == "{"
             elif char in "{[":
-                self._depth += 1
+                self._path.append(self._last_key if self._open[-1] == "{" else ITEMS)
+                self._push(char)
+                if self._nests_without_end():
+                    self.reason = JSON_NESTING
+                    return i
             else:
-                self._depth -= 1
-                if self._depth == 0:
+                self._open.pop()
+                if not self._open:
                     if i < end:
                         return i
                     self._complete = True
                     return None
+                self._path.pop()
         return None
+
+    def _push(self, bracket: str) -> None:
+        self._open.append(bracket)
+        self._expect_key = bracket == "{"
+
+    def _read_string(self, text: str, i: int) -> int:
+        """Reads a string's text from i (to its closing quote, or the end of this text); where
+        to go on. A key's text is kept for the path."""
+        if self._escaped:
+            self._escaped = False
+            self._keep(text[i : i + 1])
+            return i + 1
+        m = _IN_STRING.search(text, i)
+        if m is None:
+            self._keep(text[i:])
+            return len(text)
+        if m.group() == "\\":
+            self._escaped = True
+            self._keep(text[i : m.end()])
+        else:
+            self._in_string = False
+            self._keep(text[i : m.start()])
+            if self._key is not None:
+                self._last_key, self._key, self._expect_key = self._key, None, False
+        return m.end()
+
+    def _keep(self, piece: str) -> None:
+        if self._key is not None and len(self._key) < KEY_CHARS:
+            self._key = (self._key + piece)[:KEY_CHARS]
+
+    def _nests_without_end(self) -> bool:
+        """The path just grew: does it end with a run of keys repeated NESTING_REPEATS times,
+        or is the value nested past MAX_JSON_DEPTH?"""
+        path = self._path
+        if len(self._open) > MAX_JSON_DEPTH:
+            return True
+        for period in range(1, NESTING_PERIOD + 1):
+            span = period * NESTING_REPEATS
+            if len(path) < span:
+                return False
+            if all(path[-k] == path[-k - period] for k in range(1, span - period + 1)):
+                return True
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,16 +228,18 @@ class AnswerStops:
     engine was still decoding them (what cancelling it saves)."""
 
     def __init__(self, rule: EarlyStopRule, n: int) -> None:
-        self.reason = rule.reason
+        self.reason = rule.reason  # the rule's, or after a cut the detector's (JSON: complete or nesting)
         self.stopped = False  # a choice was cut by it
         self._detectors = [rule.start() for _ in range(n)]
         self._pending = [False] * n  # cut, and the engine has not ended it itself since
 
     def cut(self, i: int, text: str) -> int | None:
         """Where to cut choice i's `text`, or None."""
-        at = self._detectors[i].feed(text)
+        detector = self._detectors[i]
+        at = detector.feed(text)
         if at is not None:
             self.stopped = self._pending[i] = True
+            self.reason = detector.reason
         return at
 
     def engine_ended(self, i: int) -> None:
@@ -188,7 +255,8 @@ class AnswerStops:
 def rule_for(policy: TaskPolicy | None, generation: GenerationRequest) -> EarlyStopRule | None:
     """The early stop of a request of this task, or None. None for a request that asked for a
     length (ignore_eos: a benchmark's exact lengths; min_tokens). In the JSON modes only the
-    JSON rule applies: JSON repeats its keys by design, and a value cut short is unusable."""
+    JSON rules apply (its end, its nesting): JSON repeats its keys by design, so the word
+    repetition rule would cut values that are fine."""
     if policy is None:
         return None
     ext = generation.extensions

@@ -170,7 +170,7 @@ class UsageRecord(Base):
     tries: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     failed_deployments: Mapped[str | None] = mapped_column(String(400), nullable=True)
     served_model: Mapped[str | None] = mapped_column(String(200), nullable=True)  # a fallback alias that served it
-    # The early stop that ended its decoding (repetition, json_complete), if one did.
+    # The early stop that ended its decoding (repetition, json_complete, json_nesting), if one did.
     early_stop: Mapped[str | None] = mapped_column(String(20), nullable=True)
     # What it cost, in micro-units of LANEWAY_CURRENCY, at the price in force when it was
     # admitted (core/prices.py); None when its model had no price.

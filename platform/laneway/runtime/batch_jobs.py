@@ -14,6 +14,7 @@ from laneway.api.batches.runner import BatchRunner
 from laneway.api.batches.services import BatchServices
 from laneway.api.batches.validate import Limits
 from laneway.api.services import ApiServices
+from laneway.core.dependencies import DependencyHealth
 from laneway.core.ids import random_hex
 from laneway.db.batch_store import BatchStore
 from laneway.engines.registry import EngineRegistry
@@ -30,6 +31,7 @@ def batch_services(
     sessions: async_sessionmaker[AsyncSession],
     api: ApiServices,
     registry: EngineRegistry,
+    health: DependencyHealth,
 ) -> tuple[BatchServices, BatchRunner | None]:
     store = BatchStore(sessions)
     runner = None
@@ -45,6 +47,7 @@ def batch_services(
             slots=slots,
             poll_s=settings.batch_poll_interval_s,
             lease_s=settings.batch_lease_s,
+            health=health,
         )
     services = BatchServices(
         store=store,

@@ -288,7 +288,7 @@ class StartSteps:
             seen=self._loaded_version,
             unsettled=lambda: bool(registry.failed or registry.rejected),
         )
-        self.config_changes = changes = ConfigChanges(db, self._apply_notified)
+        self.config_changes = changes = ConfigChanges(db, self._apply_notified, self.health)
         await changes.start()
         return changes.stop
 
@@ -325,7 +325,7 @@ class StartSteps:
         )
         self.logins = Logins(self.login_guard, sessions, settings.admin_cookie_secure, admin_password_file(settings))
         self.api = ApiServices(self.gateway, self.authenticator, settings.stream_send_timeout_s, self.started_at)
-        self.batches, self.batch_runner = batch_services(settings, sessions, self.api, self.registry)
+        self.batches, self.batch_runner = batch_services(settings, sessions, self.api, self.registry, self.health)
 
     async def _start_batch_runner(self) -> Stop:
         runner = self.batch_runner

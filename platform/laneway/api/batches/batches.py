@@ -9,7 +9,7 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 from laneway.api import openapi
-from laneway.api.batches.services import BatchApi, batch_object, cursor_page, json_response
+from laneway.api.batches.services import BatchApi, batch_object, cursor_page, json_response, text_param
 from laneway.api.batches.validate import check_request, parse_lines
 from laneway.api.batches.wire import BatchList, BatchObject, CreateBatchRequest
 from laneway.api.request import authenticate, decode
@@ -55,6 +55,7 @@ class BatchesController(Controller):
         tenant = await authenticate(request, api.authenticator)
         req = await decode(request, CreateBatchRequest)
         check_request(req.endpoint, req.completion_window)
+        text_param("input_file_id", req.input_file_id)
         _check_metadata(req.metadata)
         store = batch_api.store
         info = await store.get_file(tenant.id, req.input_file_id)
@@ -97,6 +98,7 @@ class BatchesController(Controller):
         limit: FromQuery[int] = 20,
     ) -> Response[bytes]:
         tenant = await authenticate(request, batch_api.api.authenticator)
+        after = text_param("after", after)
         if not 1 <= limit <= 100:
             raise invalid_request("`limit` must be between 1 and 100.", param="limit")
         rows = await batch_api.store.list_batches(tenant.id, after=after, limit=limit + 1)
@@ -105,6 +107,7 @@ class BatchesController(Controller):
     @get("/{batch_id:str}", operation_class=openapi.operation(openapi.Wire(BatchObject, errors=BATCH_ERRORS)))
     async def get_batch(self, request: Request, batch_api: BatchApi, batch_id: FromPath[str]) -> Response[bytes]:  # type: ignore[type-arg]
         tenant = await authenticate(request, batch_api.api.authenticator)
+        text_param("batch_id", batch_id)
         batch = await batch_api.store.get_batch(tenant.id, batch_id)
         if batch is None:
             raise missing(batch_id)
@@ -117,6 +120,7 @@ class BatchesController(Controller):
     )
     async def cancel(self, request: Request, batch_api: BatchApi, batch_id: FromPath[str]) -> Response[bytes]:  # type: ignore[type-arg]
         tenant = await authenticate(request, batch_api.api.authenticator)
+        text_param("batch_id", batch_id)
         batch = await batch_api.store.cancel(tenant.id, batch_id)
         if batch is None:
             raise missing(batch_id)

@@ -6,7 +6,7 @@ replica serves every file (docs/batches.md has the limits)."""
 from __future__ import annotations
 
 from laneway.api import openapi
-from laneway.api.batches.services import BatchApi, cursor_page, file_object, json_response
+from laneway.api.batches.services import BatchApi, cursor_page, file_object, json_response, text_param
 from laneway.api.batches.wire import FileDeleted, FileList, FileObject
 from laneway.api.request import authenticate
 from laneway.contracts.codes import ErrorCode
@@ -69,6 +69,7 @@ class FilesController(Controller):
         order: FromQuery[str] = "desc",
     ) -> Response[bytes]:
         tenant = await authenticate(request, batch_api.api.authenticator)
+        purpose, after = text_param("purpose", purpose), text_param("after", after)
         if not 1 <= limit <= 10_000:
             raise invalid_request("`limit` must be between 1 and 10000.", param="limit")
         if order not in ("asc", "desc"):
@@ -79,6 +80,7 @@ class FilesController(Controller):
     @get("/{file_id:str}", operation_class=openapi.operation(openapi.Wire(FileObject, errors=FILE_ERRORS)))
     async def get_file(self, request: Request, batch_api: BatchApi, file_id: FromPath[str]) -> Response[bytes]:  # type: ignore[type-arg]
         tenant = await authenticate(request, batch_api.api.authenticator)
+        text_param("file_id", file_id)
         info = await batch_api.store.get_file(tenant.id, file_id)
         if info is None:
             raise missing(file_id)
@@ -87,6 +89,7 @@ class FilesController(Controller):
     @get("/{file_id:str}/content", operation_class=openapi.operation(openapi.Wire(None, errors=FILE_ERRORS)))
     async def content(self, request: Request, batch_api: BatchApi, file_id: FromPath[str]) -> Response[bytes]:  # type: ignore[type-arg]
         tenant = await authenticate(request, batch_api.api.authenticator)
+        text_param("file_id", file_id)
         body = await batch_api.store.file_content(tenant.id, file_id)
         if body is None:
             raise missing(file_id)
@@ -99,6 +102,7 @@ class FilesController(Controller):
     )
     async def delete_file(self, request: Request, batch_api: BatchApi, file_id: FromPath[str]) -> Response[bytes]:  # type: ignore[type-arg]
         tenant = await authenticate(request, batch_api.api.authenticator)
+        text_param("file_id", file_id)
         if not await batch_api.store.delete_file(tenant.id, file_id):
             raise missing(file_id)
         return json_response(FileDeleted(id=file_id))

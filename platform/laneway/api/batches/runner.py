@@ -10,7 +10,9 @@ scheduler's weighted fair order shares the idle capacity among tenants.
 A line's result is written once (the store's conditional update); a line refused for its
 pace (a rate limit, a quota, a full queue) goes back to pending until its Retry-After. A
 replica that dies holds its lines until their leases pass; SIGTERM stops claiming, lets
-what runs finish within the drain and hands back the rest."""
+what runs finish within the drain and hands back the rest. While the database is out of
+reach the loop goes on polling; the outage is the dependency reporter's to log (a line an
+interval, core/dependencies.py), not a traceback each tick."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 from laneway.api.batches.finalize import finalize
 from laneway.api.batches.lines import run_line
 from laneway.api.services import ApiServices
+from laneway.core.dependencies import DependencyHealth, database_unreachable
 from laneway.db.batch_store import BatchStore, ClaimedItem
 from laneway.metrics import Reading
 
@@ -48,8 +51,10 @@ class BatchRunner:
         slots: Callable[[str], int],
         poll_s: float = 1.0,
         lease_s: float = 60.0,
+        health: DependencyHealth | None = None,
     ) -> None:
         self.store, self.api, self.owner = store, api, owner
+        self._health = health or DependencyHealth()  # the process's: one report of a database outage
         self._slots = slots  # an alias's engine slots, as this replica sees them: how much work to keep queued
         self.finished: Counter[str] = Counter()  # this replica's lines, by how they ended (and retries)
         self.tokens = 0  # tokens of the lines this replica ran: rate() is the batch throughput
@@ -89,8 +94,8 @@ class BatchRunner:
             await asyncio.gather(*late, return_exceptions=True)
         try:
             handed = await self.store.release(self.owner)
-        except Exception:  # the database is gone: the leases run out and another replica takes them
-            log.warning("could not hand back this replica's batch lines; their leases will expire", exc_info=True)
+        except Exception as exc:  # the database is gone: the leases run out and another replica takes them
+            self._failed(exc, "could not hand back this replica's batch lines; their leases will expire")
             return
         if handed:
             log.info("handed back %d batch lines for another replica", handed)
@@ -116,8 +121,8 @@ class BatchRunner:
                     pace = NO_BATCH_POLL_FACTOR
             except asyncio.CancelledError:
                 raise
-            except Exception:  # the database blinked: the next tick tries again
-                log.warning("batch runner tick failed", exc_info=True)
+            except Exception as exc:  # the database blinked: the next tick tries again
+                self._failed(exc, "batch runner tick failed; the next tick tries again")
             # Lines that end close together share one tick (its queries), and an idle runner
             # polls less: a batch created here kicks it, one created elsewhere waits a little.
             await asyncio.sleep(MIN_TICK_GAP_S)
@@ -199,12 +204,20 @@ class BatchRunner:
             try:
                 result = await write()
                 return result is not False
-            except Exception:
+            except Exception as exc:
                 if attempt == WRITE_TRIES - 1:
-                    log.warning("could not write a batch line's result; it will run again", exc_info=True)
+                    self._failed(exc, "could not write a batch line's result; it will run again")
                     return False
                 await asyncio.sleep(0.5 * 2**attempt)
         return False
+
+    def _failed(self, exc: Exception, what: str) -> None:
+        """A database outage goes to the reporter (counted; a line an interval, with `what`);
+        anything else is a bug, logged in full."""
+        if database_unreachable(exc):
+            self._health.failed("database", exc, what)
+        else:
+            log.warning("%s", what, exc_info=exc)
 
     def _count(self, state: str, tokens: int = 0) -> None:
         self.finished[state] += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -10,6 +11,7 @@ from laneway.api.batches.validate import Limits
 from laneway.api.batches.wire import BatchErrorData, BatchErrors, BatchObject, FileObject, RequestCounts, unix
 from laneway.api.protocol import encode
 from laneway.api.services import ApiServices
+from laneway.contracts.errors import invalid_request
 from laneway.db.batch_records import BatchInfo, FileInfo
 from laneway.db.batch_store import BatchStore
 from litestar import MediaType, Response
@@ -27,6 +29,22 @@ class BatchServices:
 
 
 BatchApi: TypeAlias = SkipValidation[NamedDependency[BatchServices]]
+
+
+# NUL and the other control characters, and U+FFFD: what a byte that was not UTF-8 decodes to.
+_NOT_TEXT = re.compile(r"[\x00-\x1f\x7f\ufffd]")
+
+
+def text_param(param: str, value: str | None) -> str | None:
+    """A path or query value of these routes (an id, a cursor, a purpose), checked before it
+    reaches the database: PostgreSQL's text holds no NUL, so `?purpose=%00` was a 500 there.
+    Ids and purposes are plain text; anything else is a 400 naming the parameter."""
+    if value is not None and _NOT_TEXT.search(value):
+        raise invalid_request(
+            f"`{param}` must be plain text: no NUL or other control characters, and UTF-8 when percent-encoded.",
+            param=param,
+        )
+    return value
 
 
 def json_response(value: Any) -> Response[bytes]:
