@@ -17,8 +17,8 @@ import httpx
 import pytest
 from laneway.embedded import EmbeddedServer
 from standins.vllm_server import VLLMStandIn
-from support import start_gateway
 from support import stand_in_deployment as deployment
+from support import start_gateway
 
 DIES_AFTER = 5
 
@@ -138,7 +138,7 @@ async def test_a_stream_cut_mid_answer_is_continued_into_the_same_response(
 async def test_an_answer_that_cannot_continue_ends_with_an_error_event(
     tmp_path: Path, pair: tuple[VLLMStandIn, VLLMStandIn]
 ) -> None:
-    failing, healthy = pair
+    failing = pair[0]
     gw = await asyncio.to_thread(gateway, tmp_path, pair)
     failing.die_after_tokens = DIES_AFTER
     try:

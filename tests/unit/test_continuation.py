@@ -6,6 +6,7 @@ records the continuation's prefill as laneway's own. A consumer that leaves is n
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,7 +16,7 @@ from laneway.core.pipeline import CLIENT_CLOSED, Gateway, GatewayConfig, Generat
 from laneway.core.policy import PolicyStore
 from laneway.engines.registry import EngineRegistry
 from laneway.metrics import GatewayMetrics as Metrics
-from laneway.types import DeploymentSpec, Delta, TenantSnapshot
+from laneway.types import Delta, DeploymentSpec, TenantSnapshot
 from laneway.usage import UsageRecorder
 from support import until, usage_rows
 
@@ -36,6 +37,7 @@ def spec(i: int, **config: object) -> DeploymentSpec:
     )
 
 
+@contextlib.asynccontextmanager
 async def gateway(first: dict[str, Any], *, max_tries: int = 2, replicas: int = 2) -> AsyncIterator[Gateway]:
     registry = EngineRegistry()
     await registry.load([spec(0, **first), *(spec(i) for i in range(1, replicas))])
@@ -55,7 +57,7 @@ async def gateway(first: dict[str, Any], *, max_tries: int = 2, replicas: int = 
 
 @pytest.fixture
 async def dying() -> AsyncIterator[Gateway]:
-    async for gw in gateway({"fail_after_tokens": DIES_AFTER}):
+    async with gateway({"fail_after_tokens": DIES_AFTER}) as gw:
         yield gw
 
 
@@ -118,7 +120,7 @@ async def test_a_stop_string_split_across_the_seam_still_stops(dying: Gateway) -
 
 
 async def test_a_stalled_replica_is_continued_after_the_inter_token_timeout() -> None:
-    async for gw in gateway({"stall_after_tokens": DIES_AFTER, "inter_token_timeout_s": 0.2}):
+    async with gateway({"stall_after_tokens": DIES_AFTER, "inter_token_timeout_s": 0.2}) as gw:
         deltas, row = await answer(gw, max_tokens=12)
         gw.registry.deployments()[0].engine.stall_after_tokens = None  # type: ignore[attr-defined]
         reference, _ = await answer(gw, max_tokens=12)
@@ -130,7 +132,7 @@ async def test_a_stalled_replica_is_continued_after_the_inter_token_timeout() ->
 
 
 async def test_with_its_tries_spent_a_cut_stream_ends_with_the_error_after_what_was_sent() -> None:
-    async for gw in gateway({"fail_after_tokens": DIES_AFTER}, max_tries=1):
+    async with gateway({"fail_after_tokens": DIES_AFTER}, max_tries=1) as gw:
         intent = GenerationIntent(endpoint="completions", alias="m", stream=True, prompt="tell me", max_tokens=20)
         call = await gw.prepare(TENANT, intent)
         lease = await gw.admit(call)
@@ -147,7 +149,7 @@ async def test_with_its_tries_spent_a_cut_stream_ends_with_the_error_after_what_
 
 
 async def test_a_consumer_that_leaves_mid_answer_is_not_a_replica_failure() -> None:
-    async for gw in gateway({}):
+    async with gateway({}) as gw:
         intent = GenerationIntent(endpoint="completions", alias="m", stream=True, prompt="tell me", max_tokens=200)
         call = await gw.prepare(TENANT, intent)
         lease = await gw.admit(call)

@@ -54,7 +54,8 @@ class Answer:
         self.reasons: list[FinishReason | None] = [None] * n
         self.left = n
         self.relayed = False  # a delta reached the consumer
-        self.generated = ""  # choice 0's text as the engine gave it: what a continuation continues
+        # choice 0's text as the engine gave it, in pieces (joined only for a continuation)
+        self.generated: list[str] = []
         self.tool_calls = False  # tool-call fragments were relayed
         self.continuations = 0
         self.prefill_estimate = 0  # the current continuation's prompt tokens, until its engine says
@@ -111,7 +112,7 @@ class Answer:
             max_tokens=gen.max_tokens - done,
             prompt_tokens=gen.prompt_tokens + done,
             extensions=ext,
-            continuation=Continuation(self.generated, done),
+            continuation=Continuation("".join(self.generated), done),
         )
         self.continuations += 1
         self.prefill_estimate = self.request.prompt_tokens

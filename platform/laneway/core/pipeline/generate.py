@@ -65,7 +65,7 @@ async def generate_deltas(
                         early.engine_ended(i)
                     continue
                 if i == 0:
-                    answer.generated += delta.text
+                    answer.generated.append(delta.text)
                 matcher = matchers[i]
                 if unstoppable:
                     text = delta.text if produced[i] <= unstoppable else matcher.feed(delta.text)
