@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64)
+SEAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BASE_LABELS = ("lane", "model", "quantization", "gpu_type", "engine")
 
 # A runtime reading taken at scrape time: (name, help, "gauge" | "counter", labels, value).
@@ -83,9 +84,26 @@ class GatewayMetrics:
         )
         self.retries = Counter(
             "laneway_retries_total",
-            "Requests moved to another replica after theirs failed before the first byte, by alias and "
-            "why the replica failed (connect, engine_error, first_token_timeout).",
+            "Requests moved to another replica after theirs failed, before the first byte or mid-answer "
+            "(continued: laneway_continuations_total), by alias and why the replica failed (connect, "
+            "engine_error, first_token_timeout, inter_token_timeout).",
             ("alias", "reason"),
+            registry=self.registry,
+        )
+        self.continuations = Counter(
+            "laneway_continuations_total",
+            "Answers continued on another replica after theirs failed mid-answer (a subset of "
+            "laneway_retries_total), by alias and why the replica failed (connect, engine_error, "
+            "inter_token_timeout).",
+            ("alias", "reason"),
+            registry=self.registry,
+        )
+        self.seam = Histogram(
+            "laneway_continuation_seam_seconds",
+            "A continuation's added latency: from its replica's failure being seen to the first token "
+            "the next replica gave (a stall's inter_token_timeout_s comes before it).",
+            ("alias",),
+            buckets=SEAM_BUCKETS,
             registry=self.registry,
         )
         self.retry_budget_exhausted = Counter(
@@ -185,6 +203,10 @@ class GatewayMetrics:
         if outcome.failed_tries:  # rare: the labels are looked up here, not cached
             for failed in outcome.moves:
                 self.retries.labels(outcome.model, failed.reason).inc()
+                if failed.continued:
+                    self.continuations.labels(outcome.model, failed.reason).inc()
+            for seam in outcome.seam_seconds:
+                self.seam.labels(outcome.model).observe(seam)
             if outcome.retry_denied == "budget":
                 self.retry_budget_exhausted.labels(outcome.model).inc()
         m.e2e.observe(now - outcome.started)

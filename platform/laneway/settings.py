@@ -102,7 +102,9 @@ class Settings:
     background_reserve_slots: int = 0
     # Failover: a request whose replica fails before its first byte (engine error, refused
     # connection, no first token within the deployment's first_token_timeout_s) goes to another
-    # replica of its alias, at most this many tries in all (1: never moved).
+    # replica of its alias, and one that fails mid-answer (no token within its
+    # inter_token_timeout_s, too) is continued on another, at most this many tries in all
+    # (1: never moved).
     failover_max_tries: int = 2
     # Retries a deployment may cause: this share of its requests over the window, never fewer
     # than the minimum; beyond it the client gets 503 with Retry-After.

@@ -123,6 +123,16 @@ class ChatTurn:
     name: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Continuation:
+    """An answer another replica began and failed: the engine continues it rather than starting
+    one (core/pipeline/continuation.py). `text` is everything that replica generated (what the
+    client got, and any tail laneway still holds back for a stop string), `tokens` its count."""
+
+    text: str
+    tokens: int
+
+
 @dataclass(slots=True)
 class GenerationRequest:
     """What an engine adapter is asked to do; the gateway has already measured and capped it."""
@@ -157,6 +167,9 @@ class GenerationRequest:
     # gets it as `cache_salt`; llama.cpp reuses cached cells only within the same salt (and
     # the deployment's warm-up system prompts, shared by all). None: no partition.
     cache_salt: str | None = None
+    # Continue this answer (max_tokens is then what is left of the client's); only sent to an
+    # engine whose info says it `continues`.
+    continuation: Continuation | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +228,8 @@ class EngineInfo:
     # False: the deployment serves embeddings only (llama.cpp in embedding mode, a vLLM pooling
     # model); chat and completions are refused for it with a 400 naming the model.
     generates: bool = True
+    # It can continue an answer another replica began (GenerationRequest.continuation).
+    continues: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from standins.vllm_server import VLLMStandIn
 
-SWITCHES = ("fail_generation", "fail_status", "healthy")
+SWITCHES = (
+    "fail_generation",
+    "fail_status",
+    "healthy",
+    "markov",
+    "die_after_tokens",
+    "error_after_tokens",
+    "stall_after_tokens",
+)
 
 
 def with_control(standin: VLLMStandIn) -> None:

@@ -9,6 +9,12 @@ cancelled), /tokenize (one token per word), /metrics (vllm:num_requests_waiting 
 vllm:kv_cache_usage_perc, settable), /health. It records every request and every stream
 its client abandoned, so tests can prove an abort reaches the engine, and the most requests
 it ever had in flight, so tests can prove gateway replicas together never exceed its capacity.
+
+For continuation (issue 39): with `markov` set its words are a deterministic model's, each
+chosen by the word before it (the prompt's last, or the continued assistant message's), so a
+continued answer is word for word an unbroken one; `die_after_tokens` drops the connection
+mid-stream after that many tokens, `error_after_tokens` sends an error event there, and
+`stall_after_tokens` stops sending until its client leaves.
 """
 
 from __future__ import annotations
@@ -50,6 +56,10 @@ class VLLMStandIn:
         self.prompt_tokens = 1  # what its usage reports for every prompt
         self.embedding_dim = 8
         self.embed_delay_s = 0.0
+        self.markov = False
+        self.die_after_tokens: int | None = None
+        self.error_after_tokens: int | None = None
+        self.stall_after_tokens: int | None = None
         self.app = self._build()
 
     def _build(self) -> Litestar:
@@ -207,6 +217,13 @@ class VLLMStandIn:
                         choices.remove(gen)
                         continue
                     produced += chunk.pop("_tokens", 0)
+                    if self.die_after_tokens is not None and produced > self.die_after_tokens:
+                        raise ConnectionAbortedError("the stand-in died mid-stream")  # the connection drops
+                    if self.error_after_tokens is not None and produced > self.error_after_tokens:
+                        yield b'data: {"error": {"message": "engine died", "code": 500}}\n\n'
+                        return
+                    if self.stall_after_tokens is not None and produced > self.stall_after_tokens:
+                        await asyncio.sleep(3600)  # stalled, until its client leaves
                     yield b"data: " + json.dumps({"id": rid, "choices": [chunk]}).encode() + b"\n\n"
             # Generation is over (as vLLM counts it) before the last chunks go out.
             self.running -= 1
@@ -257,6 +274,8 @@ class VLLMStandIn:
         want_logprobs = bool(body.get("logprobs")) if chat else body.get("logprobs") is not None
         if (body.get("response_format") or {}).get("type") in ("json_object", "json_schema"):
             words = ["{", '"answer"', ": ", '"' + rng.choice(WORDS) + '"', "}"]
+        elif self.markov:
+            words = _markov(body, index)
         else:
             words = [" " + rng.choice(WORDS) for _ in range(body["max_tokens"])]
         produced, finish, text_so_far = 0, "length", ""
@@ -298,6 +317,18 @@ class VLLMStandIn:
             if chat
             else {"index": index, "text": "", "finish_reason": finish}
         )
+
+
+def _markov(body: dict[str, Any], index: int) -> list[str]:
+    """A deterministic model's answer: each word chosen by the one before it, starting from the
+    context's last word (a continued assistant message's, when the body continues one)."""
+    context = body["messages"][-1]["content"] if "messages" in body else body["prompt"]
+    prev = (context.split() or [""])[-1]
+    words = []
+    for _ in range(body["max_tokens"]):
+        prev = WORDS[zlib.crc32(f"{body.get('seed', 0)}:{index}:{prev}".encode()) % len(WORDS)]
+        words.append(" " + prev)
+    return words
 
 
 async def _disconnected(request: Request) -> None:  # type: ignore[type-arg]

@@ -31,6 +31,9 @@ NONE_MEANS = {
     "n_ctx": "the context",
     "n_threads": "auto",
     "first_token_timeout_s": "no limit",
+    "inter_token_timeout_s": "no limit",
+    "fail_after_tokens": "never",
+    "stall_after_tokens": "never",
     "api_key": "none (a swap keeps it)",
     "ca_file": "the system's",
     "end_id": "Triton's",
@@ -61,6 +64,12 @@ CONFIG_HELP: dict[str, _H] = {
         "seconds",
         "No first token within this long counts as the "
         "replica failing: the request moves to another replica. Blank = wait.",
+    ),
+    "inter_token_timeout_s": (
+        "Inter-token timeout",
+        "seconds",
+        "No token within this long once the answer began counts as the replica failing: "
+        "the answer continues on another replica. Blank = wait.",
     ),
     "shared_slots": (
         "Share slots through Redis",
@@ -130,6 +139,8 @@ CONFIG_HELP: dict[str, _H] = {
     "decode_ms_per_seq": ("Decode step per sequence", "ms", "Added per sequence decoded together."),
     "fault_marker": ("Fault marker", "", "A prompt holding this text fails mid-stream (tests)."),
     "fault_after_tokens": ("Fault after", "tokens", "When a marked prompt fails."),
+    "fail_after_tokens": ("Die after", "tokens", "Every answer fails after this many tokens (tests)."),
+    "stall_after_tokens": ("Stall after", "tokens", "Every answer stops producing after this many tokens (tests)."),
     "warmup_ms": ("Warm-up time", "ms", "How long its start takes."),
     "embedding_dim": ("Embedding size", "dimensions", "Of the simulated embeddings."),
     "embed_ms": ("Embedding time", "ms", "Per embeddings request."),
@@ -153,6 +164,7 @@ ADVANCED = frozenset(
         "warmup_system_prompts",
         "stop",
         "first_token_timeout_s",
+        "inter_token_timeout_s",
         "shared_slots",
         "ca_file",
         "tokenize",
@@ -167,6 +179,8 @@ ADVANCED = frozenset(
         "probe_timeout_s",
         "fault_marker",
         "fault_after_tokens",
+        "fail_after_tokens",
+        "stall_after_tokens",
         "n_threads",
         "ban_tokens",
         "logit_bias",

@@ -169,6 +169,10 @@ class UsageRecord(Base):
     # Replicas tried, and those that failed before the first byte (comma-separated, in order).
     tries: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     failed_deployments: Mapped[str | None] = mapped_column(String(400), nullable=True)
+    # Answers continued on another replica after theirs failed mid-answer, and the prompt
+    # tokens those continuations prefilled: laneway's cost, not billed (migration 0015).
+    continuations: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    continued_prompt_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     served_model: Mapped[str | None] = mapped_column(String(200), nullable=True)  # a fallback alias that served it
     # The early stop that ended its decoding (repetition, json_complete, json_nesting), if one did.
     early_stop: Mapped[str | None] = mapped_column(String(20), nullable=True)

@@ -69,7 +69,13 @@ class EngineAdapter(Generic[ConfigT]):
         self.max_model_len = max_model_len  # the deployment's context; None: the engine's own
 
     def describe(
-        self, *, context: int, slots: int, capabilities: Iterable[str] = (), embeddings_only: bool = False
+        self,
+        *,
+        context: int,
+        slots: int,
+        capabilities: Iterable[str] = (),
+        embeddings_only: bool = False,
+        continues: bool = False,
     ) -> EngineInfo:
         """The engine's static info. An embeddings-only engine (a pooling model) declares
         "embeddings" and nothing else, and generates nothing: chat is refused for it by name."""
@@ -82,6 +88,7 @@ class EngineAdapter(Generic[ConfigT]):
             max_concurrency=slots,
             capabilities=frozenset({"embeddings"}) if embeddings_only else frozenset(capabilities),
             generates=not embeddings_only,
+            continues=continues and not embeddings_only,
         )
 
     async def measure(

@@ -41,6 +41,9 @@ class DeploymentConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     # No first token within this many seconds counts as the replica failing: the request goes
     # to another replica of the alias (core/pipeline/failover.py). None: wait as long as it takes.
     first_token_timeout_s: float | None = None
+    # No token within this many seconds once the answer began counts as the replica failing:
+    # the answer continues on another replica (core/pipeline/continuation.py). None: wait.
+    inter_token_timeout_s: float | None = None
 
 
 class RemoteEngineConfig(DeploymentConfig, kw_only=True):
@@ -60,6 +63,10 @@ class SimConfig(DeploymentConfig, kw_only=True):
     max_concurrency: int = 8
     fault_marker: str = "<<laneway-sim-fault>>"
     fault_after_tokens: int = 2
+    # A replica that dies or stalls mid-answer: every generation fails (or stops producing, and
+    # waits until cancelled) after this many tokens. None: it does not.
+    fail_after_tokens: int | None = None
+    stall_after_tokens: int | None = None
     warmup_ms: float = 0.0
     max_model_len: int = 8192
     embeddings: bool = False

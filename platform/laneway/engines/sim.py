@@ -11,7 +11,14 @@ would in vLLM. Its tokenizer counts one token per 4 characters (at least one).
 
 Fault injection, for proving that one request's failure harms no other: a prompt that
 contains `fault_marker` (config, default "<<laneway-sim-fault>>") fails with EngineError
-after `fault_after_tokens` tokens (default 2).
+after `fault_after_tokens` tokens (default 2). A replica that dies mid-answer: with
+`fail_after_tokens` every generation fails after that many tokens; with `stall_after_tokens`
+it stops producing after that many and waits until cancelled (a stalled replica). Both are
+attributes a test may also set on a running engine.
+
+It continues an answer another replica began (GenerationRequest.continuation) as a model
+would: its words are drawn from the same seed, the continued tokens' draws skipped, so a
+continued answer is word for word the one an unbroken run gives.
 
 Embeddings (config `embeddings: true`; such a deployment only embeds): a deterministic unit
 vector of `embedding_dim` (default 64) per input, seeded by its text, after
@@ -63,11 +70,16 @@ class SimEngine(EngineAdapter[SimConfig]):
         self.max_concurrency = c.max_concurrency
         self.fault_marker = c.fault_marker
         self.fault_after_tokens = c.fault_after_tokens
+        self.fail_after_tokens = c.fail_after_tokens
+        self.stall_after_tokens = c.stall_after_tokens
         self.warmup_ms = c.warmup_ms
         self.warmed_prompts = 0
         self.embeddings = c.embeddings
         self.info = self.describe(
-            context=self.max_model_len or c.max_model_len, slots=c.max_concurrency, embeddings_only=c.embeddings
+            context=self.max_model_len or c.max_model_len,
+            slots=c.max_concurrency,
+            embeddings_only=c.embeddings,
+            continues=True,
         )
         self.embedding_dim = c.embedding_dim
         self.embed_ms = c.embed_ms
@@ -171,7 +183,11 @@ class SimEngine(EngineAdapter[SimConfig]):
         if self.embeddings:  # the registry never routes generation here (info.generates is False)
             raise EngineError(f"sim deployment for {self.alias} serves embeddings only")
         seed = req.seed if req.seed is not None else zlib.crc32(req.prompt.encode("utf-8"))
-        seq = _Sequence(request=req, rng=random.Random(seed))
+        rng = random.Random(seed)
+        if req.continuation is not None:  # the words another replica already gave: their draws
+            for _ in range(req.continuation.tokens):
+                rng.choice(WORDS)
+        seq = _Sequence(request=req, rng=rng)
         if req.max_tokens <= 0:
             yield Delta(text="", tokens=0, finish_reason="length")
             return
@@ -185,6 +201,11 @@ class SimEngine(EngineAdapter[SimConfig]):
                 delta = await seq.out.get()
                 if faulty and seq.produced > self.fault_after_tokens:
                     raise EngineError(f"simulated engine fault after {self.fault_after_tokens} tokens")
+                if self.fail_after_tokens is not None and seq.produced > self.fail_after_tokens:
+                    raise EngineError(f"simulated replica death after {self.fail_after_tokens} tokens")
+                if self.stall_after_tokens is not None and seq.produced > self.stall_after_tokens:
+                    self._forget(seq)  # a stalled replica: nothing more, until the caller gives up
+                    await asyncio.Event().wait()
                 yield delta
                 if delta.finish_reason is not None:
                     return

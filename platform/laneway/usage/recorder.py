@@ -108,6 +108,8 @@ class UsageRecorder:
                 "ttft_ms": outcome.ttft_ms,
                 "total_ms": outcome.total_ms,
                 "tries": outcome.tries,
+                "continuations": outcome.continuations,
+                "continued_prompt_tokens": outcome.continued_prompt_tokens,
                 "early_stop": outcome.early_stop,
                 "cost_micros": outcome.cost_micros,
                 "failed_deployments": ",".join(t.deployment for t in outcome.failed_tries)[:400] or None,

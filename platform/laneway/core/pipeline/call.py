@@ -44,10 +44,12 @@ class CallTrace(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class FailedTry:
-    """A replica that failed the call before its first byte (core/pipeline/failover.py)."""
+    """A replica that failed the call (core/pipeline/failover.py): before its first byte, or
+    mid-answer, `continued` on another (core/pipeline/continuation.py)."""
 
     deployment: str
     reason: str
+    continued: bool = False
 
 
 @dataclass(eq=False)
@@ -75,6 +77,10 @@ class Call:
     needs: frozenset[str] = frozenset()  # capabilities beyond text: any replica it moves to must have them
     failed_tries: list[FailedTry] = field(default_factory=list)  # replicas that failed it, in order
     retry_denied: str | None = None  # why it could not move on ("budget"), when that ended it
+    # Continuations (core/pipeline/continuation.py): the prompt tokens their replicas prefilled
+    # (the answer so far included: laneway's cost, never billed), and each seam's added latency.
+    continued_prompt_tokens: int = 0
+    seam_seconds: list[float] = field(default_factory=list)
     asked_alias: str | None = None  # the alias the client asked for, when a fallback (`alias`) serves it
     prompt_cache_key: str | None = None  # session affinity across replicas (core/dispatch/)
     route_reason: str | None = None  # what placed it on its replica (core/dispatch/picker.py)

@@ -1,12 +1,13 @@
-"""Failover before the first byte: a replica that fails a request before anything was sent to
-the client costs the client nothing. The request goes to another healthy replica of its
-alias, at most `max_tries` tries in all, within a retry budget per deployment so that a
-failing fleet is not hammered with amplified load.
+"""Failover: a replica that fails a request costs the client nothing. Before the first byte
+the request goes to another healthy replica of its alias and starts again; after it, the
+answer continues there (core/pipeline/continuation.py). Either way at most `max_tries` tries in
+all, within a retry budget per deployment so that a failing fleet is not hammered with
+amplified load.
 
 What counts as the replica's failure: an engine error (a refused connection, a 5xx, a stream
-dropped before its first token) or no first token within the deployment's
-`first_token_timeout_s`. The client's own errors (EngineRequestError: a 400 from the engine)
-are never retried, and nothing is retried once a byte of the answer was sent.
+dropped or an error event), no first token within the deployment's `first_token_timeout_s`,
+or no next token within its `inter_token_timeout_s`. The client's own errors
+(EngineRequestError: a 400 from the engine) are never retried, nor is a client that left.
 """
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ class EarlyEngineFailure(Exception):
     def __init__(self, error: EngineError, reason: str) -> None:
         super().__init__(str(error))
         self.error = error
-        self.reason = reason  # "connect", "first_token_timeout" or "engine_error"
+        self.reason = reason  # "connect", "first_token_timeout", "inter_token_timeout" or "engine_error"
 
 
 def failure_reason(error: EngineError) -> str:
     """A bounded label for why a replica failed (metrics, the usage row)."""
     if isinstance(error, FirstTokenTimeout):
         return "first_token_timeout"
+    if isinstance(error, InterTokenTimeout):
+        return "inter_token_timeout"
     cause = error.__cause__ or error.__context__
     if isinstance(cause, ConnectionError | TimeoutError) or isinstance(error.__cause__, OSError):
         return "connect"
@@ -42,6 +45,10 @@ def failure_reason(error: EngineError) -> str:
 
 class FirstTokenTimeout(EngineError):
     pass
+
+
+class InterTokenTimeout(EngineError):
+    """The answer began, then no token came within the deployment's inter_token_timeout_s."""
 
 
 class RetryBudget:
@@ -89,21 +96,34 @@ class Failover:
         self.max_tries = max_tries
         self.budget = budget or RetryBudget()
 
-    def next_replica(self, call: Call, failure: EarlyEngineFailure) -> LiveDeployment | None:
-        """Where the call goes after its replica failed, or None (then the failure is final):
-        the tries are spent, the failed deployment's retry budget is, or no other replica of
-        the alias can serve the call's lane and capabilities."""
+    def next_replica(
+        self,
+        call: Call,
+        reason: str,
+        *,
+        continued: bool = False,
+        suitable: Callable[[LiveDeployment], bool] | None = None,
+    ) -> LiveDeployment | None:
+        """Where the call goes after its replica failed (for `reason`), or None (then the
+        failure is final): the tries are spent, the failed deployment's retry budget is, or no
+        other replica of the alias can serve the call's lane and capabilities (and, when given,
+        is `suitable`: one that can continue the answer). `continued`: the move continues an
+        answer rather than starting it again."""
         failed = call.deployment.spec.name
-        call.failed_tries.append(FailedTry(failed, failure.reason))
+        call.failed_tries.append(FailedTry(failed, reason, continued))
         if len(call.failed_tries) >= self.max_tries:
             return None
-        tried = frozenset(t.deployment for t in call.failed_tries)
-        try:
-            target = self.registry.resolve(call.alias, call.lane.name, call.needs, exclude=tried)
-        except (UnknownModel, NotServed):
-            return None
-        if not call.needs <= target.engine.info.capabilities:
-            return None
+        passed = frozenset(t.deployment for t in call.failed_tries)
+        while True:
+            try:
+                target = self.registry.resolve(call.alias, call.lane.name, call.needs, exclude=passed)
+            except (UnknownModel, NotServed):
+                return None
+            if not call.needs <= target.engine.info.capabilities:
+                return None
+            if suitable is None or suitable(target):
+                break
+            passed |= {target.spec.name}
         if not self.budget.spend(failed):
             call.retry_denied = "budget"
             return None

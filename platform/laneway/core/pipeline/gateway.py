@@ -29,10 +29,11 @@ from laneway.contracts.errors import GatewayError, shutting_down
 from laneway.core import load_shedding
 from laneway.core.dispatch import ReplicaFigures
 from laneway.core.pipeline.answers import Client, Completed, Embedded, Streaming
+from laneway.core.pipeline.attempts import run_attempts
 from laneway.core.pipeline.call import Call
 from laneway.core.pipeline.config import GatewayConfig
-from laneway.core.pipeline.failover import EarlyEngineFailure, Failover, RetryBudget
-from laneway.core.pipeline.generate import embed_call, engine_failed, generate_deltas
+from laneway.core.pipeline.failover import Failover, RetryBudget
+from laneway.core.pipeline.generate import embed_call
 from laneway.core.pipeline.intent import EmbeddingIntent, GenerationIntent, Intent
 from laneway.core.pipeline.lease import Lease
 from laneway.core.pipeline.outcome import Outcome, OutcomeSink
@@ -213,51 +214,14 @@ class Gateway:
         return lease
 
     def run(self, lease: Lease) -> AsyncGenerator[Delta, None]:
-        """The admitted lease's deltas (core/pipeline/generate.py), moved to another replica if
-        its own fails before the first delta (core/pipeline/failover.py)."""
+        """The admitted lease's deltas (core/pipeline/generate.py), started again on another
+        replica if its own fails before the first delta (core/pipeline/failover.py), continued
+        on another if it fails mid-answer (core/pipeline/continuation.py)."""
         assert lease.ticket is not None and lease.ticket.granted is not None, "admit() first"
         self.failover.budget.requested(lease.call.deployment.spec.name)
-        run = self._deltas(lease)
+        run = run_attempts(lease, self.registry, self.failover, self.waiting, self.outcome_of)
         lease._run = run
         return run
-
-    async def _deltas(self, lease: Lease) -> AsyncGenerator[Delta, None]:
-        call = lease.call
-        try:
-            while True:
-                attempt = generate_deltas(lease, self.registry, self.outcome_of)
-                try:
-                    if call.stream:
-                        async for delta in attempt:
-                            yield delta
-                        return
-                    # A whole answer reaches the client only once complete: held back until
-                    # then, it may start again on another replica whenever its own fails.
-                    held = [delta async for delta in attempt]
-                    for delta in held:
-                        yield delta
-                    return
-                except EarlyEngineFailure as failure:
-                    target = self.failover.next_replica(call, failure)
-                    if target is None:
-                        raise engine_failed(call, failure.error, self.registry) from failure.error
-                    self.registry.record(call.deployment, ok=False)
-                    log.warning(
-                        "%s failed %s before its first token (%s); trying %s",
-                        call.deployment.spec.name,
-                        call.generation.request_id,
-                        failure.reason,
-                        target.spec.name,
-                    )
-                    await self.waiting.rebind(lease, target)
-                    self.failover.budget.requested(target.spec.name)
-                finally:
-                    await attempt.aclose()  # at once: closing it cancels the engine's work
-        except BaseException as exc:
-            call.fail(self.outcome_of(exc))
-            raise
-        finally:
-            lease.end_generation()
 
     async def embed(self, lease: Lease) -> Embeddings:
         assert lease.ticket is not None and lease.ticket.granted is not None, "admit() first"

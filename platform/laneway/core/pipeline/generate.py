@@ -1,5 +1,6 @@
 """generate: the engine's deltas, with stops enforced and the engine slot given back as soon
-as the generation ends, however it ends. Embeddings take the same path without deltas."""
+as the generation ends, however it ends (one attempt: core/pipeline/attempts.py runs them).
+Embeddings take the same path without deltas."""
 
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ from dataclasses import replace
 
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
-from laneway.core.early_stops import AnswerStops
 from laneway.core.pipeline.call import Call
-from laneway.core.pipeline.failover import EarlyEngineFailure, FirstTokenTimeout, failure_reason
+from laneway.core.pipeline.continuation import Answer, LateEngineFailure
+from laneway.core.pipeline.failover import EarlyEngineFailure, FirstTokenTimeout, InterTokenTimeout, failure_reason
 from laneway.core.pipeline.lease import Lease
-from laneway.core.stops import StopMatcher
 from laneway.engines.base import EngineError, EngineRequestError, embedder
 from laneway.engines.registry import EngineRegistry
 from laneway.types import Delta, Embeddings, FinishReason
@@ -24,42 +24,38 @@ log = logging.getLogger("laneway.pipeline")
 OutcomeOf = Callable[[BaseException], ErrorCode]
 
 
-async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: OutcomeOf) -> AsyncGenerator[Delta, None]:
-    """Yield deltas with non-empty text, then one with finish_reason per choice. An engine
-    failure before anything reached the client (a stream: before the first delta was yielded;
-    a whole answer: before it is complete, the caller holding its deltas back) is raised as
-    EarlyEngineFailure, for the caller to try another replica (core/pipeline/failover.py);
-    after it, as a 503 GatewayError."""
+async def generate_deltas(
+    lease: Lease, registry: EngineRegistry, outcome_of: OutcomeOf, answer: Answer
+) -> AsyncGenerator[Delta, None]:
+    """One attempt at the call's answer on its replica: yield deltas with non-empty text, then
+    one with finish_reason per choice. `answer` carries what earlier attempts built (the stops'
+    state, the tokens, the text; core/pipeline/continuation.py). An engine failure before
+    anything reached the consumer is raised as EarlyEngineFailure (the answer may start again
+    on another replica: core/pipeline/failover.py), after it as LateEngineFailure (it may
+    continue on another)."""
     call = lease.call
     deployment = call.deployment
+    config = deployment.spec.config
+    first_token_timeout = config.get("first_token_timeout_s")
+    inter_token_timeout = config.get("inter_token_timeout_s")
     n = call.generation.n
-    first_token_timeout = deployment.spec.config.get("first_token_timeout_s")
-    yielded = False
     try:
-        # Per choice: its stop matcher and how it ended. The run ends when every choice has.
-        ext = call.generation.extensions
-        keep = bool(ext is not None and ext.include_stop_str_in_output)
-        matchers = [StopMatcher(call.generation.stop, keep_stop=keep) for _ in range(n)]
-        # min_tokens: stops are not looked for in a choice's first tokens (as vLLM does).
-        unstoppable = (ext.min_tokens or 0) if ext is not None and call.generation.stop else 0
-        produced = [0] * n
-        # The task's early stop per choice (core/early_stops.py), read on the text the stop
-        # strings let through; this attempt's alone (a failover starts the answer again).
-        early = AnswerStops(call.early_rule, n) if call.early_rule is not None else None
-        call.early_stop, call.tokens_saved = None, 0
-        reasons: list[FinishReason | None] = [None] * n
-        left = n
+        matchers, produced, reasons, early = answer.matchers, answer.produced, answer.reasons, answer.early
+        unstoppable = answer.unstoppable
+        if not answer.continuations:
+            call.early_stop, call.tokens_saved = None, 0
+        request = answer.request
         if call.trace is not None:  # the engine's own spans join the trace (an HTTP engine sends it)
-            call.generation.trace_headers = call.trace.engine_started(call)
-        engine_stream = deployment.engine.generate(call.generation)
+            request.trace_headers = call.trace.engine_started(call)
+        engine_stream = deployment.engine.generate(request)
         source: AsyncGenerator[Delta, None] = engine_stream
-        if first_token_timeout:
-            source = _first_within(engine_stream, float(first_token_timeout), lambda: yielded)
+        if first_token_timeout or inter_token_timeout:
+            source = _paced(engine_stream, first_token_timeout, inter_token_timeout)
         try:
             async for delta in source:
                 call.completion_tokens += delta.tokens  # what the engine computed is billed
                 if delta.prompt_tokens:
-                    call.reported_prompt_tokens = delta.prompt_tokens
+                    answer.prefilled(call, delta.prompt_tokens)
                 i = delta.index
                 if not 0 <= i < n:
                     continue
@@ -68,6 +64,8 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
                     if early is not None and delta.finish_reason is not None:
                         early.engine_ended(i)
                     continue
+                if i == 0:
+                    answer.generated.append(delta.text)
                 matcher = matchers[i]
                 if unstoppable:
                     text = delta.text if produced[i] <= unstoppable else matcher.feed(delta.text)
@@ -86,14 +84,18 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
                     call.early_stop = early.reason
                 if (text or delta.tool_calls) and call.first_token_at is None:
                     call.first_token_at = time.perf_counter()
+                if delta.tool_calls:
+                    answer.tool_calls = True
                 if finish is not None:
-                    reasons[i], left = finish, left - 1
-                    if left == 0:
+                    reasons[i] = finish
+                    answer.left -= 1
+                    if answer.left == 0:
                         call.finish_reason = reasons[0]
                         registry.record(deployment, ok=True)
                         if early is not None and early.stopped:
                             call.tokens_saved = early.saved(call.generation.max_tokens, produced)
-                    yielded = True
+                    answer.relayed = True
+                    answer.seam_closed(call)
                     yield Delta(
                         text=text,
                         tokens=0,
@@ -102,10 +104,12 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
                         tool_calls=delta.tool_calls,
                         logprobs=delta.logprobs,
                     )
-                    if left == 0:
+                    if answer.left == 0:
                         return
                 elif text or delta.tool_calls or delta.logprobs:
-                    yielded = True
+                    answer.relayed = True
+                    if answer.seam_from is not None:
+                        answer.seam_closed(call)
                     if text is delta.text and delta.prompt_tokens is None:
                         yield delta  # nothing held back or cut: the engine's own (no copy per chunk)
                     else:
@@ -117,11 +121,9 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
                             logprobs=delta.logprobs,
                         )
             # An engine that ends without a reason ran out of tokens.
-            for i in range(n):
-                if reasons[i] is None:
-                    reasons[i] = "length"
-                    call.finish_reason = reasons[0]
-                    yield Delta(text=matchers[i].flush(), tokens=0, finish_reason="length", index=i)
+            for last in answer.at_length():
+                call.finish_reason = reasons[0]
+                yield last
             call.finish_reason = reasons[0]
         finally:
             if source is not engine_stream:
@@ -133,9 +135,9 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
             ErrorCode.INVALID_REQUEST, f"The engine serving '{call.alias}' refused the request: {exc}"
         ) from exc
     except EngineError as exc:
-        if not yielded or not call.stream:  # nothing reached the client: another replica may serve it
+        if not answer.relayed:  # nothing reached the consumer: another replica may start it again
             raise EarlyEngineFailure(exc, failure_reason(exc)) from exc
-        raise engine_failed(call, exc, registry) from exc
+        raise LateEngineFailure(exc, failure_reason(exc)) from exc
     except BaseException as exc:
         call.fail(outcome_of(exc))
         raise
@@ -143,23 +145,29 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
         lease.end_generation()
 
 
-async def _first_within(
-    stream: AsyncIterator[Delta], timeout_s: float, started: Callable[[], bool]
+async def _paced(
+    stream: AsyncIterator[Delta], first_s: float | None, inter_s: float | None
 ) -> AsyncGenerator[Delta, None]:
-    """The engine's deltas, the wait for each bounded by `timeout_s` until `started()` (the
-    first delta reached the consumer): a replica stuck before its first token has failed."""
+    """The engine's deltas, the wait for the first one with text bounded by `first_s` and each
+    after it by `inter_s` (None: unbounded): a replica stuck before its first token, or stalled
+    mid-answer, has failed."""
     iterator = aiter(stream)
+    began = False
     while True:
+        limit = float((inter_s if began else first_s) or 0)
         try:
-            if started():
-                delta = await anext(iterator)
-            else:
-                async with asyncio.timeout(timeout_s):
+            if limit:
+                async with asyncio.timeout(limit):
                     delta = await anext(iterator)
+            else:
+                delta = await anext(iterator)
         except StopAsyncIteration:
             return
         except TimeoutError:
-            raise FirstTokenTimeout(f"no first token within {timeout_s:g} s") from None
+            if began:
+                raise InterTokenTimeout(f"no token within {limit:g} s") from None
+            raise FirstTokenTimeout(f"no first token within {limit:g} s") from None
+        began = began or bool(delta.text or delta.tool_calls)
         yield delta
 
 

@@ -41,7 +41,8 @@ class Outcome:
     dispatched_at: float | None
     first_token_at: float | None
     ended: float
-    # Replicas that failed the request before its first byte, in order; `deployment` served it.
+    # Replicas that failed the request, in order (before its first byte, or mid-answer and
+    # continued elsewhere); `deployment` served it.
     failed_tries: tuple[FailedTry, ...] = ()
     retry_denied: str | None = None  # "budget": a failover the retry budget refused
     # How dispatch chose its replica (core/dispatch/), and the prompt tokens it estimated the
@@ -59,6 +60,15 @@ class Outcome:
     # lane's; None: none.
     ttft_target_ms: float | None = None
     tpot_target_ms: float | None = None
+    # Continuations (core/pipeline/continuation.py): the prompt tokens their replicas prefilled
+    # (laneway's cost: not billed, not in the tenant's TPM) and each seam's added latency.
+    continued_prompt_tokens: int = 0
+    seam_seconds: tuple[float, ...] = ()
+
+    @property
+    def continuations(self) -> int:
+        """Moves that continued the answer on another replica (the others started it again)."""
+        return sum(1 for t in self.moves if t.continued)
 
     @property
     def moves(self) -> tuple[FailedTry, ...]:
@@ -144,6 +154,8 @@ class Outcome:
             cost_micros=call.cost_micros,
             ttft_target_ms=call.ttft_target_ms,
             tpot_target_ms=call.lane.tpot_target_ms,
+            continued_prompt_tokens=call.continued_prompt_tokens,
+            seam_seconds=tuple(call.seam_seconds),
         )
 
 

@@ -115,13 +115,13 @@ class Waiting:
         call.dispatched_at = time.perf_counter()
 
     async def rebind(self, lease: Lease, target: LiveDeployment) -> None:
-        """Move an admitted lease whose replica failed to `target` (failover): the old slot and
-        outstanding count were given back when its generation ended; it waits for a slot there."""
+        """Move an admitted lease whose replica failed to `target` (failover, continuation): the
+        old slot and outstanding count were given back when its generation ended; it waits for
+        a slot there. What the answer keeps of the failed attempt is its caller's to decide."""
         call, old = lease.call, lease.ticket
         assert old is not None
         lease.ticket = None
         call.deployment = target
-        call.completion_tokens, call.reported_prompt_tokens, call.first_token_at = 0, None, None
         target.outstanding += 1
         lease.reopen_generation()
         ticket = _ticket(lease, old.cost)

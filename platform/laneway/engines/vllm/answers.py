@@ -226,6 +226,8 @@ async def stream_deltas(r: Http1Response, n: int) -> AsyncGenerator[Delta, None]
                     finish[choice.index] = FINISH.get(choice.finish_reason, "stop")
         if done:
             break
+    if not done and not finish:  # the connection ended mid-answer: a cut, never a short answer
+        raise EngineError("vLLM's stream ended before its end")
     total = usage.completion_tokens if usage is not None and usage.completion_tokens else counted
     prompt = usage.prompt_tokens if usage is not None and usage.prompt_tokens else None
     for i in range(n - 1):

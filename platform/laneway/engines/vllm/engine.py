@@ -98,6 +98,7 @@ class VLLMEngine(EngineAdapter[VLLMConfig]):
             slots=c.max_concurrency,
             capabilities=CAPABILITIES | ({"tools"} if c.tool_calling else set()),
             embeddings_only=c.embeddings,
+            continues=True,
         )
         self.kv_events: KVEventsConsumer | None = None
         if c.kv_events_endpoint is not None and not self.embeddings:

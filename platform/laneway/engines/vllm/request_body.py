@@ -46,7 +46,12 @@ def streams_from_vllm(req: GenerationRequest) -> bool:
 def generation_body(req: GenerationRequest, model: str, extra_body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The path and body of a generation: chat to /v1/chat/completions (vLLM applies the
     model's own template), a prompt to /v1/completions. The request's cache_salt goes as vLLM's
-    `cache_salt`, so vLLM reuses cached prompt blocks only between requests of one tenant."""
+    `cache_salt`, so vLLM reuses cached prompt blocks only between requests of one tenant.
+
+    A continuation (an answer another replica began) goes as text: on chat, the answer so far
+    as the last assistant message, continued (`continue_final_message`, no generation prompt:
+    the template renders the turn open, as the first replica's prompt ended); on completions,
+    the prompt followed by it."""
     stream = streams_from_vllm(req)
     body: dict[str, Any] = {
         "model": model,
@@ -76,8 +81,12 @@ def generation_body(req: GenerationRequest, model: str, extra_body: dict[str, An
         body.update(req.extensions.body())
     if req.cache_salt is not None:  # the tenant's prefix-cache partition: after extra_body, so it wins
         body["cache_salt"] = req.cache_salt
+    so_far = req.continuation.text if req.continuation is not None else None
     if req.messages is not None:
         body["messages"] = [chat_message(m) for m in req.messages]
+        if so_far is not None:
+            body["messages"].append({"role": "assistant", "content": so_far})
+            body.update(continue_final_message=True, add_generation_prompt=False)
         if req.tools:
             body.update(tools=list(req.tools), parallel_tool_calls=req.parallel_tool_calls)
             if req.tool_choice is not None:
@@ -89,5 +98,5 @@ def generation_body(req: GenerationRequest, model: str, extra_body: dict[str, An
         return "/v1/chat/completions", body
     if req.logprobs is not None:
         body["logprobs"] = req.logprobs
-    body["prompt"] = req.prompt
+    body["prompt"] = req.prompt if so_far is None else req.prompt + so_far
     return "/v1/completions", body
