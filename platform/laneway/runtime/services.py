@@ -394,6 +394,7 @@ class Runtime:
             "registry": Provide(self.provide_registry, sync_to_thread=False),
             "queue_stats": Provide(self.provide_queue_stats, sync_to_thread=False),
             "routing_figures": Provide(self.provide_routing_figures, sync_to_thread=False),
+            "latency_figures": Provide(lambda: self.gateway.waiting.latency.readings, sync_to_thread=False),
             "route_planner": Provide(self.provide_route_planner, sync_to_thread=False),
             "details_allowed": Provide(self.health_access.details_allowed),
         }

@@ -12,6 +12,7 @@ from laneway.core.prices import Price
 from laneway.types import EmbeddingRequest, FinishReason, GenerationRequest, TenantSnapshot
 
 if TYPE_CHECKING:
+    from laneway.core.latency import Attempt
     from laneway.engines.registry import LiveDeployment
 
 CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
@@ -83,6 +84,7 @@ class Call:
     early_stop: str | None = None  # the early stop that ended its decoding, if one did
     tokens_saved: int = 0  # max_tokens less what the choices it cut had decoded (an estimate)
     price: Price | None = None  # its alias's price when it was prepared: its cost is at this one
+    latency: Attempt | None = None  # its attempt in its replica's latency model (core/latency/)
 
     @property
     def cost_micros(self) -> int | None:

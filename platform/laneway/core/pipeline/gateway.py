@@ -275,6 +275,7 @@ class Gateway:
         )
         await self.scheduler(target).acquire(ticket)
         lease.ticket = ticket
+        self.waiting.track(call, time.perf_counter())
         self.failover.budget.requested(target.spec.name)
 
     async def embed(self, lease: Lease) -> Embeddings:

@@ -86,6 +86,8 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
                     call.early_stop = early.reason
                 if (text or delta.tool_calls) and call.first_token_at is None:
                     call.first_token_at = time.perf_counter()
+                    if call.latency is not None:
+                        call.latency.first_token(call.first_token_at)
                 if finish is not None:
                     reasons[i], left = finish, left - 1
                     if left == 0:

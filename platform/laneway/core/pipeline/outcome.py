@@ -55,6 +55,9 @@ class Outcome:
     # What it cost in micro-units of the currency, at the price captured when it was prepared
     # (core/prices.py); None when its model had no price.
     cost_micros: int | None = None
+    # How far off its replica's latency model was on its time to first token, predicted when it
+    # was dispatched: |predicted - actual| / actual (core/latency/); None when nothing was predicted.
+    ttft_prediction_error: float | None = None
 
     @property
     def moves(self) -> tuple[FailedTry, ...]:
@@ -114,6 +117,7 @@ class Outcome:
             early_stop=call.early_stop,
             tokens_saved=call.tokens_saved,
             cost_micros=call.cost_micros,
+            ttft_prediction_error=None if call.latency is None else call.latency.error,
         )
 
 

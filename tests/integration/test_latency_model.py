@@ -1,0 +1,96 @@
+"""The latency model learns a real (simulated) replica through the gateway: the sim engine is
+given a known cost curve, requests of random prompt lengths run through the app at a
+concurrency that changes every two seconds, and the figures /metrics and the admin's models
+page show are the sim's own within 10 %."""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+import time
+from pathlib import Path
+
+import httpx
+from support import sim_model, start_gateway
+
+PASSWORD = "correct horse battery"
+BASE_S, PER_SEQ_S, PREFILL_S = 0.020, 0.005, 40e-6  # the sim's step = base + per_seq x batch; prefill per token
+SIM = {
+    "max_concurrency": 8,
+    "decode_ms_base": BASE_S * 1000,
+    "decode_ms_per_seq": PER_SEQ_S * 1000,
+    "prefill_ms_per_token": PREFILL_S * 1000,
+}
+PHASES = (1, 4, 8, 2, 6, 3, 8)  # concurrency, two seconds each
+LANES = [{"name": "standard", "priority": 0, "max_concurrency": 8, "max_queue_depth": 100, "queue_timeout_s": 30}]
+
+
+def gauge(metrics: str, name: str, **labels: str) -> float:
+    wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in metrics.splitlines():
+        if line.startswith(f"{name}{{") and line.split("}")[0][len(name) + 1 :] == wanted:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name}{{{wanted}}} not in /metrics")
+
+
+def drive(api_url: str, key: str) -> int:
+    """Requests from 8 workers, as many at once as the current phase allows; returns how many ran."""
+    started = time.monotonic()
+    done, failed = [0], []
+    lock = threading.Lock()
+
+    def worker(i: int) -> None:
+        rng = random.Random(i)
+        with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as client:
+            while (phase := int((time.monotonic() - started) / 2)) < len(PHASES):
+                if i >= PHASES[phase]:
+                    time.sleep(0.02)
+                    continue
+                tokens = rng.randint(100, 3000)  # the sim counts a token per 4 characters
+                body = {"model": "sim", "prompt": "abcd" * tokens, "max_tokens": rng.randint(6, 16)}
+                answer = client.post("/completions", json=body)
+                with lock:
+                    done[0] += answer.status_code == 200
+                    if answer.status_code != 200:
+                        failed.append(answer.text)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failed, failed[:3]
+    return done[0]
+
+
+def test_the_model_learns_the_sims_known_curve_and_shows_it(tmp_path: Path) -> None:
+    seed = {"models": {"sim": sim_model("sim", **SIM)}, "lanes": LANES, "tenants": {"acme": {}}}
+    gw = start_gateway(tmp_path, seed_with=seed, admin_password=PASSWORD, default_max_tokens=64)
+    try:
+        ran = drive(gw.api_url, gw.keys["acme"])
+        print("RAN", ran)
+        print("\n".join(l for l in httpx.get(gw.base_url + "/metrics").text.splitlines() if "replica_" in l and not l.startswith("#")))
+        metrics = httpx.get(gw.base_url + "/metrics").text
+        learned = gauge(metrics, "laneway_replica_prefill_seconds_per_token", deployment="sim-sim")
+        assert abs(learned - PREFILL_S) <= 0.10 * PREFILL_S, learned
+        for running in (1, 2, 4, 8):  # the curve's points for 8 slots
+            step = gauge(metrics, "laneway_replica_step_seconds", deployment="sim-sim", running=str(running))
+            true = BASE_S + PER_SEQ_S * running
+            assert abs(step - true) <= 0.10 * true, (running, step, true)
+        count = gauge(metrics, "laneway_ttft_prediction_error_count", model="sim", deployment="sim-sim")
+        assert count > 100  # every request but the first few was predicted
+        mape = gauge(metrics, "laneway_replica_ttft_prediction_mape", deployment="sim-sim")
+        assert 0 <= mape < 0.5
+
+        browser = httpx.Client(base_url=gw.base_url)
+        csrf = browser.get("/admin/login").text.split('name="csrf_token" value="')[1].split('"')[0]
+        form = {"csrf_token": csrf, "username": "admin", "password": PASSWORD}
+        assert browser.post("/admin/login", data=form).status_code == 303
+        page = browser.get("/admin/models").text
+        shown = re.search(r'class="prefill-rate">([\d.]+) ms per 1k tokens<', page)
+        assert shown is not None and abs(float(shown.group(1)) - PREFILL_S * 1e6) <= 0.1 * PREFILL_S * 1e6
+        assert re.search(r'class="step-curve">1: [\d.]+ ms, 2: [\d.]+ ms, 4: [\d.]+ ms, 8: [\d.]+ ms<', page)
+        assert re.search(r'class="ttft-error">\d+% \(of \d+ recent\)<', page)
+    finally:
+        gw.stop()
