@@ -8,9 +8,11 @@ whatever the request rate. An update is O(1): a k x k matrix for k <= 4 coeffici
 sample kept.
 
 Robust: once the fit has data, an observation is clipped (winsorised) to the prediction plus or
-minus the larger of `clip` times the running mean absolute residual and `relative` times the
-prediction itself. A 10x outlier (a pause, a request stuck behind a client) then counts as a
-1.25x one, and a few of them move the fit by a fraction of a percent.
+minus the larger of `clip` times the running mean absolute residual, widened by how far the
+observation lies from what the fit has seen (its leverage: a prompt far longer than any before
+is news, not an outlier, and clipping it biased the prefill rate 10 % low), and `relative`
+times the prediction itself. A 10x outlier (a pause, a request stuck behind a client) then
+counts as a 1.25x one, and a few of them move the fit by a fraction of a percent.
 
 A robust fit resists a real change too, so a drift detector tells the two apart: the mean of
 the residuals, each as a share of its clipping bound (-1..1), over a window half the fit's
@@ -121,9 +123,11 @@ class DecayedFit:
         row = (1.0, *x)
         predicted = self.predict(x) if self._w >= self._warm else None
         if predicted is not None:
-            bound = max(self._clip * self._abs_residual / self._w, self._relative * abs(predicted), self._floor)
+            spread = self._clip * self._abs_residual / self._w
+            base = max(spread, self._relative * abs(predicted), self._floor)  # the drift's yardstick
+            bound = max(spread * math.sqrt(1.0 + self._leverage(row)), base)
             residual = y - predicted
-            if self._drifted(now, max(-1.0, min(1.0, residual / bound)), weight):
+            if self._drifted(now, max(-1.0, min(1.0, residual / base)), weight):
                 self._forget(SHIFT_KEEPS)
                 self._unclipped_until = now + self.half_life_s / 2
                 self.shifts += 1
@@ -141,6 +145,18 @@ class DecayedFit:
         self._w += weight
         self.count += 1
         self._dirty = True
+
+    def _leverage(self, row: Sequence[float]) -> float:
+        """W x' (X'WX)^-1 x: about the number of coefficients for an observation like those
+        seen, far more for one outside them."""
+        z = _solve(self._regularised(), list(row))
+        return 0.0 if z is None else max(self._w * sum(a * b for a, b in zip(row, z, strict=True)), 0.0)
+
+    def _regularised(self) -> list[list[float]]:
+        a = [row[:] for row in self._xx]
+        for i in range(1, self.size):
+            a[i][i] += self._ridge[i] * self._w
+        return a
 
     def _drifted(self, now: float, share: float, weight: float) -> bool:
         """Whether the residuals of the last half half-life sit at their bound, one way."""
@@ -170,10 +186,7 @@ class DecayedFit:
         """(c0, c1, ...) as of the last observation; None before the first."""
         if self._dirty:
             self._dirty = False
-            a = [row[:] for row in self._xx]
-            for i in range(1, self.size):
-                a[i][i] += self._ridge[i] * self._w
-            solved = _solve(a, self._xy)
+            solved = _solve(self._regularised(), self._xy)
             if solved is not None:
                 self._coef = solved
         return None if self._coef is None else tuple(self._coef)
