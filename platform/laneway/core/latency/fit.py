@@ -37,23 +37,35 @@ DRIFT_MIN_WEIGHT = 5.0  # observations in the drift window before it may call a 
 SHIFT_KEEPS = 1 / 16  # of the fit's weight, when it shifts: four half-lives forgotten at once
 
 
-def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """Gaussian elimination with partial pivoting (k <= 4): None when singular."""
+def _solve(a: list[list[float]], b: Sequence[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting (k <= 4): None when singular. `a` is
+    consumed (the callers pass a fresh copy)."""
     k = len(b)
-    m = [[*row, b[i]] for i, row in enumerate(a)]
+    m = a
+    for i in range(k):
+        m[i].append(b[i])
     for col in range(k):
-        pivot = max(range(col, k), key=lambda r: abs(m[r][col]))
+        pivot = col
+        for r in range(col + 1, k):
+            if abs(m[r][col]) > abs(m[pivot][col]):
+                pivot = r
         if abs(m[pivot][col]) < 1e-300:
             return None
         m[col], m[pivot] = m[pivot], m[col]
+        top = m[col]
         for r in range(col + 1, k):
-            f = m[r][col] / m[col][col]
+            row = m[r]
+            f = row[col] / top[col]
             if f:
                 for c in range(col, k + 1):
-                    m[r][c] -= f * m[col][c]
+                    row[c] -= f * top[c]
     out = [0.0] * k
     for r in range(k - 1, -1, -1):
-        out[r] = (m[r][k] - sum(m[r][c] * out[c] for c in range(r + 1, k))) / m[r][r]
+        row = m[r]
+        acc = row[k]
+        for c in range(r + 1, k):
+            acc -= row[c] * out[c]
+        out[r] = acc / row[r]
     return out
 
 
@@ -125,16 +137,18 @@ class DecayedFit:
         if predicted is not None:
             spread = self._clip * self._abs_residual / self._w
             base = max(spread, self._relative * abs(predicted), self._floor)  # the drift's yardstick
-            bound = max(spread * math.sqrt(1.0 + self._leverage(row)), base)
             residual = y - predicted
+            bound = base
             if self._drifted(now, max(-1.0, min(1.0, residual / base)), weight):
                 self._forget(SHIFT_KEEPS)
                 self._unclipped_until = now + self.half_life_s / 2
                 self.shifts += 1
-            elif abs(residual) > bound and now >= self._unclipped_until:
-                y = predicted + math.copysign(bound, residual)
-                residual = y - predicted
-                self.clipped += 1
+            elif abs(residual) > base and now >= self._unclipped_until:
+                bound = max(spread * math.sqrt(1.0 + self._leverage(row)), base)  # only when it matters
+                if abs(residual) > bound:
+                    y = predicted + math.copysign(bound, residual)
+                    residual = y - predicted
+                    self.clipped += 1
             self._abs_residual += weight * min(abs(residual), bound)
         for i in range(self.size):
             wi = weight * row[i]
@@ -149,7 +163,7 @@ class DecayedFit:
     def _leverage(self, row: Sequence[float]) -> float:
         """W x' (X'WX)^-1 x: about the number of coefficients for an observation like those
         seen, far more for one outside them."""
-        z = _solve(self._regularised(), list(row))
+        z = _solve(self._regularised(), row)
         return 0.0 if z is None else max(self._w * sum(a * b for a, b in zip(row, z, strict=True)), 0.0)
 
     def _regularised(self) -> list[list[float]]:
