@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from laneway.engines.adapter import PromptParts
 from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN, write_demo_model
 from laneway.engines.llamacpp import LlamaCppEngine
 from laneway.engines.llamacpp import batch_decoder as llamacpp_batch
@@ -178,7 +179,7 @@ async def median_of(repeat: int, measure: Callable[[], Awaitable[float]]) -> flo
 def text_of_tokens(engine: LlamaCppEngine, tokens: int) -> str:
     """The story repeated and cut to about `tokens` tokens of this model."""
     text = STORY * (tokens // 20 + 1)
-    while (n := engine._measure(text, None).tokens) > tokens:
+    while (n := engine.count_now(PromptParts(text)).tokens) > tokens:
         text = text[: len(text) * tokens // n - 1]
     return text
 

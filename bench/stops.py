@@ -39,7 +39,7 @@ from pathlib import Path
 
 import yaml
 from laneway.core.early_stops import RepetitionStop
-from laneway.core.pipeline import Gateway, GenerationIntent
+from laneway.core.pipeline import Gateway, GatewayConfig, GenerationIntent
 from laneway.core.policy import PolicySnapshot, PolicyStore, TaskPolicy
 from laneway.db.repositories import DeploymentSpec
 from laneway.engines.model_fetch import SMOLLM2, fetch_model
@@ -237,7 +237,7 @@ async def main() -> None:
     )
     metrics = GatewayMetrics()
     store = PolicyStore(None, PolicySnapshot(tasks=shipped))
-    gw = Gateway(registry, store, sinks=[metrics], default_max_tokens=384)
+    gw = Gateway(registry, store, sinks=[metrics], config=GatewayConfig(default_max_tokens=384))
     rows: list[tuple[Prompt, Answer, Answer]] = []
     started = time.perf_counter()
     try:

@@ -17,6 +17,7 @@ from laneway.db.session import make_engine
 from laneway.engines.demo_model import write_demo_model
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
+from support.engine_kinds import engine_kind  # noqa: F401  (a fixture: any test may register a kind)
 from support.services import PG_URL, PrivatePostgres, PrivateRedis, require_service, throwaway_database
 
 

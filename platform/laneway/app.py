@@ -1,6 +1,7 @@
 """create_app(settings) -> Litestar: the routes, their guards and the runtime's services.
 
-The long-lived services live in one `Runtime` (runtime/), started and stopped by the
+The /v1 endpoints that run the pipeline are the records of api/registry.py (one route each);
+the long-lived services live in one `Runtime` (runtime/), started and stopped by the
 lifespan; handlers get them as parameters through `Provide` (RuntimePlugin), and the admin
 routers' guards check the session and CSRF token before any admin handler runs.
 """
@@ -27,15 +28,14 @@ from laneway.admin.route_pages import RoutePages
 from laneway.admin.tenant_pages import TenantPages
 from laneway.admin.ui import AdminUI
 from laneway.admin.usage_ui import UsagePages
+from laneway.api import registry
 from laneway.api.batches.batches import BatchesController
 from laneway.api.batches.files import FilesController
-from laneway.api.embeddings import EmbeddingsController
 from laneway.api.errors import ErrorHandlers
-from laneway.api.handlers import OpenAIController
+from laneway.api.handlers import ModelsController
 from laneway.api.health import live, metrics, metrics_token_guard, ready
 from laneway.api.openapi import add_wire_schemas, openapi_config
 from laneway.api.request_ids import stamp_request_id
-from laneway.api.responses.handler import ResponsesController
 from laneway.resources import ADMIN_STATIC, ADMIN_TEMPLATES, package_dir
 from laneway.runtime import Runtime, RuntimePlugin
 from laneway.settings import Settings
@@ -63,11 +63,11 @@ def create_app(settings: Settings | None = None) -> Litestar:
     runtime = Runtime(settings, tracing=tracing)
     admin = AdminGuards(lambda: runtime.sessions)
     metrics_token = metrics_token_guard(settings)
+    endpoints = registry.endpoints()  # chat, completions, embeddings, responses and any registered
     app = Litestar(
         route_handlers=[
-            OpenAIController,
-            EmbeddingsController,
-            ResponsesController,
+            ModelsController,
+            *(endpoint.route() for endpoint in endpoints),
             FilesController,
             BatchesController,
             # The admin session, then the CSRF token of a change: in a header for the JSON API,
@@ -81,7 +81,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         ],
         plugins=[RuntimePlugin(runtime)],
         template_config=TemplateConfig(directory=package_dir(ADMIN_TEMPLATES), engine=JinjaTemplateEngine),
-        middleware=[tracing.middleware()] if tracing is not None else [],
+        middleware=[tracing.middleware({e.path: e.span for e in endpoints})] if tracing is not None else [],
         # X-Request-Id on every response; security headers on every /admin response; /metrics
         # and /schema behind metrics_token.
         before_send=[stamp_request_id, admin_security_headers],

@@ -4,7 +4,8 @@ One CollectorRegistry per app (not the process-global one), so several gateways 
 process (tests, benchmarks) never collide. Request metrics are observed once, when a call
 finishes; queue gauges are read from the schedulers at scrape time, so the hot path pays
 nothing for them. Labels: lane, model, quantization, gpu_type, engine (+ tenant only when
-LANEWAY_METRICS_TENANT_LABEL is on: tenants can be many, and cardinality costs memory).
+LANEWAY_METRICS_TENANT_LABEL is on: tenants can be many, and cardinality costs memory; the
+same rule for the SLO counters, laneway_slo_met_total / laneway_slo_total by lane, slo, alias).
 
 A request refused before it held a lease (auth, validation, unknown model or path, a lane or
 model not allowed, ...) has no lane or deployment: it is counted once, by the error handler
@@ -139,6 +140,23 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self._prediction_errors: dict[tuple[str, str], Any] = {}
+        slo_labels = ("lane", "slo", "alias", "tenant") if tenant_label else ("lane", "slo", "alias")
+        self.slo_met = Counter(
+            "laneway_slo_met_total",
+            "Finished requests that met their lane's latency target, by lane, slo (ttft: arrival to the "
+            "first token, against the lane's target or the tighter one the request was granted; tpot: time "
+            "per output token after the first) and alias; divide by laneway_slo_total for attainment.",
+            slo_labels,
+            registry=self.registry,
+        )
+        self.slo_total = Counter(
+            "laneway_slo_total",
+            "Finished requests judged against a latency target (core/pipeline/outcome.py Outcome.slos_met: "
+            "ttft once a token came or laneway failed the request before one, tpot once two came).",
+            slo_labels,
+            registry=self.registry,
+        )
+        self._slo_children: dict[tuple[str, ...], tuple[Any, Any]] = {}
         self._children: dict[tuple[str, ...], _Bound] = {}
         self._statuses: dict[tuple[tuple[str, ...], int], Any] = {}
         self._refusals: dict[tuple[str, int, str, str, str], Any] = {}
@@ -180,6 +198,8 @@ class GatewayMetrics:
             if outcome.retry_denied == "budget":
                 self.retry_budget_exhausted.labels(outcome.model).inc()
         m.e2e.observe(now - outcome.started)
+        for slo, met in outcome.slos_met():
+            self._slo(outcome, slo, met)
         if outcome.early_stop is not None:  # per stop, unlike the hot path's: it saved far more
             self.early_stops.labels(outcome.lane, outcome.model, outcome.early_stop).inc()
             self.tokens_saved.labels(outcome.lane, outcome.model, outcome.early_stop).inc(outcome.tokens_saved)
@@ -205,6 +225,18 @@ class GatewayMetrics:
         if child is None:
             child = self._prediction_errors[model, deployment] = self.ttft_prediction_error.labels(model, deployment)
         return child
+
+    def _slo(self, outcome: Outcome, slo: str, met: bool) -> None:
+        key: tuple[str, ...] = (outcome.lane, slo, outcome.model)
+        if self.tenant_label:
+            key = (*key, outcome.tenant_name)
+        children = self._slo_children.get(key)
+        if children is None:
+            # Both made at once: a label set with none met is exported at 0 (attainment 0, not "no data").
+            children = self._slo_children[key] = (self.slo_met.labels(*key), self.slo_total.labels(*key))
+        if met:
+            children[0].inc()
+        children[1].inc()
 
     def _routed(self, outcome: Outcome) -> None:
         key = (outcome.model, outcome.deployment)

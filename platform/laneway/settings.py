@@ -12,6 +12,14 @@ def _bool(v: str) -> bool:
     return v.strip().lower() in {"1", "true", "yes", "on"}
 
 
+# Variables that settings replaced: set, they stop the start with what to write instead, rather
+# than being ignored while the operator believes them in force.
+_REPLACED = {
+    f"LANEWAY_ROUTING_{scorer.upper()}_WEIGHT": f"LANEWAY_ROUTING_PROFILE (its {scorer}=<weight>)"
+    for scorer in ("prefix", "session", "load")
+}
+
+
 @dataclass(frozen=True)
 class Settings:
     # Where the embedded defaults keep their files (SQLite database, demo model, demo key).
@@ -106,14 +114,14 @@ class Settings:
     # best on cached prefix minus load; "least_outstanding" binds at arrival to the replica with
     # the fewest requests; "round_robin" binds at arrival in turn. The last two are baselines.
     routing: str = "cache_aware"
-    # cache_aware's score: prompt share cached there x routing_prefix_weight, plus
-    # routing_session_weight on the replica that last served the request's prompt_cache_key,
-    # minus its load (0..1: slots in use, engine-reported waiting and KV usage) x
-    # routing_load_weight. A replica whose load exceeds the least loaded one's by more than
-    # routing_imbalance loses its cache bonus (a hot prefix cannot pile onto one replica).
-    routing_prefix_weight: float = 1.0
-    routing_session_weight: float = 0.5
-    routing_load_weight: float = 0.5
+    # cache_aware's score: the sum of the scorers this profile names, each with its weight
+    # (core/dispatch/scorers/; docs/routing.md): "prefix" (prompt share cached there),
+    # "session" (it last served the request's prompt_cache_key), "load" (subtracted: slots in
+    # use, engine-reported waiting and KV usage). A scorer left out is not used; an unknown
+    # name or a weight that is not a number >= 0 stops the start.
+    routing_profile: str = "prefix=1.0,session=0.5,load=0.5"
+    # A replica whose load exceeds the least loaded one's by more than this (in slots' worth)
+    # loses its cache and session bonus (a hot prefix cannot pile onto one replica).
     routing_imbalance: float = 1.0
     # The approximate prefix index: bytes of rendered prompt per hashed block, and blocks
     # remembered per replica (0: from the engine's KV capacity, max_model_len x slots).
@@ -201,6 +209,9 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         env = os.environ if env is None else env
+        for name, instead in _REPLACED.items():
+            if name in env:
+                raise ValueError(f"{name} is no longer read: set {instead}")
         values: dict[str, object] = {}
         for f in fields(cls):
             raw = env.get(f"LANEWAY_{f.name.upper()}")

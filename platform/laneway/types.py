@@ -232,6 +232,9 @@ class TenantSnapshot:
     disabled: bool = False
     allowed_lanes: frozenset[str] = frozenset()  # lanes it may ask for by name
     priority_floor: int = 0  # the most urgent priority it may request (lower runs first)
+    # The tightest TTFT target (ms) it may ask for with X-Laneway-TTFT-Target-Ms; None: it may
+    # not tighten its lane's target (core/slo.py).
+    min_ttft_target_ms: int | None = None
     # Token quotas over calendar periods in UTC (core/quota.py); None: no quota.
     tokens_per_day: int | None = None
     tokens_per_month: int | None = None

@@ -91,6 +91,7 @@ async def test_key_rows_are_typed_as_the_orm_types_them(db_engine: AsyncEngine) 
             key.tenant.budget_per_month,
             key.budget_per_day,
             key.budget_per_month,
+            key.tenant.min_ttft_target_ms,
         )
     rows = await KeyRows(db_engine)([hash_secret(secret), hash_secret("lw-nobody")])
     assert rows == [orm]

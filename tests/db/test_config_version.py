@@ -127,8 +127,14 @@ async def test_downgrading_removes_the_counter_and_its_triggers(db_engine: Async
     await migrate.downgrade(db_engine, "0012")
     sessions = make_sessionmaker(db_engine)
     async with sessions() as s, s.begin():  # the tables it watched take writes without it
-        await PolicyRepository(s).upsert_lane("fast", position=0)
-        await s.execute(delete(Lane))
+        # In SQL: the ORM's Lane has the columns of later migrations, which 0012 lacks.
+        await s.execute(
+            text(
+                "INSERT INTO lanes (name, position, priority, max_queue_depth, queue_timeout_s, max_concurrency, "
+                "max_unacked_tokens, retry_after_s, background) VALUES ('fast', 0, 0, 1, 1.0, 1, 1, 1, false)"
+            )
+        )
+        await s.execute(text("DELETE FROM lanes"))
     await migrate.upgrade(db_engine)
     async with db_engine.connect() as conn:
         assert (await conn.execute(text("SELECT id, version FROM config_version"))).all() == [(1, 1)]

@@ -24,11 +24,11 @@ import pytest
 import yaml
 from laneway.app import create_app
 from laneway.bootstrap import POLICIES_DIR
-from laneway.engines import kinds as engine_kinds
 from laneway.settings import Settings
 from prometheus_client.parser import text_string_to_metric_families
-from standins.looping_engine import LoopingEngine
+from standins.looping_engine import LOOPING
 from support import Gateway, sim_model, start_gateway
+from support.engine_kinds import registered_kind
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "docker" / "grafana" / "dashboards"
 _TOKEN = re.compile(
@@ -120,8 +120,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, list
         "tenants": {"acme": {}, "slow": {"rpm": 1}},
         "tasks": [chat],
     }
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(engine_kinds.ENGINE_KINDS, "looping", LoopingEngine)
+    with registered_kind(LOOPING):
         gw: Gateway = start_gateway(tmp_path_factory.mktemp("dash"), seed_with=seed_with)
         try:
             with httpx.Client(base_url=gw.api_url, timeout=30) as http:

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from laneway.api.fast import ROUTES, FastRoutes
+from laneway.api.fast import FastRoutes
 from laneway.app import create_app
 from laneway.server import StartDelay, server_config
 from laneway.settings import Settings
@@ -60,13 +60,14 @@ def answer(
     gw: Gateway, fast: bool, method: str, path: str, *, key: str | None = "acme", **kwargs: Any
 ) -> httpx.Response:
     routes = fast_routes(gw)
-    routes.routes = ROUTES if fast else {}
+    table = routes.routes
+    routes.routes = table if fast else {}
     try:
         headers = {"Authorization": f"Bearer {gw.keys[key]}"} if key else {}
         headers.update(kwargs.pop("headers", {}))
         return httpx.request(method, gw.base_url + path, headers=headers, timeout=30, **kwargs)
     finally:
-        routes.routes = ROUTES
+        routes.routes = table
 
 
 def refused(gw: Gateway) -> dict[tuple[str, ...], float]:

@@ -3,28 +3,41 @@ token, the `loop` pieces over and over until max_tokens (or `finish_after` piece
 ends with "stop" as a model that is done). It counts the slots it holds and the generations
 cancelled (closed) before their end, as a real adapter frees them.
 
-Registered under the engine kind "looping" by the tests that use it (ENGINE_KINDS)."""
+The engine kind "looping" (LOOPING), registered by the tests that use it (support/engine_kinds.py)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar, Unpack
 
-from laneway.types import ChatTurn, Delta, EngineInfo, GenerationRequest, PromptMeasure
+import msgspec
+from laneway.engines.adapter import DeploymentFacts, EngineAdapter
+from laneway.engines.config import DeploymentConfig
+from laneway.engines.kinds import EngineKind
+from laneway.types import ChatTurn, Delta, GenerationRequest, PromptMeasure
 
 
-class LoopingEngine:
-    def __init__(self, alias: str, config: Mapping[str, Any], **info: Any) -> None:
-        self.head: list[str] = list(config.get("head", []))
-        self.loop: list[str] = list(config.get("loop", [" the"]))
-        self.finish_after: int | None = config.get("finish_after")
-        self.info = EngineInfo(
-            engine="looping",
-            model=alias,
-            max_model_len=info.get("max_model_len") or 4096,
-            max_concurrency=4,
-            capabilities=frozenset({"json_object", "json_schema", "n", "ignore_eos", "min_tokens"}),
+class LoopingConfig(DeploymentConfig, kw_only=True):
+    kind: ClassVar[str] = "looping"
+    head: list[str] = []
+    loop: list[str] = msgspec.field(default_factory=lambda: [" the"])
+    finish_after: int | None = None
+
+
+class LoopingEngine(EngineAdapter[LoopingConfig]):
+    engine = "looping"
+    config_type = LoopingConfig
+
+    def __init__(self, alias: str, config: Mapping[str, Any] | LoopingConfig, **row: Unpack[DeploymentFacts]) -> None:
+        super().__init__(alias, config, **row)
+        self.head = list(self.config.head)
+        self.loop = list(self.config.loop)
+        self.finish_after = self.config.finish_after
+        self.info = self.describe(
+            context=self.max_model_len or 4096,
+            slots=4,
+            capabilities={"json_object", "json_schema", "n", "ignore_eos", "min_tokens"},
         )
         self.active = 0
         self.cancelled = 0
@@ -84,3 +97,6 @@ class LoopingEngine:
     @property
     def active_slots(self) -> int:
         return self.active
+
+
+LOOPING = EngineKind("looping", LoopingConfig, LoopingEngine, description="A stand-in that loops (tests).")

@@ -22,3 +22,19 @@ def test_ruff_lint_and_format() -> None:
 def test_mypy_strict() -> None:
     result = run(str(BIN / "mypy"))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_formatter_decides_the_layout() -> None:
+    """The 400-line cap is met by splitting modules by job, not by hand-packing lines the
+    formatter would spread: at most 10 skip marks, each with a comment line above saying why."""
+    marks, unexplained = [], []
+    for folder in ("platform", "migrations", "tests", "bench", "scripts"):
+        for path in (ROOT / folder).rglob("*.py"):
+            lines = path.read_text().splitlines()
+            for n, line in enumerate(lines):
+                if "# fmt: " + "skip" in line:
+                    marks.append(f"{path.relative_to(ROOT)}:{n + 1}")
+                    if n == 0 or not lines[n - 1].strip().startswith("#"):
+                        unexplained.append(marks[-1])
+    assert len(marks) <= 10, marks
+    assert not unexplained, f"say why in a comment on the line above: {unexplained}"

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 from laneway.contracts.errors import GatewayError
 from laneway.core.dispatch import Dispatcher, RoutingParams
-from laneway.core.pipeline import Gateway, GenerationIntent
+from laneway.core.pipeline import Gateway, GatewayConfig, GenerationIntent
 from laneway.core.pipeline.lease import Lease
 from laneway.core.policy import LanePolicy, PolicySnapshot, PolicyStore
 from laneway.engines.registry import EngineRegistry, LiveDeployment
@@ -44,8 +44,8 @@ async def replicas() -> EngineRegistry:
     await registry.close()
 
 
-def gateway(registry: EngineRegistry, **kw: object) -> Gateway:
-    return Gateway(registry, PolicyStore(None), **kw)  # type: ignore[arg-type]
+def gateway(registry: EngineRegistry, routing: str = "cache_aware") -> Gateway:
+    return Gateway(registry, PolicyStore(None), config=GatewayConfig(routing=routing))  # type: ignore[arg-type]
 
 
 def chat(prompt: str, *, key: str | None = None, max_tokens: int = 2) -> GenerationIntent:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from laneway.core.pipeline import Gateway, GenerationIntent
+from laneway.core.pipeline import Gateway, GatewayConfig, GenerationIntent
 from laneway.core.policy import PolicyStore
 from laneway.engines.registry import EngineRegistry
 from laneway.types import DeploymentSpec, TenantSnapshot
@@ -62,7 +62,7 @@ async def test_a_sync_drains_the_running_engine_in_place(registry: EngineRegistr
 
 @pytest.mark.parametrize("routing", ["cache_aware", "least_outstanding", "round_robin"])
 async def test_new_requests_avoid_a_drained_replica(registry: EngineRegistry, routing: str) -> None:
-    gw = Gateway(registry, PolicyStore(None), routing=routing)
+    gw = Gateway(registry, PolicyStore(None), config=GatewayConfig(routing=routing))
     registry.set_draining("m-0", True)  # the first in line: on a tie, least_outstanding's choice
     served = set()
     for i in range(6):

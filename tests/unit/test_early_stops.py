@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -18,16 +18,16 @@ from laneway.core.early_stops import (
     RepetitionStop,
     rule_for,
 )
-from laneway.core.pipeline import Gateway, GenerationIntent
+from laneway.core.pipeline import Gateway, GatewayConfig, GenerationIntent
 from laneway.core.policy import PolicySnapshot, PolicyStore, TaskPolicy
 from laneway.db.repositories import DeploymentSpec
-from laneway.engines import kinds as engine_kinds
+from laneway.engines.kinds import EngineKind
 from laneway.engines.registry import EngineRegistry
 from laneway.metrics import GatewayMetrics
 from laneway.types import GenerationRequest, SamplingExtensions, TenantSnapshot
 from laneway.usage import UsageRecorder
 from prometheus_client.parser import text_string_to_metric_families
-from standins.looping_engine import LoopingEngine
+from standins.looping_engine import LOOPING, LoopingEngine
 from support import usage_rows
 
 TENANT = TenantSnapshot(id=1, name="acme", api_key_id=11)
@@ -162,8 +162,8 @@ def spec(alias: str, config: dict[str, Any]) -> DeploymentSpec:
 
 
 @pytest.fixture
-async def gateway(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Gateway]:
-    monkeypatch.setitem(engine_kinds.ENGINE_KINDS, "looping", LoopingEngine)
+async def gateway(engine_kind: Callable[[EngineKind], EngineKind]) -> AsyncIterator[Gateway]:
+    engine_kind(LOOPING)
     registry = EngineRegistry()
     await registry.load(
         [
@@ -176,7 +176,10 @@ async def gateway(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Gateway]:
     metrics = GatewayMetrics()
     recorder = UsageRecorder(None, interval_s=60)  # type: ignore[arg-type]
     gw = Gateway(
-        registry, PolicyStore(None, PolicySnapshot(tasks=TASKS)), sinks=[recorder, metrics], default_max_tokens=300
+        registry,
+        PolicyStore(None, PolicySnapshot(tasks=TASKS)),
+        sinks=[recorder, metrics],
+        config=GatewayConfig(default_max_tokens=300),
     )
     yield gw
     await registry.close()

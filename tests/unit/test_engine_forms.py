@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pytest
 from laneway.admin.engine_forms import SHADOWED, config_fields, described, form_values, read_config
-from laneway.engines.config import CONFIG_TYPES, EngineConfigError
+from laneway.engines.config import EngineConfigError
+from laneway.engines.kinds import engine_kind, engine_kind_names
 
 
-@pytest.mark.parametrize("kind", sorted(CONFIG_TYPES))
+@pytest.mark.parametrize("kind", engine_kind_names())
 def test_every_config_field_is_in_the_form_with_words(kind: str) -> None:
-    cls = CONFIG_TYPES[kind]
+    cls = engine_kind(kind).config
     assert described(cls) == []  # a new field gets a label, unit and help here
     names = [f.help.name for f in config_fields(kind)]
     assert sorted(names) == sorted(set(cls.__struct_fields__) - SHADOWED)

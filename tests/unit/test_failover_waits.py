@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from laneway.core.pipeline import CLIENT_CLOSED, Gateway, GenerationIntent
+from laneway.core.pipeline import CLIENT_CLOSED, Gateway, GatewayConfig, GenerationIntent
 from laneway.core.policy import PolicyStore
 from laneway.engines.registry import EngineRegistry
 from laneway.types import DeploymentSpec, TenantSnapshot
@@ -40,7 +40,7 @@ async def test_a_client_leaving_while_its_request_waits_on_the_second_replica_le
         registry,
         PolicyStore(None),
         sinks=[UsageRecorder(None, interval_s=60)],  # type: ignore[arg-type]
-        routing="least_outstanding",
+        config=GatewayConfig(routing="least_outstanding"),
     )
     first, second = registry.deployments()
     try:

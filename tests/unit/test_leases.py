@@ -100,7 +100,7 @@ async def test_cancelled_at_every_await_of_admission_and_generation_nothing_leak
                     await gateway.acquire(lease)
                     return "".join([d.text async for batch in pumped(gateway, lease, limit=10_000) for d in batch])
                 except BaseException as exc:
-                    call.fail(*gateway.outcome_of(exc))
+                    call.fail(gateway.outcome_of(exc))
                     raise
                 finally:
                     lease.release()

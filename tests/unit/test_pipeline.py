@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 from laneway.contracts.errors import GatewayError
-from laneway.core.pipeline import CLIENT_CLOSED, Gateway, GenerationIntent
+from laneway.core.pipeline import CLIENT_CLOSED, Gateway, GatewayConfig, GenerationIntent
 from laneway.core.policy import PolicyStore
 from laneway.db.repositories import DeploymentSpec
 from laneway.engines.registry import EngineRegistry, UnknownModel
@@ -32,7 +32,12 @@ def spec(alias: str, kind: str = "sim", config: dict[str, Any] | None = None, ma
 async def gateway() -> Gateway:
     registry = EngineRegistry()
     await registry.load([spec("sim"), spec("broken", kind="nope")])
-    gw = Gateway(registry, PolicyStore(None), sinks=[UsageRecorder(None, interval_s=60)], default_max_tokens=32)  # type: ignore[arg-type]
+    gw = Gateway(
+        registry,
+        PolicyStore(None),
+        sinks=[UsageRecorder(None, interval_s=60)],
+        config=GatewayConfig(default_max_tokens=32),
+    )  # type: ignore[arg-type]
     yield gw  # type: ignore[misc]
     await registry.close()
 

@@ -4,12 +4,13 @@ admin edit's engines start (all or nothing) before anything is installed."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from laneway.db.repositories import DeploymentSpec
-from laneway.engines import kinds as kinds_module
+from laneway.engines.config import SimConfig
+from laneway.engines.kinds import EngineKind
 from laneway.engines.registry import EngineRegistry, EngineStartError
 from laneway.engines.sim import SimEngine
 
@@ -26,9 +27,9 @@ class SlowStartSim(SimEngine):
 
 
 @pytest.fixture(autouse=True)
-def slow_kind(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def slow_kind(engine_kind: Callable[[EngineKind], EngineKind]) -> Iterator[None]:
     STARTED.clear()
-    monkeypatch.setitem(kinds_module.ENGINE_KINDS, "slow", SlowStartSim)
+    engine_kind(EngineKind("slow", SimConfig, SlowStartSim))
     yield
 
 

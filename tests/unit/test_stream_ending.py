@@ -14,15 +14,16 @@ from typing import Any
 
 from laneway.api.disconnect import DISCONNECT_EXTENSION
 from laneway.api.leased_stream import _LeasedASGIStream
+from laneway.contracts.codes import ErrorCode
 
 
 class _Call:
     trace = None
 
     def __init__(self) -> None:
-        self.failed: list[str] = []
+        self.failed: list[ErrorCode] = []
 
-    def fail(self, status: int, code: str) -> None:
+    def fail(self, code: ErrorCode) -> None:
         self.failed.append(code)
 
 

@@ -23,8 +23,8 @@ from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.db.models import Deployment, Model
 from laneway.db.repositories import AuditRepository, DeploymentSpec, ModelRepository
-from laneway.engines.config import EngineConfigError, check_config
-from laneway.engines.kinds import ENGINE_KINDS
+from laneway.engines.config import EngineConfigError
+from laneway.engines.kinds import check_config, engine_kind_names
 from laneway.engines.registry import EngineStartError
 
 
@@ -70,12 +70,13 @@ async def _commit_model(
         return bool(model.enabled)
 
 
-def _check_deployments(data: ModelIn) -> list[str]:
+def check_deployments(data: ModelIn) -> list[str]:
     """The deployments' names, each engine kind known and no name given twice."""
     names = [d.name for d in data.deployments]
+    known_kinds = engine_kind_names()
     for i, d in enumerate(data.deployments):
-        if d.engine_kind not in ENGINE_KINDS:
-            known = ", ".join(sorted(ENGINE_KINDS))
+        if d.engine_kind not in known_kinds:
+            known = ", ".join(known_kinds)
             raise GatewayError(
                 ErrorCode.INVALID_REQUEST,
                 f"Unknown engine kind '{d.engine_kind}' (known: {known}).",
@@ -104,7 +105,7 @@ async def put_model(svc: AdminService, actor: str, alias: str, data: ModelIn) ->
     engines serving the alias). Otherwise the rows are committed and the started engines
     take over (the old ones finish what they serve), without starting anything twice."""
     check_text("alias", alias, max_length=200)
-    names = _check_deployments(data)
+    names = check_deployments(data)
     async with svc.sessions() as session:
         taken = await session.execute(
             select(Deployment.name, Model.alias).join(Model).where(Deployment.name.in_(names), Model.alias != alias)

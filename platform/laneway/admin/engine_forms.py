@@ -1,7 +1,7 @@
-"""The typed form of each engine kind, generated from the config structs the engines decode
-(engines/config.py): one input per field, its widget from the field's type (a checkbox for a
-bool, a select for a Literal, a number, a line per list item...), its default as the
-placeholder. A field added to a struct appears here by itself; its label, unit and line of
+"""The typed form of each engine kind, generated from the config struct its descriptor names
+(engines/kinds.py; the structs: engines/config.py): one input per field, its widget from the
+field's type (a checkbox for a bool, a select for a Literal, a number, a line per list
+item...), its default as the placeholder. A field added to a struct appears here by itself; its label, unit and line of
 help come from CONFIG_HELP (tests/unit/test_engine_forms.py keeps every field described).
 
 Read back, a form becomes the config dict put_model takes: blank inputs are left out (the
@@ -19,7 +19,8 @@ from typing import Any, Literal
 import msgspec
 
 from laneway.admin.presentation import FieldHelp
-from laneway.engines.config import CONFIG_TYPES, DeploymentConfig, parse_config
+from laneway.engines.config import DeploymentConfig, parse_config
+from laneway.engines.kinds import engine_kind, engine_kind_names
 
 # Config keys the deployment's own fields set (its Context wins over the engine's max_model_len).
 SHADOWED = frozenset({"max_model_len"})
@@ -216,7 +217,7 @@ def _widget(hint: Any) -> tuple[str, tuple[tuple[str, str], ...], str]:
 def config_fields(kind: str, lanes: list[str] | None = None) -> list[ConfigField]:
     """The form's fields for `kind`, in the struct's order (required ones first); the
     "lanes" field becomes a checkbox per lane (`lanes`: the lanes there are)."""
-    cls = CONFIG_TYPES[kind]
+    cls = engine_kind(kind).config
     hints = typing.get_type_hints(cls)
     out = []
     for f in msgspec.structs.fields(cls):
@@ -302,7 +303,7 @@ def read_config(kind: str, form: dict[str, str], checked: dict[str, list[str]]) 
             raw[key] = [x.strip() for x in text.split(",") if x.strip()]
         else:
             raw[key] = text
-    typed = parse_config(CONFIG_TYPES[kind], raw)
+    typed = parse_config(engine_kind(kind).config, raw)
     return {key: msgspec.to_builtins(getattr(typed, key)) for key in raw}
 
 
@@ -319,7 +320,12 @@ def _pairs(lines: list[str]) -> dict[str, Any]:
 
 
 def kinds() -> list[str]:
-    return sorted(CONFIG_TYPES)
+    return engine_kind_names()
+
+
+def kind_description(kind: str) -> str:
+    """The kind's one line, shown with its form."""
+    return engine_kind(kind).description
 
 
 def described(cls: type[DeploymentConfig]) -> list[str]:

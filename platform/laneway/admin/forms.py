@@ -20,7 +20,8 @@ def tenant_input(form: dict[str, str]) -> tuple[TenantIn, set[str]]:
     """Form strings -> a validated TenantIn: empty number fields clear the limit, comma lists
     (allowed models, allowed lanes) clear when empty, an empty priority floor is 0."""
     raw: dict[str, Any] = {}
-    for field in ("weight", "rpm", "tpm", "max_concurrency", "priority_floor", "tokens_per_day", "tokens_per_month"):
+    numbers = ("weight", "rpm", "tpm", "max_concurrency", "priority_floor", "min_ttft_target_ms")
+    for field in (*numbers, "tokens_per_day", "tokens_per_month"):
         if field in form:
             text = form[field].strip()
             raw[field] = (0 if field == "priority_floor" else None) if text == "" else text

@@ -22,7 +22,7 @@ from laneway.admin.ui import Page, to_login
 from laneway.admin.validation import convert
 from laneway.contracts.errors import GatewayError
 from laneway.db.repositories import ModelRepository
-from laneway.engines.kinds import ENGINE_KINDS
+from laneway.engines.kinds import engine_kind_names
 from laneway.engines.registry import EngineRegistry, LiveDeployment
 
 
@@ -74,7 +74,7 @@ class ModelPages(Controller):
             "admin": current.username,
             "csrf": current.csrf,
             "deployments": deployments,
-            "engine_kinds": sorted(ENGINE_KINDS),
+            "engine_kinds": engine_kind_names(),
             "fallbacks": graph,
             "currency": svc.currency,
             "prices": {a: prices.shown(svc, a, p) for a, p in priced.items()},

@@ -13,6 +13,7 @@ from laneway.admin.service import AdminService, cannot_clear, row
 from laneway.admin.validation import MAX_REPETITION_NGRAM, Int32, LaneName, Positive, check_text
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
+from laneway.core.slo import MAX_TPOT_TARGET_MS, MAX_TTFT_TARGET_MS
 from laneway.db.models import Lane, TaskPolicy
 from laneway.db.repositories import AuditRepository, ModelRepository, PolicyRepository
 
@@ -29,6 +30,9 @@ class LaneIn(Struct, omit_defaults=True, forbid_unknown_fields=True):
     max_unacked_tokens: Positive | None = None
     retry_after_s: Annotated[int, Meta(ge=1, le=86_400)] | None = None
     background: bool | None = None
+    # Latency objectives in ms (core/slo.py); null: no target. TTFT within the queue timeout.
+    ttft_target_ms: Annotated[int, Meta(ge=1, le=MAX_TTFT_TARGET_MS)] | None = None
+    tpot_target_ms: Annotated[int, Meta(ge=1, le=MAX_TPOT_TARGET_MS)] | None = None
 
 
 class TaskIn(Struct, omit_defaults=True, forbid_unknown_fields=True):
@@ -55,6 +59,8 @@ LANE_FIELDS = (
     "max_unacked_tokens",
     "retry_after_s",
     "background",
+    "ttft_target_ms",
+    "tpot_target_ms",
 )
 TASK_FIELDS = (
     "task",
@@ -227,7 +233,27 @@ async def _put_policy(
         if new and model is Lane and "position" not in values:
             values["position"] = max((x.position for x in await repo.lanes()), default=-1) + 1
         before = row(existing, fields) if existing else None
+        if model is Lane:
+            _check_ttft_within_timeout(existing, values, sent)
         after = row(await repo.upsert(model, key, **values), fields)
         await AuditRepository(session).add(actor, "update" if before else "create", entity, key, before, after)
     await _applied(svc)
     return after
+
+
+def _check_ttft_within_timeout(lane: Lane | None, values: dict[str, Any], sent: set[str]) -> None:
+    """A TTFT target past the lane's queue timeout (its hard bound) promises nothing: a request
+    is refused before it could miss it. Refused, naming the field sent (the target, else the
+    timeout), with what both would be after the change."""
+    column_default = Lane.__table__.c.queue_timeout_s.default
+    timeout = values.get("queue_timeout_s", lane.queue_timeout_s if lane else column_default.arg)
+    target = values.get("ttft_target_ms", lane.ttft_target_ms if lane else None)
+    if target is None or target <= timeout * 1000:
+        return
+    field = "ttft_target_ms" if "ttft_target_ms" in sent else "queue_timeout_s"
+    raise GatewayError(
+        ErrorCode.INVALID_REQUEST,
+        f"ttft_target_ms ({target} ms) must be at most the queue timeout ({timeout:g} s = {timeout * 1000:g} ms): "
+        "the timeout is the lane's hard bound. Raise queue_timeout_s or lower the target.",
+        param=field,
+    )

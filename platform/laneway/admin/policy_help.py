@@ -11,6 +11,7 @@ from typing import Any
 
 from laneway.admin.presentation import FieldHelp
 from laneway.admin.validation import INT32_MAX
+from laneway.core.slo import MAX_TPOT_TARGET_MS, MAX_TTFT_TARGET_MS
 
 _ANY = "Blank = any."
 LANE_RULE_FIELDS: dict[str, FieldHelp] = {
@@ -88,6 +89,28 @@ LANE_LIMIT_FIELDS: dict[str, FieldHelp] = {
             min="0.001",
             max="86400",
             placeholder="10",
+        ),
+        FieldHelp(
+            "ttft_target_ms",
+            "TTFT target",
+            "ms",
+            "The time to first token this lane aims for, from arrival (queue wait and prefill included): "
+            "requests are counted as meeting it or not (laneway_slo_met_total / laneway_slo_total). A tenant "
+            "granted a minimum may ask for tighter with X-Laneway-TTFT-Target-Ms. At most the queue timeout, "
+            "which stays the hard bound. Blank = no target.",
+            "",
+            max=str(MAX_TTFT_TARGET_MS),
+            placeholder="no target",
+        ),
+        FieldHelp(
+            "tpot_target_ms",
+            "Inter-token target",
+            "ms per token",
+            "The time per output token after the first this lane aims for (a stream's pace); 100 ms is 10 "
+            "tokens a second, ahead of a reader. Blank = no target.",
+            "",
+            max=str(MAX_TPOT_TARGET_MS),
+            placeholder="no target",
         ),
         FieldHelp(
             "retry_after_s",

@@ -20,10 +20,18 @@ from litestar.response import Redirect, Template
 from laneway.admin import deployments, replicas
 from laneway.admin.dependencies import Queues, Registry, Routing
 from laneway.admin.deployments import DeploymentIn
-from laneway.admin.engine_forms import PREFIX, SECRETS, config_fields, form_values, kinds, read_config
+from laneway.admin.engine_forms import (
+    PREFIX,
+    SECRETS,
+    config_fields,
+    form_values,
+    kind_description,
+    kinds,
+    read_config,
+)
 from laneway.admin.forms import form_lists, form_of
 from laneway.admin.guards import AdminRequest, NotLoggedIn
-from laneway.admin.replica_view import WHERE, alias_waiting, replica_rows
+from laneway.admin.replica_view import alias_waiting, replica_rows, where_it_runs
 from laneway.admin.service import AdminService
 from laneway.admin.ui import Page, to_login
 from laneway.admin.validation import check_text, convert
@@ -85,6 +93,7 @@ class ReplicaPages(Controller):
             "alias": alias,
             "kinds": kinds(),
             "kind": kind,
+            "kind_description": kind_description(kind),
             "fields": fields,
             "values": values,
             "checked": checked,
@@ -282,6 +291,6 @@ def _field_of(param: str | None, kind: str) -> str:
     (deployments[i]) -> where the engine runs (base_url, url, model_path)."""
     field = (param or "").rsplit(".", 1)[-1] if param and "." in param else (param or "")
     if field.startswith("deployments[") or field == "":
-        where = WHERE.get(kind)
+        where = where_it_runs(kind)
         return PREFIX + where if where else "form"
     return field if field in DEPLOYMENT_FIELDS else "form"

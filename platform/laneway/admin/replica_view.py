@@ -10,10 +10,14 @@ from typing import Any
 from laneway.admin.dependencies import QueueStats, RoutingFigures
 from laneway.admin.deployments import DeploymentIn
 from laneway.admin.presentation import replica_state
+from laneway.engines.kinds import find_engine_kind
 from laneway.engines.registry import EJECT_AFTER_FAILURES, EngineRegistry, LiveDeployment
 
-# The config key that says where an engine runs: a start failure is shown beside it.
-WHERE = {"vllm": "base_url", "trtllm": "url", "llamacpp": "model_path"}
+
+def where_it_runs(engine_kind: str) -> str | None:
+    """The config key that says where an engine of the kind runs: a start failure is shown beside it."""
+    kind = find_engine_kind(engine_kind)
+    return kind.location_key if kind is not None else None
 
 
 def _state(d: DeploymentIn, live: LiveDeployment | None, registry: EngineRegistry) -> tuple[str, str]:
@@ -48,7 +52,7 @@ def replica_rows(
         found = live.get(d.name)
         state, why = _state(d, found, registry)
         shown = replica_state(found, placed.get(d.name))
-        where = WHERE.get(d.engine_kind)
+        where = where_it_runs(d.engine_kind)
         drain = ""
         if d.draining:
             running = found.outstanding if found is not None else 0

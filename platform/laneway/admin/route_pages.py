@@ -23,6 +23,7 @@ from laneway.admin.route_view import lanes_tried, limits_said, max_tokens_said, 
 from laneway.admin.service import AdminService
 from laneway.admin.ui import Page, to_login
 from laneway.admin.validation import INT32_MAX
+from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.db.models import Tenant
 from laneway.db.repositories import PolicyRepository
@@ -45,6 +46,7 @@ def snapshot_of(t: Tenant) -> TenantSnapshot:
         allowed_models=frozenset(t.allowed_models) if t.allowed_models is not None else None,
         allowed_lanes=frozenset(t.allowed_lanes or ()),
         priority_floor=t.priority_floor,
+        min_ttft_target_ms=t.min_ttft_target_ms,
         tokens_per_day=t.tokens_per_day,
         tokens_per_month=t.tokens_per_month,
     )
@@ -132,8 +134,8 @@ class RoutePages(Controller):
         context |= {"tenant": tenant, "usage": usage, "sent": body.decode(), "endpoint": endpoint, "headers": headers}
         if tenant.disabled:
             context["refusal"] = {
-                "status": 403,
-                "code": "tenant_disabled",
+                "status": ErrorCode.TENANT_DISABLED.status,
+                "code": ErrorCode.TENANT_DISABLED.value,
                 "message": f"Tenant '{tenant.name}' is disabled: its keys are refused before anything is routed.",
             }
             return Template("route.html", context=context)

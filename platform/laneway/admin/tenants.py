@@ -13,6 +13,7 @@ from laneway.admin.service import AdminService, cannot_clear, get_or_404, row
 from laneway.admin.validation import LaneName, ModelAlias, MoneyBudget, Positive, TenantName, TokenQuota
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
+from laneway.core.slo import MAX_TTFT_TARGET_MS
 from laneway.db.models import Tenant
 from laneway.db.repositories import AuditRepository
 
@@ -26,6 +27,7 @@ TENANT_FIELDS = (
     "allowed_models",
     "allowed_lanes",
     "priority_floor",
+    "min_ttft_target_ms",
     "tokens_per_day",
     "tokens_per_month",
     "budget_per_day",
@@ -46,6 +48,9 @@ class TenantIn(Struct, omit_defaults=True, forbid_unknown_fields=True):
     allowed_lanes: Annotated[list[LaneName], Meta(max_length=100)] | None = None
     # The most urgent X-Laneway-Priority it may ask for (lower runs first; more urgent is clamped).
     priority_floor: Annotated[int, Meta(ge=PRIORITY_FLOOR_RANGE[0], le=PRIORITY_FLOOR_RANGE[1])] | None = None
+    # The tightest X-Laneway-TTFT-Target-Ms it may ask for (tighter is clamped to it); null: it
+    # may not tighten its lanes' TTFT targets (core/slo.py).
+    min_ttft_target_ms: Annotated[int, Meta(ge=1, le=MAX_TTFT_TARGET_MS)] | None = None
     # Tokens (prompt + completion) per UTC day / calendar month; null: no quota.
     tokens_per_day: TokenQuota | None = None
     tokens_per_month: TokenQuota | None = None

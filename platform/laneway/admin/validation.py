@@ -17,6 +17,7 @@ from msgspec import Meta
 
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError, validation_error
+from laneway.core.slo import MAX_TPOT_TARGET_MS, MAX_TTFT_TARGET_MS
 
 # \Z, not $: "$" also matches before a final line break, which would let "name\n" through.
 NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f]*\Z"
@@ -62,6 +63,12 @@ FIELD_RULES = {
     f"1 to {MAX_REPETITION_NGRAM} (empty or null: no repetition stop).",
     "repetition_count": "repetition_count must be a whole number from 2 to 1000: how many times the n-gram must "
     "appear.",
+    "ttft_target_ms": f"ttft_target_ms must be a whole number of milliseconds from 1 to {MAX_TTFT_TARGET_MS:,} "
+    "(a day), within the lane's queue timeout (empty or null: no target).",
+    "tpot_target_ms": f"tpot_target_ms must be a whole number of milliseconds per token from 1 to "
+    f"{MAX_TPOT_TARGET_MS:,} (empty or null: no target).",
+    "min_ttft_target_ms": f"min_ttft_target_ms must be a whole number of milliseconds from 1 to "
+    f"{MAX_TTFT_TARGET_MS:,} (empty or null: the tenant may not ask for tighter TTFT targets than its lanes').",
 }
 
 

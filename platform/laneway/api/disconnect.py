@@ -9,7 +9,7 @@ from typing import Any, Protocol, TypeVar
 from laneway.api.request_ids import bind_call
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.scope import DISCONNECT_EXTENSION
-from laneway.core.pipeline import CLIENT_CLOSED, Call
+from laneway.core.pipeline import Call
 
 T = TypeVar("T")
 # ASGI scope extension (laneway's server, server/uvicorn_fence.py): watch(callback) -> unwatch. The callback
@@ -45,7 +45,7 @@ async def until_disconnect(request: Connection, work: Awaitable[T], call: Call) 
     def left() -> None:
         nonlocal gone
         gone = True
-        call.fail(CLIENT_CLOSED, ErrorCode.CLIENT_DISCONNECTED)
+        call.fail(ErrorCode.CLIENT_DISCONNECTED)
         current.cancel()
 
     scope: Any = request.scope

@@ -10,15 +10,15 @@ import base64
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from litestar import Controller, MediaType, Request, Response, post
+from litestar import MediaType, Response
 from msgspec import Meta, Struct
 from numpy.typing import NDArray
 
-from laneway.api import openapi
 from laneway.api.disconnect import ClientDisconnected, HttpClient
+from laneway.api.endpoints import Endpoint
 from laneway.api.protocol import encode
 from laneway.api.request import Incoming, authenticate, decode, routing, unsupported
-from laneway.api.services import Api, ApiServices
+from laneway.api.services import ApiServices
 from laneway.api.stream import lane_header
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import invalid_request
@@ -94,20 +94,8 @@ def _body(call: Call, result: Embeddings, encoding_format: str) -> bytes:
     return encode(CreateEmbeddingResponse(data=data, model=call.public_model, usage=usage))
 
 
-class EmbeddingsController(Controller):
-    path = "/v1"
-
-    @post(
-        "/embeddings",
-        status_code=200,
-        operation_class=openapi.generation(CreateEmbeddingResponse, CreateEmbeddingRequest),
-    )
-    async def create_embeddings(self, request: Request, api: Api) -> Response[bytes]:  # type: ignore[type-arg]
-        return await create_embeddings(request, api)
-
-
 async def create_embeddings(request: Incoming, api: ApiServices) -> Response[bytes]:
-    """POST /v1/embeddings, for the controller and for a batch's lines (api/batches/lines.py)."""
+    """POST /v1/embeddings."""
     tenant = await authenticate(request, api.authenticator)
     req = await decode(request, CreateEmbeddingRequest)
     if req.dimensions is not None:
@@ -124,3 +112,13 @@ async def create_embeddings(request: Incoming, api: ApiServices) -> Response[byt
     else:
         body = _body(call, result, req.encoding_format)
     return Response(body, media_type=MediaType.JSON, headers=headers)
+
+
+EMBEDDINGS = Endpoint(
+    "/v1/embeddings",
+    create_embeddings,
+    name="create_embeddings",
+    request=CreateEmbeddingRequest,
+    response=CreateEmbeddingResponse,
+    span="embeddings",
+)

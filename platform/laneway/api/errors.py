@@ -15,6 +15,7 @@ from litestar.types import ExceptionHandlersMap
 
 from laneway.api.protocol import ErrorBody, ErrorEnvelope, encode
 from laneway.api.request_ids import admitted, request_id
+from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError, error_type
 from laneway.contracts.scope import TRACE_KEY
 
@@ -116,7 +117,6 @@ class ErrorHandlers:
         scope = request.scope  # read off the scope: api/fast.py passes its own request here
         rid = request_id(scope)
         log.exception("unhandled error on %s %s (request %s)", scope["method"], scope["path"], rid, exc_info=exc)
-        self._count(request, 500, "internal_error")
-        return error_response(
-            500, "The gateway failed to handle this request; it has been logged.", code="internal_error"
-        )
+        code = ErrorCode.INTERNAL_ERROR
+        self._count(request, code.status, code)
+        return error_response(code.status, "The gateway failed to handle this request; it has been logged.", code=code)

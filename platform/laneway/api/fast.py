@@ -1,11 +1,14 @@
-"""POST /v1/completions and /v1/chat/completions as a plain ASGI route, below Litestar.
+"""The hot path's endpoints (POST /v1/chat/completions and /v1/completions: the records marked
+`fast`, api/endpoints.py) as plain ASGI routes, below Litestar.
 
 Litestar's per-request layers (routing, the Request object, resolving the handler's
 parameters, building and sending the Response, the before_send hooks) cost about as much
-CPU as the request's own work in the gateway (bench/overhead.py, bench/README.md). These two routes
+CPU as the request's own work in the gateway (bench/overhead.py, bench/README.md). These routes
 are the hot path, so the server (server/run.py) puts `FastRoutes` in front of the app: it runs
-the same handler functions (api/handlers.py) with a minimal request, and sends their answer
-itself; everything else, and these routes under any other method, goes to Litestar.
+the same handler functions (the records' `handler`) with a minimal request, and sends their
+answer itself; everything else, and these routes under any other method, goes to Litestar.
+The table of these routes is built once, with the FastRoutes (api/registry.py's fast_routes):
+a request's dispatch is one dict lookup.
 
 Nothing a client sees changes: the same errors through the same exception handlers
 (api/errors.py, counted in the same metrics), the request-body limit and the premature
@@ -18,7 +21,6 @@ middleware opens the request's span.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -28,15 +30,11 @@ from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.response import Stream
 
 from laneway.api.errors import ErrorHandlers
-from laneway.api.handlers import chat_completions, completions
+from laneway.api.registry import fast_routes
 from laneway.api.request_ids import request_id
 from laneway.api.services import ApiServices
 from laneway.contracts.errors import GatewayError
 
-log = logging.getLogger("laneway.api")
-
-Handler = Callable[[Any, ApiServices], Awaitable[Response[bytes] | Stream]]
-ROUTES: dict[str, Handler] = {"/v1/chat/completions": chat_completions, "/v1/completions": completions}
 _JSON = b"application/json"
 
 
@@ -95,7 +93,7 @@ class FastRoutes:
         self.errors = errors
         limit = app.request_max_body_size  # what Litestar's Request.body enforces on these routes
         self.max_body = limit if isinstance(limit, int) else None
-        self.routes = ROUTES
+        self.routes = fast_routes()  # built once: a request's dispatch is one dict lookup
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         handler = self.routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None

@@ -1,13 +1,15 @@
-"""The OpenAI generation routes: each handler authenticates, translates the body into one
-intent (api/request.py), calls the pipeline's one entry (Gateway.serve) and translates its
-answer back (api/stream.py). The pipeline owns the order of the stages and the lease."""
+"""The OpenAI generation endpoints (chat, completions) and the models routes: each generation
+handler authenticates, translates the body into one intent (api/request.py), calls the
+pipeline's one entry (Gateway.serve) and translates its answer back (api/stream.py). The
+pipeline owns the order of the stages and the lease. CHAT and COMPLETIONS are their records
+(api/endpoints.py): the routes, the fast path and the batch lines are built from them."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
 
-from litestar import Controller, MediaType, Request, Response, get, post
+from litestar import Controller, MediaType, Request, Response, get
 from litestar.params import FromPath
 from litestar.response import Stream
 
@@ -15,6 +17,7 @@ from laneway.api import openapi
 from laneway.api import protocol as p
 from laneway.api.choices import Collected, chat_choices, completion_choices
 from laneway.api.disconnect import ClientDisconnected, HttpClient
+from laneway.api.endpoints import Endpoint
 from laneway.api.request import Incoming, authenticate, chat_intent, completion_intent, decode
 from laneway.api.services import Api, ApiServices
 from laneway.api.stream import chat_events, completion_events, respond, usage
@@ -27,9 +30,9 @@ def _card(gateway: Gateway, alias: str, created: int) -> p.ModelCard:
     return p.ModelCard(id=alias, created=created, capabilities=sorted(gateway.capabilities(alias)))
 
 
-class OpenAIController(Controller):
-    """Each handler takes one dependency, `api` (the runtime's ApiServices): the hot path pays
-    for one provider call, not one per service."""
+class ModelsController(Controller):
+    """Each handler takes one dependency, `api` (the runtime's ApiServices): one provider call,
+    not one per service."""
 
     path = "/v1"
     security = openapi.API_KEY  # the bodies are decoded here, by msgspec: api/openapi.py describes them
@@ -56,17 +59,9 @@ class OpenAIController(Controller):
         card = _card(gateway, alias, int(api.started_at))
         return Response(p.encode(card), media_type=MediaType.JSON)
 
-    @post("/chat/completions", status_code=200, operation_class=openapi.CHAT)
-    async def chat_completions(self, request: Request, api: Api) -> Response[bytes] | Stream:  # type: ignore[type-arg]
-        return await chat_completions(request, api)
-
-    @post("/completions", status_code=200, operation_class=openapi.COMPLETION)
-    async def completions(self, request: Request, api: Api) -> Response[bytes] | Stream:  # type: ignore[type-arg]
-        return await completions(request, api)
-
 
 async def chat_completions(request: Incoming, api: ApiServices) -> Response[bytes] | Stream:
-    """POST /v1/chat/completions, for the controller and for api/fast.py's plain-ASGI route."""
+    """POST /v1/chat/completions."""
     tenant = await authenticate(request, api.authenticator)
     req = await decode(request, p.ChatCompletionRequest)
     intent = chat_intent(request, req)
@@ -95,7 +90,7 @@ async def chat_completions(request: Incoming, api: ApiServices) -> Response[byte
 
 
 async def completions(request: Incoming, api: ApiServices) -> Response[bytes] | Stream:
-    """POST /v1/completions, for the controller and for api/fast.py's plain-ASGI route."""
+    """POST /v1/completions."""
     tenant = await authenticate(request, api.authenticator)
     req = await decode(request, p.CompletionRequest)
     intent = completion_intent(request, req)
@@ -122,3 +117,25 @@ async def completions(request: Incoming, api: ApiServices) -> Response[bytes] | 
     except ClientDisconnected:
         return Response(b"", status_code=CLIENT_CLOSED)
     return respond(api, answer, body, events)
+
+
+CHAT = Endpoint(
+    "/v1/chat/completions",
+    chat_completions,
+    name="chat_completions",
+    request=p.ChatCompletionRequest,
+    response=p.ChatCompletion,
+    stream_chunk=p.ChatCompletionChunk,
+    span="chat.completions",
+    fast=True,
+)
+COMPLETIONS = Endpoint(
+    "/v1/completions",
+    completions,
+    name="completions",
+    request=p.CompletionRequest,
+    response=p.Completion,
+    stream_chunk=p.Completion,
+    span="completions",
+    fast=True,
+)

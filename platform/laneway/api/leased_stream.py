@@ -24,8 +24,9 @@ from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Receive, Scope, Send
 
 from laneway.api.disconnect import Watch
+from laneway.contracts.codes import ErrorCode
 from laneway.contracts.scope import ABORT_EXTENSION, DISCONNECT_EXTENSION
-from laneway.core.pipeline import CLIENT_CLOSED, Lease
+from laneway.core.pipeline import Lease
 
 log = logging.getLogger("laneway.api")
 
@@ -108,7 +109,7 @@ class _LeasedASGIStream(ASGIStreamingResponse):
                 # the sender done (a draining server closes it at once): that stream was whole.
                 if self._ended or sender.done():
                     return
-                self.lease.call.fail(CLIENT_CLOSED, "client_disconnected")
+                self.lease.call.fail(ErrorCode.CLIENT_DISCONNECTED)
                 sender.cancel()
 
             unwatch = watch(gone)
@@ -127,7 +128,7 @@ class _LeasedASGIStream(ASGIStreamingResponse):
             since = self._blocked_since
             if since is not None and loop.time() - since >= self.send_timeout_s and not sender.done():
                 self._stalled = True
-                self.lease.call.fail(CLIENT_CLOSED, "slow_client")
+                self.lease.call.fail(ErrorCode.SLOW_CLIENT)  # 499: the client's side, however laneway ended it
                 sender.cancel()
                 return
             watchdog = loop.call_later(period, check)
@@ -141,7 +142,7 @@ class _LeasedASGIStream(ASGIStreamingResponse):
             unwatch()
             if not sender.done():  # the client hung up (or this task is being cancelled)
                 if watcher is not None and watcher.done() and not watcher.cancelled() and not self._ended:
-                    self.lease.call.fail(CLIENT_CLOSED, "client_disconnected")
+                    self.lease.call.fail(ErrorCode.CLIENT_DISCONNECTED)
                 sender.cancel()
                 await asyncio.wait({sender})
         if self._stalled:

@@ -4,10 +4,11 @@ the msgspec Structs the routes actually decode and encode (api/protocol.py).
 The routes take the raw request and decode it with msgspec (fast, strict), so Litestar sees
 no body type to describe, and its own generator misplaces some msgspec constraints (a
 minimum of 0, a list's maxItems). msgspec's JSON Schema is what msgspec accepts, so that is
-what the document shows: each route names its wire types with `operation(...)`, an
+what the document shows: each route names its wire types with `operation(...)` (the
+endpoints' routes with `generation(...)`, from their records: api/endpoints.py), an
 operation_class that fills in the request body, the responses (OpenAI's error shape for
 every error status the route can answer) and the headers; `add_wire_schemas(app)` adds the
-Structs' schemas as components (Litestar replaces a config's components.schemas with the
+schemas of the Structs the app's routes name as components (Litestar replaces a config's components.schemas with the
 ones it generated, so they go into the built document instead).
 
 Only the JSON is served: Litestar's HTML pages (Swagger, ReDoc, Scalar...) load their
@@ -50,22 +51,9 @@ from laneway.api import protocol as p
 API_KEY: list[SecurityRequirement] = [{"apiKey": []}]
 METRICS_TOKEN: list[SecurityRequirement] = [{"metricsToken": []}, {}]  # {}: open when no token is set
 
-# The Structs on the wire; their schemas become components named after them (the modules of
-# other endpoints add theirs with register_wire_types).
-WIRE_TYPES: list[type[Any]] = [
-    p.ChatCompletionRequest,
-    p.ChatCompletion,
-    p.ChatCompletionChunk,
-    p.CompletionRequest,
-    p.Completion,
-    p.ModelList,
-    p.ModelCard,
-    p.ErrorEnvelope,
-]
-
-
-def register_wire_types(*types: type[Any]) -> None:
-    WIRE_TYPES.extend(t for t in types if t not in WIRE_TYPES)
+# The Structs every document has beyond the routes' own (the error shape, which each route's
+# errors name); the routes' are found on them (add_wire_schemas).
+WIRE_TYPES: tuple[type[Any], ...] = (p.ErrorEnvelope,)
 
 
 _ERRORS = {
@@ -104,6 +92,13 @@ ROUTING_PARAMS = (
         param_in="header",
         schema=Schema(type=OpenAPIType.INTEGER),
         description="Priority within the tenant's allowance (never above its floor).",
+    ),
+    Parameter(
+        name="X-Laneway-TTFT-Target-Ms",
+        param_in="header",
+        schema=Schema(type=OpenAPIType.NUMBER, exclusive_minimum=0, maximum=86_400_000),
+        description="A tighter time-to-first-token target than the lane's, in ms, within the tenant's grant "
+        "(never tighter than its min_ttft_target_ms; without that grant it changes nothing).",
     ),
 )
 
@@ -208,36 +203,8 @@ def operation(wire: Wire) -> type[Operation]:
     return type("WireOperation", (_WireOperation,), {"wire": wire})
 
 
-CHAT = operation(
-    Wire(
-        p.ChatCompletion,
-        request=p.ChatCompletionRequest,
-        stream_chunk=p.ChatCompletionChunk,
-        errors=COMPLETION_ERRORS,
-        parameters=(REQUEST_ID_PARAM, *ROUTING_PARAMS),
-        headers={"X-Laneway-Lane": _LANE},
-    )
-)
-COMPLETION = operation(
-    Wire(
-        p.Completion,
-        request=p.CompletionRequest,
-        stream_chunk=p.Completion,
-        errors=COMPLETION_ERRORS,
-        parameters=(REQUEST_ID_PARAM, *ROUTING_PARAMS),
-        headers={"X-Laneway-Lane": _LANE},
-    )
-)
-
-
 def generation(response: type[Any], request: type[Any], **stream: Any) -> type[Operation]:
-    """The operation of an endpoint that runs a request through the pipeline."""
-    register_wire_types(
-        request,
-        response,
-        *([stream["stream_chunk"]] if "stream_chunk" in stream else ()),
-        *stream.get("stream_events", ()),
-    )
+    """The operation of an endpoint that runs a request through the pipeline (api/endpoints.py)."""
     return operation(
         Wire(
             response,
@@ -277,15 +244,29 @@ def json_schema_to_spec(node: dict[str, Any]) -> Schema | Reference:
     return Schema(**fields)
 
 
-def wire_schemas(types: Sequence[type[Any]] = WIRE_TYPES) -> dict[str, Schema | Reference]:
+def wire_schemas(types: Sequence[type[Any]]) -> dict[str, Schema | Reference]:
     _, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
     return {name: json_schema_to_spec(schema) for name, schema in components.items()}
+
+
+def route_wire_types(app: Litestar) -> list[type[Any]]:
+    """The Structs the app's routes read and write, as their operations (`operation(...)`)
+    name them, after WIRE_TYPES; each once, in the routes' order."""
+    found: dict[type[Any], None] = dict.fromkeys(WIRE_TYPES)
+    for route in app.routes:
+        for handler in getattr(route, "route_handlers", ()):
+            kind = getattr(handler, "operation_class", None)
+            if isinstance(kind, type) and issubclass(kind, _WireOperation):
+                wire = kind.wire
+                named = (wire.request, wire.response, wire.stream_chunk, *wire.stream_events)
+                found.update(dict.fromkeys(t for t in named if t is not None))
+    return list(found)
 
 
 def add_wire_schemas(app: Litestar) -> None:
     """Put the Structs' schemas into the app's document (built once, here: ~10 ms)."""
     schemas: dict[str, Any] = app.openapi_schema.components.schemas
-    schemas.update(wire_schemas())
+    schemas.update(wire_schemas(route_wire_types(app)))
 
 
 def openapi_config(

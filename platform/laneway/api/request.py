@@ -12,6 +12,7 @@ import msgspec
 
 from laneway.api import protocol as p
 from laneway.api.request_ids import client_request_id
+from laneway.api.ttft_target import ttft_target_ms
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError, invalid_request, validation_error
 from laneway.contracts.scope import BACKGROUND_KEY, TENANT_KEY, TRACE_KEY
@@ -261,8 +262,8 @@ def cache_key(value: str | None) -> str | None:
 
 
 def routing(request: Incoming, metadata: dict[str, str] | None, user: str | None) -> dict[str, Any]:
-    """Task, lane and priority (headers win over request metadata), the end user and the
-    client's X-Request-Id: the intent's routing fields."""
+    """Task, lane, priority and TTFT target (headers win over request metadata), the end user
+    and the client's X-Request-Id: the intent's routing fields."""
     if user is not None and "\x00" in user:  # stored on the usage row: PostgreSQL text can't hold NUL
         raise invalid_request("`user` must not contain NUL (\\u0000) characters.", param="user")
     meta = metadata or {}
@@ -279,6 +280,7 @@ def routing(request: Incoming, metadata: dict[str, str] | None, user: str | None
         "task": task,
         "lane": lane,
         "priority": priority,
+        "ttft_target_ms": ttft_target_ms(request.headers, meta),
         "user": user,
         "client_request_id": client_request_id(request.headers.get("x-request-id")),
         "background": BACKGROUND_KEY in request.scope,  # a batch line: the background lane

@@ -47,6 +47,7 @@ TENANT_LIMITS = {
     "max_concurrency": "max_concurrency",
     "weight": "weight",
     "priority_floor": "priority_floor",
+    "min_ttft_target_ms": "min_ttft_target_ms",
     "daily_tokens": "tokens_per_day",
     "monthly_tokens": "tokens_per_month",
 }
@@ -97,7 +98,19 @@ def key_fields(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # What a cleared field means, said back: a tenant's, and a key's (its tenant's limits apply).
-TENANT_UNSET = {"allowed_models": "all", "allowed_lanes": "none"}
+TENANT_UNSET = {"allowed_models": "all", "allowed_lanes": "none", "min_ttft_target_ms": "none"}
+# Lane flags -> LaneIn fields (lane set); "none" clears a target.
+LANE_SETTINGS = {
+    "ttft_target_ms": "ttft_target_ms",
+    "tpot_target_ms": "tpot_target_ms",
+    "queue_timeout_s": "queue_timeout_s",
+}
+
+
+def lane_fields(args: argparse.Namespace) -> dict[str, Any]:
+    return limit_flags(args, LANE_SETTINGS)
+
+
 KEY_UNSET = "the tenant's"
 
 

@@ -1,5 +1,5 @@
-"""The `laneway` commands that manage tenants, API keys, model aliases and admin accounts,
-through the admin operations (admin/tenants.py, keys.py, deployments.py, accounts.py)."""
+"""The `laneway` commands that manage tenants, API keys, model aliases, lanes and admin accounts,
+through the admin operations (admin/tenants.py, keys.py, deployments.py, policies.py, accounts.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from laneway.cli.flags import (
     KEY_UNSET,
     TENANT_UNSET,
     key_fields,
+    lane_fields,
     said,
     tenant_changes,
     tenant_fields,
@@ -161,6 +162,47 @@ async def model_price(svc: AdminService, actor: str, args: argparse.Namespace) -
         f"model {args.alias} costs {result['input']} in, {result['output']} out, {cached} cached in "
         f"({result['currency']} per 1M tokens)"
     )
+
+
+def _said_lane(lane: dict[str, Any]) -> str:
+    def target(ms: int | None, unit: str) -> str:
+        return f"{ms} {unit}" if ms is not None else "none"
+
+    return (
+        f"{lane['name']}\tpriority {lane['priority']}\tqueue timeout {lane['queue_timeout_s']:g} s\t"
+        f"TTFT target {target(lane['ttft_target_ms'], 'ms')}\tTPOT target {target(lane['tpot_target_ms'], 'ms/token')}"
+    )
+
+
+async def lane_list(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
+    """One line per lane, in match order: its priority, hard bound and latency targets."""
+    from laneway.admin.policies import LANE_FIELDS
+    from laneway.admin.service import row
+    from laneway.db.repositories import PolicyRepository
+
+    del actor, args  # reads only: nothing to audit
+    async with svc.sessions() as session:
+        lanes = [row(x, LANE_FIELDS) for x in await PolicyRepository(session).lanes()]
+    for lane in lanes:
+        print(_said_lane(lane))
+    if not lanes:
+        print("no lanes: every request goes to one default lane")
+
+
+async def lane_set(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
+    """Change an existing lane's latency targets or queue timeout (only those named)."""
+    from laneway.admin import policies
+    from laneway.contracts.errors import GatewayError
+    from laneway.db.models import Lane
+    from laneway.db.repositories import PolicyRepository
+
+    async with svc.sessions() as session:
+        if await PolicyRepository(session).find(Lane, args.name) is None:
+            raise GatewayError(ErrorCode.NOT_FOUND, f"no lane named '{args.name}'")
+    fields = lane_fields(args)
+    data = valid(fields, policies.LaneIn, strict=False)
+    lane = await policies.put_lane(svc, actor, args.name, data, set(fields))
+    print(f"updated lane {args.name}: {said(lane, list(fields), 'none')}")
 
 
 async def admin_create(svc: AdminService, actor: str, args: argparse.Namespace) -> None:

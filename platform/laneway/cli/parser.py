@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from laneway.cli.flags import key_fields, tenant_changes
+from laneway.cli.flags import key_fields, lane_fields, tenant_changes
 from laneway.cli.manage import (
     admin_create,
     batch_cancel,
@@ -12,6 +12,8 @@ from laneway.cli.manage import (
     key_issue,
     key_revoke,
     key_set,
+    lane_list,
+    lane_set,
     model_fallbacks,
     model_price,
     model_replica_add,
@@ -23,10 +25,11 @@ from laneway.cli.manage import (
 )
 from laneway.cli.runner import with_db, with_service
 from laneway.cli.serving import cmd_fetch_model, cmd_import_policies, cmd_make_demo_model, cmd_migrate, cmd_serve
+from laneway.engines.kinds import engine_kind_names
 
 DESCRIPTION = (
-    "The `laneway` command: serve, migrate, make-demo-model, fetch-model, import-policies, tenants, keys, models, "
-    "batches."
+    "The `laneway` command: serve, migrate, make-demo-model, fetch-model, import-policies, tenants, keys, lanes, "
+    "models, batches."
 )
 
 
@@ -45,6 +48,11 @@ def _tenant_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--priority-floor", metavar="N", help="the most urgent X-Laneway-Priority it may ask for (default 0)"
     )
+    s.add_argument(
+        "--min-ttft-target-ms",
+        metavar="MS",
+        help="the tightest X-Laneway-TTFT-Target-Ms it may ask for ('none', the default: its lanes' targets)",
+    )
 
 
 def _key_arguments(s: argparse.ArgumentParser) -> None:
@@ -59,7 +67,7 @@ def _key_arguments(s: argparse.ArgumentParser) -> None:
 
 def _deployment_arguments(s: argparse.ArgumentParser) -> None:
     """One deployment's engine and its config (`model set`, `model replica add`)."""
-    s.add_argument("--engine", required=True, choices=["llamacpp", "sim", "vllm", "trtllm"])
+    s.add_argument("--engine", required=True, choices=engine_kind_names())
     s.add_argument("--config", default="{}", help="engine config as JSON")
     s.add_argument("--quantization", default="unknown")
     s.add_argument("--gpu-type", default="none")
@@ -124,6 +132,18 @@ def build_parser() -> argparse.ArgumentParser:
     s = key.add_parser("revoke")
     s.add_argument("key_id", type=int)
     s.set_defaults(fn=with_service(key_revoke))
+
+    lane = sub.add_parser("lane", help="show lanes, change their latency targets").add_subparsers(
+        dest="action", required=True
+    )
+    s = lane.add_parser("list", help="lanes in match order: priority, queue timeout, TTFT and TPOT targets")
+    s.set_defaults(fn=with_service(lane_list))
+    s = lane.add_parser("set", help="change a lane's latency targets or queue timeout (only those named)")
+    s.add_argument("name")
+    s.add_argument("--ttft-target-ms", metavar="MS", help="time to first token it aims for ('none': no target)")
+    s.add_argument("--tpot-target-ms", metavar="MS", help="time per output token it aims for ('none': no target)")
+    s.add_argument("--queue-timeout-s", metavar="S", help="the hard bound: longest wait for a slot (503 after)")
+    s.set_defaults(fn=with_service(lane_set), changes=lane_fields, usage=s)
 
     admin = sub.add_parser("admin", help="manage admin accounts").add_subparsers(dest="action", required=True)
     s = admin.add_parser("create", help="password from LANEWAY_NEW_ADMIN_PASSWORD or a prompt")

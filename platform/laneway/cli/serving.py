@@ -23,6 +23,12 @@ def preflight(settings: Settings) -> str | None:
         return problem
     if settings.admin_password is not None and len(settings.admin_password) < MIN_PASSWORD_CHARS:
         return f"LANEWAY_ADMIN_PASSWORD must have at least {MIN_PASSWORD_CHARS} characters"
+    from laneway.core.dispatch import RoutingParams
+
+    try:
+        RoutingParams.from_settings(settings)  # the routing profile names registered scorers
+    except ValueError as exc:
+        return str(exc)
     from laneway.engines import extras
     from laneway.engines.model_fetch import ModelFetchError
 

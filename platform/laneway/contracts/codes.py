@@ -20,6 +20,7 @@ class CodeInfo:
 
 
 _BAD = "invalid_request_error"
+_CLIENT = _BAD  # 499, the client's side (OpenAI has no type for it): the 4xx family's type
 _UNAVAILABLE = "service_unavailable"
 _LIMIT = "rate_limit_error"
 
@@ -57,10 +58,14 @@ class ErrorCode(StrEnum):
     TENANT_QUEUE_SHARE = "tenant_queue_share"
     PREDICTED_WAIT_EXCEEDED = "predicted_wait_exceeded"
     QUEUE_TIMEOUT = "queue_timeout"
-    # While running.
+    # The client's side while running (499, nginx's "client closed request"): it went away,
+    # or read so slowly that laneway cut it (docs/failure-contracts.md). Never laneway's fault.
     BACKPRESSURE = "backpressure"
     SLOW_CLIENT = "slow_client"
     CLIENT_DISCONNECTED = "client_disconnected"
+    # A batch's lines that never ran: written in its error file only (no HTTP status is sent).
+    BATCH_EXPIRED = "batch_expired"
+    BATCH_CANCELLED = "batch_cancelled"
     # laneway's or a dependency's fault.
     ENGINE_ERROR = "engine_error"
     ENGINE_START_FAILED = "engine_start_failed"
@@ -115,9 +120,13 @@ _INFO: dict[ErrorCode, CodeInfo] = {
     C.TENANT_QUEUE_SHARE: CodeInfo(503, _UNAVAILABLE, "tenant_queue_share", True),
     C.PREDICTED_WAIT_EXCEEDED: CodeInfo(503, _UNAVAILABLE, "predicted_wait", True),
     C.QUEUE_TIMEOUT: CodeInfo(503, _UNAVAILABLE, "queue_timeout", True),
-    C.BACKPRESSURE: CodeInfo(503, _UNAVAILABLE, "backpressure", False),
-    C.SLOW_CLIENT: CodeInfo(503, _UNAVAILABLE, "slow_client", False),
-    C.CLIENT_DISCONNECTED: CodeInfo(499, _BAD, "disconnect", False),
+    C.BACKPRESSURE: CodeInfo(499, _CLIENT, "backpressure", False),
+    C.SLOW_CLIENT: CodeInfo(499, _CLIENT, "slow_client", False),
+    C.CLIENT_DISCONNECTED: CodeInfo(499, _CLIENT, "disconnect", False),
+    # Expired: the window ended before a slot was free (laneway's capacity: submit it again).
+    # Cancelled: the tenant called the batch off (its side, as a client that left).
+    C.BATCH_EXPIRED: CodeInfo(503, _UNAVAILABLE, None, True),
+    C.BATCH_CANCELLED: CodeInfo(499, _CLIENT, None, False),
     C.ENGINE_ERROR: CodeInfo(503, _UNAVAILABLE, "engine_error", True),
     C.ENGINE_START_FAILED: CodeInfo(400, _BAD, None, False),
     C.SHUTTING_DOWN: CodeInfo(503, _UNAVAILABLE, "shutting_down", True),

@@ -19,6 +19,7 @@ _TYPE_BY_STATUS = {
     413: "invalid_request_error",
     415: "invalid_request_error",
     429: "rate_limit_error",
+    499: "invalid_request_error",  # the client's side (it left, or read too slowly): not laneway's
     500: "server_error",
     503: "service_unavailable",
 }
@@ -37,15 +38,14 @@ class GatewayError(Exception):
         *,
         param: str | None = None,
         retry_after: float | None = None,
-        status: int | None = None,
     ) -> None:
-        """`status` overrides the code's own only where one code answers with two statuses
-        (a 404 route vs a 404 row both say not_found); nearly every caller leaves it out."""
+        """Its status, type and retryability are the code's (contracts/codes.py): a caller
+        picks the code, never a status."""
         super().__init__(message)
         info = code.info
         self.code = code
-        self.status = status if status is not None else info.status
-        self.type = info.type if status is None else error_type(self.status)
+        self.status = info.status
+        self.type = info.type
         self.retryable = info.retryable
         self.message = message
         self.param = param

@@ -332,6 +332,7 @@ def _outcome(row: tuple[object, ...] | None) -> TenantSnapshot | GatewayError:
         budget_month,
         key_budget_day,
         key_budget_month,
+        min_ttft_target,
     ) = row
     if revoked_at is not None:
         return _unauthorized("This API key has been revoked.")
@@ -350,6 +351,7 @@ def _outcome(row: tuple[object, ...] | None) -> TenantSnapshot | GatewayError:
         allowed_models=frozenset(cast(list[str], models)) if models is not None else None,
         allowed_lanes=frozenset(cast("list[str] | None", lanes) or ()),
         priority_floor=cast(int, floor),
+        min_ttft_target_ms=cast("int | None", min_ttft_target),
         tokens_per_day=cast("int | None", per_day),
         tokens_per_month=cast("int | None", per_month),
         budget_per_day=cast("int | None", budget_day),

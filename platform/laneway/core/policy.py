@@ -35,6 +35,9 @@ class LanePolicy:
     # Background (batch work): runs only in the slots no foreground lane's request can use now,
     # and hands them back as its requests end (core/scheduler.py).
     background: bool = False
+    # Latency objectives in ms (core/slo.py); None: none. queue_timeout_s stays the hard bound.
+    ttft_target_ms: int | None = None
+    tpot_target_ms: int | None = None
 
     def matches(self, *, prompt_tokens: int, stream: bool, task: str | None) -> bool:
         if self.match_max_prompt_tokens is not None and prompt_tokens > self.match_max_prompt_tokens:
@@ -139,6 +142,8 @@ class PolicyStore:
                     max_unacked_tokens=r.max_unacked_tokens,
                     retry_after_s=r.retry_after_s,
                     background=r.background,
+                    ttft_target_ms=r.ttft_target_ms,
+                    tpot_target_ms=r.tpot_target_ms,
                 )
                 for r in await repo.lanes()
             )

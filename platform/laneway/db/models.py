@@ -30,6 +30,9 @@ class Tenant(Base):
     allowed_lanes: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     # The most urgent X-Laneway-Priority it may ask for (lower runs first); below is clamped.
     priority_floor: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The tightest X-Laneway-TTFT-Target-Ms it may ask for (tighter is clamped to it); None: it
+    # may not tighten its lanes' targets at all (migration 0014).
+    min_ttft_target_ms: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # Token quotas per calendar period in UTC (a day from 00:00, a month from the 1st); None: none.
     # BIGINT: a large tenant's month is past 2**31 tokens.
     tokens_per_day: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
@@ -121,6 +124,10 @@ class Lane(Base):
     retry_after_s: Mapped[int] = mapped_column(Integer, default=1)
     # Background lanes (batch work) take an engine slot only when no foreground request can.
     background: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The lane's latency objectives (migration 0014): time to first token and time per output
+    # token after it, in ms; None: no target. queue_timeout_s stays the hard bound.
+    ttft_target_ms: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tpot_target_ms: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class TaskPolicy(Base):

@@ -110,6 +110,7 @@ class KeyRows:
         Tenant.budget_per_month,
         ApiKey.budget_per_day,
         ApiKey.budget_per_month,
+        Tenant.min_ttft_target_ms,
     )
     BATCH = 500  # keys a query
 

@@ -4,7 +4,8 @@ A deployment's config is stored as JSON (the admin API, the CLI, the UI write it
 here when its engine is built. An unknown key is refused rather than ignored (a misspelt
 `paralel` would otherwise leave the default in force without a word), and a refusal names
 the key: it reaches the admin API, the UI and the CLI as the reason the deployment cannot
-start. Numbers given as strings are taken, as int()/float() took them before.
+start. Numbers given as strings are taken, as int()/float() took them before. Which kind
+decodes its config into which struct: engines/kinds.py.
 """
 
 from __future__ import annotations
@@ -119,10 +120,6 @@ class LlamaCppConfig(DeploymentConfig, kw_only=True):
     max_step_ms: float = 100.0  # batched: the time a step's prompt tokens are sized to (0: n_batch)
 
 
-CONFIG_TYPES: dict[str, type[DeploymentConfig]] = {
-    c.kind: c for c in (LlamaCppConfig, SimConfig, VLLMConfig, TritonConfig)
-}
-
 ConfigT = TypeVar("ConfigT", bound=DeploymentConfig)
 
 
@@ -137,13 +134,6 @@ def parse_config(cls: type[ConfigT], config: Mapping[str, Any] | ConfigT) -> Con
         return msgspec.convert(config, cls, strict=False)
     except msgspec.ValidationError as exc:
         raise _explained(cls, config, str(exc)) from None
-
-
-def check_config(kind: str, config: Mapping[str, Any]) -> None:
-    """Raise EngineConfigError if a known engine kind cannot take `config` (no engine is built)."""
-    cls = CONFIG_TYPES.get(kind)
-    if cls is not None:
-        parse_config(cls, config)
 
 
 def _explained(cls: type[DeploymentConfig], config: Any, said: str) -> EngineConfigError:

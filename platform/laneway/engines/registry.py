@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from laneway.engines.base import Engine, EngineError, system_prompt_chat
-from laneway.engines.kinds import REMOTE_ENGINE_KINDS, build_engine
+from laneway.engines.kinds import build_engine, find_engine_kind
 from laneway.types import DeploymentSpec
 
 log = logging.getLogger("laneway.engines")
@@ -55,7 +55,8 @@ class LiveDeployment:
     def shared(self) -> bool:
         """An engine outside this process, which other gateway replicas may front too: its slots
         are shared through Redis when there is one (config "shared_slots": false opts out)."""
-        return self.spec.engine_kind in REMOTE_ENGINE_KINDS and bool(self.spec.config.get("shared_slots", True))
+        kind = find_engine_kind(self.spec.engine_kind)
+        return kind is not None and kind.remote and bool(self.spec.config.get("shared_slots", True))
 
 
 EJECT_AFTER_FAILURES = 3

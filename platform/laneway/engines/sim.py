@@ -22,22 +22,20 @@ that contains `fault_marker` fails the call with EngineError.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import random
 import zlib
 from collections import deque
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
+from laneway.engines.adapter import DeploymentFacts, EngineAdapter
 from laneway.engines.base import EngineError, run_warmup, unit_rows
-from laneway.engines.chat_template import render_chat
-from laneway.engines.config import SimConfig, parse_config
+from laneway.engines.config import SimConfig
 from laneway.engines.demo_model import WORDS
-from laneway.engines.tool_calls import with_tools
-from laneway.types import ChatTurn, Delta, EmbeddingRequest, Embeddings, EngineInfo, GenerationRequest, PromptMeasure
+from laneway.types import Delta, EmbeddingRequest, Embeddings, GenerationRequest
 
 SIM_FINGERPRINT = "laneway-sim"
 
@@ -51,18 +49,14 @@ class _Sequence:
     prefilled: bool = False
 
 
-class SimEngine:
-    def __init__(
-        self,
-        alias: str,
-        config: Mapping[str, Any] | SimConfig,
-        *,
-        quantization: str = "sim",
-        gpu_type: str = "sim",
-        max_model_len: int | None = None,
-    ) -> None:
-        c = self.config = parse_config(SimConfig, config)
-        self.alias = alias
+class SimEngine(EngineAdapter[SimConfig]):
+    engine = "sim"
+    config_type = SimConfig
+    default_quantization = default_gpu_type = "sim"
+
+    def __init__(self, alias: str, config: Mapping[str, Any] | SimConfig, **row: Unpack[DeploymentFacts]) -> None:
+        super().__init__(alias, config, **row)
+        c = self.config
         self.prefill_ms_per_token = c.prefill_ms_per_token
         self.decode_ms_base = c.decode_ms_base
         self.decode_ms_per_seq = c.decode_ms_per_seq
@@ -71,21 +65,14 @@ class SimEngine:
         self.fault_after_tokens = c.fault_after_tokens
         self.warmup_ms = c.warmup_ms
         self.warmed_prompts = 0
-        self.info = EngineInfo(
-            engine="sim",
-            model=alias,
-            quantization=quantization,
-            gpu_type=gpu_type,
-            max_model_len=max_model_len or c.max_model_len,
-            max_concurrency=self.max_concurrency,
-        )
         self.embeddings = c.embeddings
+        self.info = self.describe(
+            context=self.max_model_len or c.max_model_len, slots=c.max_concurrency, embeddings_only=c.embeddings
+        )
         self.embedding_dim = c.embedding_dim
         self.embed_ms = c.embed_ms
         self.embedding_calls = 0  # embed() calls that reached the engine, ever
         self._embedding = 0  # embed() calls running now
-        if self.embeddings:
-            self.info = dataclasses.replace(self.info, capabilities=frozenset({"embeddings"}), generates=False)
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._wake = asyncio.Event()
@@ -112,17 +99,6 @@ class SimEngine:
     @property
     def waiting(self) -> int:
         return len(self._waiting)
-
-    async def measure(
-        self,
-        *,
-        prompt: str | None = None,
-        messages: Sequence[ChatTurn] | None = None,
-        tools: Sequence[dict[str, Any]] = (),  # no tools here: the gateway refuses them first
-        response_format: dict[str, Any] | None = None,
-    ) -> PromptMeasure:
-        text = render_chat(with_tools(messages, ())) if messages is not None else (prompt or "")
-        return PromptMeasure(text=text, tokens=max(1, (len(text) + 3) // 4))
 
     async def health(self) -> bool:
         return self._loop_task is not None and not self._loop_task.done()

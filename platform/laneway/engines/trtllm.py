@@ -27,30 +27,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
-from laneway.engines import extras
+from laneway.engines.adapter import DeploymentFacts, EngineAdapter
 from laneway.engines.base import EngineError, run_warmup
-from laneway.engines.chat_template import render_chat
-from laneway.engines.config import TritonConfig, parse_config
-from laneway.engines.tool_calls import with_tools
-from laneway.types import ChatTurn, Delta, EngineInfo, GenerationRequest, PromptMeasure
+from laneway.engines.config import TritonConfig
+from laneway.types import Delta, GenerationRequest
 
 
-class TritonTRTLLMEngine:
-    def __init__(
-        self,
-        alias: str,
-        config: Mapping[str, Any] | TritonConfig,
-        *,
-        quantization: str = "unknown",
-        gpu_type: str = "unknown",
-        max_model_len: int | None = None,
-    ) -> None:
-        c = self.config = parse_config(TritonConfig, config)
-        self.alias = alias
+class TritonTRTLLMEngine(EngineAdapter[TritonConfig]):
+    engine = "trtllm"
+    config_type = TritonConfig
+
+    def __init__(self, alias: str, config: Mapping[str, Any] | TritonConfig, **row: Unpack[DeploymentFacts]) -> None:
+        super().__init__(alias, config, **row)
+        c = self.config
         self.url = c.url
         self.model = c.model
         self.end_id = c.end_id
@@ -58,26 +51,21 @@ class TritonTRTLLMEngine:
         self.top_k = c.top_k
         self.bad_words = list(c.bad_words)
         self.ssl = c.ssl
-        self.info = EngineInfo(
-            engine="trtllm",
-            model=alias,
-            quantization=quantization,
-            gpu_type=gpu_type,
-            max_model_len=max_model_len or c.max_model_len,
-            max_concurrency=c.max_concurrency,
-            # The ensemble's optional presence_penalty / frequency_penalty tensors. Not declared:
-            # tools and JSON output (no guided decoding in the ensemble), n (beam_width is beam
-            # search, not n samples), logprobs (only the chosen tokens', no alternatives), logit_bias.
-            # Of the sampling extensions, the ensemble's top_k tensor (the config's top_k is the default).
-            capabilities=frozenset({"penalties", "top_k"}),
+        # The ensemble's optional presence_penalty / frequency_penalty tensors. Not declared:
+        # tools and JSON output (no guided decoding in the ensemble), n (beam_width is beam
+        # search, not n samples), logprobs (only the chosen tokens', no alternatives), logit_bias.
+        # Of the sampling extensions, the ensemble's top_k tensor (the config's top_k is the default).
+        self.info = self.describe(
+            context=self.max_model_len or c.max_model_len,
+            slots=c.max_concurrency,
+            capabilities={"penalties", "top_k"},
         )
         self.probe_timeout_s = c.probe_timeout_s
         self._client: Any = None
         self._active = 0
 
     async def start(self) -> None:
-        extras.require(extras.TRTLLM)  # an optional extra: say which, not ModuleNotFoundError
-        import tritonclient.grpc.aio as triton
+        import tritonclient.grpc.aio as triton  # the kind's extra: checked before it is built (kinds.py)
 
         client = triton.InferenceServerClient(self.url, ssl=self.ssl)
         try:
@@ -117,17 +105,6 @@ class TritonTRTLLMEngine:
         if self._client is None:
             return False
         return await self._unready_reason(self._client) is None
-
-    async def measure(
-        self,
-        *,
-        prompt: str | None = None,
-        messages: Sequence[ChatTurn] | None = None,
-        tools: Sequence[dict[str, Any]] = (),  # no tools here: the gateway refuses them first
-        response_format: dict[str, Any] | None = None,
-    ) -> PromptMeasure:
-        text = render_chat(with_tools(messages, ())) if messages is not None else (prompt or "")
-        return PromptMeasure(text=text, tokens=max(1, (len(text) + 3) // 4))
 
     async def warmup(self, prompts: Sequence[str]) -> None:
         await run_warmup(self, prompts)

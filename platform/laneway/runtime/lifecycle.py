@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 log = logging.getLogger("laneway")
 
 Stop = Callable[[], Awaitable[object]]
+# A start step: starts one service and returns its stop (None: nothing to stop), or raises
+# having left nothing of its own running.
+Start = Callable[[], Awaitable[Stop | None]]
 
 
 class Lifecycle:
@@ -22,6 +25,16 @@ class Lifecycle:
         self._stops: list[tuple[str, Stop]] = []
         self.started: list[str] = []  # in order, for logs and tests
         self.stopped: list[str] = []
+
+    async def start(self, steps: Iterable[tuple[str, Start]]) -> None:
+        """Run the steps in order, each one's stop kept as it returns; when one raises, what had
+        started is stopped, in reverse, and the error propagates."""
+        try:
+            for name, start in steps:
+                self.started_step(name, await start())
+        except BaseException:
+            await self.stop()
+            raise
 
     def started_step(self, name: str, stop: Stop | None = None) -> None:
         self.started.append(name)

@@ -150,7 +150,7 @@ def runtime_readings(
                     d.engine.prompt_tokens_computed,
                 )
             )
-    learned = gateway.waiting.latency.readings()
+    learned = gateway.latency_readings()
     for d in gateway.registry.deployments():
         readings = learned.get(d.spec.name)
         if readings is not None:

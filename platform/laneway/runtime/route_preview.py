@@ -1,10 +1,10 @@
 """The admin route tester's planner: a request body read as the API reads it (api/request.py:
-the same decoding, checks and headers), then prepared as the pipeline prepares it (the
-Preparer: resolve, measure, policy, lane; a fallback alias when the alias has no healthy
-replica), and, for an alias that binds late, the replica dispatch would pick now, asked of
-the picker in a dry run. Nothing is taken or recorded: no rate limit, no admission, no
-queue, no prefix index. Composed here, where the API and the pipeline may both be reached
-(the admin pages get it through the `route_planner` dependency)."""
+the same decoding, checks and headers), then the Gateway's dry run of it (its own prepare:
+resolve, measure, policy, lane, a fallback alias when the alias has no healthy replica; and,
+for an alias that binds late, the replica dispatch would pick now). Nothing is taken or
+recorded: no rate limit, no admission, no queue, no prefix index. Composed here, where the
+API and the pipeline may both be reached (the admin pages get it through the `route_planner`
+dependency)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from laneway.api import protocol as p
 from laneway.api.request import chat_intent, completion_intent, decode
 from laneway.contracts.errors import invalid_request
 from laneway.core.pipeline import Gateway
-from laneway.core.scheduler import Ticket
 from laneway.types import TenantSnapshot
 
 
@@ -51,34 +50,13 @@ class RoutePlanner:
         else:
             raise invalid_request(f"Unknown endpoint '{endpoint}' (chat or completions).", param="endpoint")
         gateway = self.gateway
-        # The pipeline's own prepare; a fallback is chosen for an unhealthy replica, as serving
-        # would (whether its queue would admit it depends on the moment: not asked).
-        call = await gateway.preparer.serving(tenant, intent, lambda c: c.deployment.healthy)
-        waiting = gateway.waiting
-        replicas, pick = [call.deployment], None
-        if waiting.late(call):
-            gen = call.generation
-            route = waiting.dispatch.ticket_route(
-                gen.prompt, gen.cache_salt, call.prompt_cache_key, call.needs, gen.prompt_tokens
-            )
-            ticket = Ticket(
-                request_id=call.request_id,
-                tenant_id=tenant.id,
-                weight=tenant.weight,
-                cost=0,
-                lane=call.lane,
-                route=route,
-            )
-            replicas = waiting.dispatch.alias_scheduler(call.alias).candidates(ticket)
-            pick = waiting.dispatch.picker.pick(
-                route.route, replicas, lambda d: waiting.scheduler(d).capacity, dry_run=True
-            )
+        run = await gateway.dry_run(tenant, intent)
         return RoutePlan(
-            call=call,
+            call=run.call,
             policies=gateway.policies.current,
             requested_max_tokens=intent.max_tokens,
-            default_max_tokens=gateway.preparer.default_max_tokens,
-            replicas=replicas,
-            pick=pick,
+            default_max_tokens=gateway.default_max_tokens,
+            replicas=run.replicas,
+            pick=run.pick,
             explicit_lane=intent.lane,
         )

@@ -3,18 +3,22 @@ and the scan that lets it refuse a whole request without running the HTTP parser
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import NamedTuple
 
 from laneway.api.request_ids import HEADER as REQUEST_ID_HEADER
 from laneway.api.request_ids import fresh_request_id
+from laneway.contracts.codes import ErrorCode
 
 TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+_OVERLOADED = ErrorCode.OVERLOADED  # written here once, at import: its status and type are the code's
 _OVERLOADED_BODY = (
-    b'{"error": {"message": "The gateway is overloaded; retry shortly.", "type": "service_unavailable", '
-    b'"param": null, "code": "overloaded"}}'
-)
+    f'{{"error": {{"message": "The gateway is overloaded; retry shortly.", "type": "{_OVERLOADED.info.type}", '
+    f'"param": null, "code": "{_OVERLOADED.value}"}}}}'
+).encode()
 _OVERLOADED_HEAD = (  # then the X-Request-Id, as on every response (api/request_ids.py)
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+    f"HTTP/1.1 {_OVERLOADED.status} {HTTPStatus(_OVERLOADED.status).phrase}\r\n".encode()
+    + b"content-type: application/json\r\nretry-after: 1\r\n"
     b"content-length: " + str(len(_OVERLOADED_BODY)).encode() + b"\r\nx-request-id: "
 )
 _OVERLOADED_TAIL = b"\r\n\r\n" + _OVERLOADED_BODY

@@ -33,7 +33,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from litestar.middleware import DefineMiddleware
@@ -47,6 +47,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, set_
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from laneway import __version__
+from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.contracts.scope import RECEIVED_AT, TRACE_KEY
 
@@ -54,13 +55,6 @@ if TYPE_CHECKING:
     from laneway.core.pipeline import Call
     from laneway.types import TenantSnapshot
 
-# The endpoints traced, by path: the root span's name.
-ROOT_SPANS = {
-    "/v1/chat/completions": "chat.completions",
-    "/v1/completions": "completions",
-    "/v1/embeddings": "embeddings",
-    "/v1/responses": "responses",
-}
 # gen_ai.operation.name by Call.endpoint (the Responses API runs on the chat pipeline).
 _OPERATION = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings", "responses": "chat"}
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -81,8 +75,10 @@ class Tracing:
         self.tracer: Tracer = self.provider.get_tracer("laneway", __version__)
         self.endpoint = endpoint
 
-    def middleware(self) -> DefineMiddleware:
-        return DefineMiddleware(TracingMiddleware, tracing=self)
+    def middleware(self, spans: Mapping[str, str]) -> DefineMiddleware:
+        """The middleware that traces the POST routes of `spans` (path -> the root span's name:
+        the API's endpoints, api/registry.py)."""
+        return DefineMiddleware(TracingMiddleware, tracing=self, spans=dict(spans))
 
     def begin(self, name: str, scope: Scope) -> RequestTrace:
         return RequestTrace(self.tracer, name, scope)
@@ -122,13 +118,14 @@ class TracingMiddleware:
     """Opens the root span of each traced endpoint's request (put in the scope under TRACE_KEY)
     and ends it when the response is sent, unless the request's lease has taken it over."""
 
-    def __init__(self, app: ASGIApp, tracing: Tracing) -> None:
+    def __init__(self, app: ASGIApp, tracing: Tracing, spans: dict[str, str]) -> None:
         self.app = app
         self.tracing = tracing
+        self.spans = spans
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw = cast("dict[str, Any]", scope)
-        name = ROOT_SPANS.get(raw["path"]) if raw["type"] == "http" and raw["method"] == "POST" else None
+        name = self.spans.get(raw["path"]) if raw["type"] == "http" and raw["method"] == "POST" else None
         if name is None:
             await self.app(scope, receive, send)
             return
@@ -220,7 +217,8 @@ class RequestTrace:
             self._span("auth", start, time.time_ns(), status=exc.status, code=exc.code)
             raise
         except BaseException:
-            self._span("auth", start, time.time_ns(), status=500, code="internal_error")
+            code = ErrorCode.INTERNAL_ERROR
+            self._span("auth", start, time.time_ns(), status=code.status, code=code)
             raise
         self._auth_end = time.time_ns()
         self._span("auth", start, self._auth_end, attributes={"laneway.tenant": tenant.name})

@@ -19,7 +19,6 @@ from laneway.core.auth import KeyAuthenticator, hash_secret
 from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath, FromQuery
 
-openapi.register_wire_types(BatchObject, BatchList, CreateBatchRequest)
 BATCH_ERRORS = (400, 401, 403, 404, 500, 503)
 METADATA_KEYS, METADATA_KEY_LEN, METADATA_VALUE_LEN = 16, 64, 512
 

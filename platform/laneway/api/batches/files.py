@@ -16,7 +16,6 @@ from litestar.datastructures import UploadFile
 from litestar.params import FromPath, FromQuery
 
 UPLOAD_LIMIT = 210 * 1024 * 1024  # the body: the 200 MB file and its multipart framing
-openapi.register_wire_types(FileObject, FileList, FileDeleted)
 FILE_ERRORS = (400, 401, 403, 404, 500, 503)
 
 

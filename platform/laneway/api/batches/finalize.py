@@ -8,11 +8,15 @@ from __future__ import annotations
 import asyncio
 
 from laneway.api.batches.lines import not_run
+from laneway.contracts.codes import ErrorCode
 from laneway.db.batch_store import BatchStore
 
-NOT_RUN = {
-    "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
-    "cancelled": ("batch_cancelled", "This request was not executed: the batch was cancelled."),
+NOT_RUN = {  # a line's state -> its error file line (OpenAI's codes for lines that never ran)
+    "expired": (
+        ErrorCode.BATCH_EXPIRED,
+        "This request could not be executed before the completion window expired.",
+    ),
+    "cancelled": (ErrorCode.BATCH_CANCELLED, "This request was not executed: the batch was cancelled."),
 }
 
 

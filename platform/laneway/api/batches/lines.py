@@ -15,12 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from laneway.api.embeddings import create_embeddings
-from laneway.api.handlers import chat_completions, completions
 from laneway.api.protocol import ErrorBody, ErrorEnvelope
-from laneway.api.request import Incoming
+from laneway.api.registry import batch_endpoint
 from laneway.api.request_ids import request_id as scope_request_id
-from laneway.api.responses.handler import create_response
 from laneway.api.services import ApiServices
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
@@ -29,13 +26,6 @@ from laneway.core.ids import random_hex
 from litestar import Response
 
 log = logging.getLogger("laneway.batches")
-Handler = Callable[[Incoming, ApiServices], Awaitable[Any]]
-HANDLERS: dict[str, Handler] = {
-    "/v1/chat/completions": chat_completions,
-    "/v1/completions": completions,
-    "/v1/embeddings": create_embeddings,
-    "/v1/responses": create_response,
-}
 RETRY_FLOOR_S = 1.0  # a retryable refusal that named no wait (an engine error) waits this long
 
 
@@ -136,8 +126,12 @@ async def run_line(api: ApiServices, endpoint: str, custom_id: str, key_sha256: 
             return LineOutcome(retry_after=_wait(exc))
         return answered(custom_id, exc.status, "req_" + random_hex(), _error_body(exc))
     request = LineRequest(tenant, body.encode())
+    served = batch_endpoint(endpoint)  # api/registry.py: what a batch may name
+    if served is None:  # the batch was created by a gateway that served an endpoint this one lacks
+        error = GatewayError(ErrorCode.NOT_FOUND, f"This gateway serves no batch endpoint {endpoint[:80]}.")
+        return answered(custom_id, error.status, _rid(request), _error_body(error))
     try:
-        response = await HANDLERS[endpoint](request, api)
+        response = await served.handler(request, api)
     except GatewayError as exc:
         if exc.retryable:
             return LineOutcome(retry_after=_wait(exc))

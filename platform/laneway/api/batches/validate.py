@@ -11,11 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
+from laneway.api.registry import batch_paths
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError, invalid_request
 from laneway.types import TenantSnapshot
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 WINDOWS = {"24h": 24 * 3600}
 MAX_CUSTOM_ID = 512
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # a custom_id is stored as text: PostgreSQL holds no NUL
@@ -40,10 +40,9 @@ def _bad(line: int | None, message: str, param: str = "input_file_id") -> Gatewa
 
 
 def check_request(endpoint: str, completion_window: str) -> None:
-    if endpoint not in ENDPOINTS:
-        raise invalid_request(
-            f"`endpoint` must be one of {', '.join(ENDPOINTS)}; got '{endpoint[:80]}'.", param="endpoint"
-        )
+    paths = batch_paths()  # the endpoints marked `batch` (api/registry.py)
+    if endpoint not in paths:
+        raise invalid_request(f"`endpoint` must be one of {', '.join(paths)}; got '{endpoint[:80]}'.", param="endpoint")
     if completion_window not in WINDOWS:
         raise invalid_request(
             f"`completion_window` must be '24h'; got '{completion_window[:20]}'.", param="completion_window"

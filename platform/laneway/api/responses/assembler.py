@@ -13,6 +13,7 @@ import msgspec
 
 from laneway.api.responses import protocol as rp
 from laneway.api.sse import named_event
+from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.core.pipeline import Call
 from laneway.types import Delta, FinishReason, ToolCall
@@ -98,7 +99,7 @@ class ResponseAssembler:
         self._close_message("incomplete", announce=False)
         self._close_calls("incomplete", announce=False)
         response = self.snapshot("failed")
-        response.error = rp.ResponseError(code="server_error", message=error.message)
+        response.error = rp.ResponseError(code=ErrorCode.SERVER_ERROR, message=error.message)
         self._emit(rp.ResponseFailed(response=response))
         return b"".join(self._take())
 
@@ -194,7 +195,7 @@ class ResponseAssembler:
             response.incomplete_details = rp.IncompleteDetails(reason="max_output_tokens")
         elif status == "failed":
             response.error = rp.ResponseError(
-                code="server_error", message=f"The generation ended: {self.finish_reason}."
+                code=ErrorCode.SERVER_ERROR, message=f"The generation ended: {self.finish_reason}."
             )
         else:
             response.completed_at = int(time.time())

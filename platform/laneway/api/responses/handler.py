@@ -15,11 +15,11 @@ from __future__ import annotations
 import typing
 from collections.abc import AsyncIterator
 
-from litestar import Controller, Request, Response, post
+from litestar import Response
 from litestar.response import Stream
 
-from laneway.api import openapi
 from laneway.api.disconnect import ClientDisconnected, HttpClient
+from laneway.api.endpoints import Endpoint
 from laneway.api.request import Incoming, authenticate, decode, hints
 from laneway.api.responses import protocol as rp
 from laneway.api.responses.assembler import ResponseAssembler, in_progress, response_usage
@@ -32,7 +32,7 @@ from laneway.api.responses.request import (
     refuse_unsupported,
     text_format,
 )
-from laneway.api.services import Api, ApiServices
+from laneway.api.services import ApiServices
 from laneway.api.stream import respond, sse
 from laneway.contracts.errors import GatewayError
 from laneway.core.pipeline import CLIENT_CLOSED, Completed, GenerationIntent, Streaming
@@ -41,22 +41,8 @@ from laneway.core.pipeline import CLIENT_CLOSED, Completed, GenerationIntent, St
 _RESPONSES_PARAM = {"messages": "input", "response_format": "text.format", "max_tokens": "max_output_tokens"}
 
 
-class ResponsesController(Controller):
-    path = "/v1"
-
-    @post(
-        "/responses",
-        status_code=200,
-        operation_class=openapi.generation(
-            rp.ResponseObject, rp.ResponsesRequest, stream_events=typing.get_args(rp.StreamEvent)
-        ),
-    )
-    async def create_response(self, request: Request, api: Api) -> Response[bytes] | Stream:  # type: ignore[type-arg]
-        return await create_response(request, api)
-
-
 async def create_response(request: Incoming, api: ApiServices) -> Response[bytes] | Stream:
-    """POST /v1/responses, for the controller and for a batch's lines (api/batches/lines.py)."""
+    """POST /v1/responses."""
     tenant = await authenticate(request, api.authenticator)
     req = await decode(request, rp.ResponsesRequest)  # an unknown parameter is a 400 naming it
     refuse_unsupported(req)
@@ -102,3 +88,14 @@ async def create_response(request: Incoming, api: ApiServices) -> Response[bytes
         return sse(stream, assembler.start(), assembler.feed, None, fail=assembler.failed, done=b"")
 
     return respond(api, answer, body, events)
+
+
+RESPONSES = Endpoint(
+    "/v1/responses",
+    create_response,
+    name="create_response",
+    request=rp.ResponsesRequest,
+    response=rp.ResponseObject,
+    stream_events=typing.get_args(rp.StreamEvent),
+    span="responses",
+)

@@ -1,10 +1,11 @@
 """Which replica a request goes to, once dispatch has taken it from the alias's fair queue.
 
-Each candidate gets the scorers' sum: prefix affinity (the share of the prompt it most likely
-holds) plus session affinity (it served the request's prompt_cache_key last) minus its load.
-The imbalance guard: a replica whose load exceeds the least loaded candidate's by more than
-`imbalance` (in slots' worth) loses its affinity bonus, so a hot prefix spreads once its
-replica is busier than the rest, instead of queueing everything there.
+Each candidate gets the sum of the routing profile's scorers (scorers/: by default prefix
+affinity, the share of the prompt it most likely holds, plus session affinity, it served the
+request's prompt_cache_key last, minus its load). The imbalance guard: a replica whose load
+exceeds the least loaded candidate's by more than `imbalance` (in slots' worth) loses its
+affinity scorers' bonus, so a hot prefix spreads once its replica is busier than the rest,
+instead of queueing everything there.
 
 Ties (nothing cached anywhere, equal load) go by a rendezvous hash of the request's anchor
 (its session key or first block): every gateway replica, whatever its own index holds,
@@ -18,7 +19,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from laneway.core.dispatch.prefix_index import PrefixIndex, Route
-from laneway.core.dispatch.scorers import Candidate, LoadScorer, PrefixScorer, SessionScorer
+from laneway.core.dispatch.scorers import (
+    DEFAULT_PROFILE,
+    Candidate,
+    LoadScorer,
+    Profile,
+    build_scorers,
+    parse_profile,
+)
 from laneway.engines.base import LoadReportingEngine, PrefixTrackingEngine
 from laneway.engines.registry import LiveDeployment
 
@@ -27,22 +35,24 @@ HASH_WEIGHT = 1e-3  # below any real score difference: it only breaks ties
 
 @dataclass(frozen=True, slots=True)
 class RoutingParams:
-    prefix_weight: float = 1.0
-    session_weight: float = 0.5
-    load_weight: float = 0.5
+    profile: Profile = DEFAULT_PROFILE  # the scorers and their weights
     imbalance: float = 1.0
     block_bytes: int = 256
     index_blocks: int = 0  # per replica; 0: from the engine's KV capacity
 
     @classmethod
     def from_settings(cls, settings: object) -> RoutingParams:
-        return cls(**{f: getattr(settings, f"routing_{f}") for f in cls.__dataclass_fields__})
+        """From the routing_* settings; a profile naming an unknown scorer or a bad weight is a
+        ValueError naming it (at start, not at the first request)."""
+        values = {f: getattr(settings, f"routing_{f}") for f in cls.__dataclass_fields__}
+        values["profile"] = parse_profile(values["profile"])
+        return cls(**values)
 
 
 @dataclass(frozen=True, slots=True)
 class Placement:
     replica: LiveDeployment
-    reason: str  # "prefix", "session", "load" or "hash": what decided it (a metric label)
+    reason: str  # the name of the scorer that explains it ("session", "prefix", "load") or "hash" (a metric label)
     cached_tokens: int  # prompt tokens the replica most likely holds (estimated)
 
 
@@ -68,9 +78,12 @@ class Picker:
     def __init__(self, params: RoutingParams, index: PrefixIndex | None = None) -> None:
         self.params = params
         self.index = index or PrefixIndex()
-        self.prefix = PrefixScorer(params.prefix_weight)
-        self.session = SessionScorer(params.session_weight)
-        self.load = LoadScorer(params.load_weight)
+        self.scorers = build_scorers(params.profile)
+        # Split and ordered once, not per request: the guard drops the affinity scorers' share,
+        # and the reason is asked of the scorers in precedence order.
+        self._affinity = tuple(p.scorer for p in self.scorers if p.scorer.affinity)
+        self._plain = tuple(p.scorer for p in self.scorers if not p.scorer.affinity)
+        self._explainers = tuple(sorted(self.scorers, key=lambda p: p.scorer.precedence))
         self.figures: dict[str, ReplicaFigures] = {}
 
     def index_capacity(self, replica: LiveDeployment) -> int:
@@ -96,6 +109,7 @@ class Picker:
             load=LoadScorer.load_of(replica.outstanding, capacity(replica), reported),
             cached_share=share,
             session=route.session_key is not None and self.index.session(route.session_key) == name,
+            replica=replica,
         )
 
     def pick(
@@ -110,22 +124,25 @@ class Picker:
         recording nothing (no prefix index, session or figures update)."""
         candidates = [self.candidate(r, route, capacity) for r in replicas]
         least = min(c.load for c in candidates)
-        best_i, best_score, best_reason = 0, float("-inf"), "hash"
+        imbalance = self.params.imbalance
+        best_i, best_score = 0, float("-inf")
         for i, c in enumerate(candidates):
-            affinity = self.prefix.score(c) + self.session.score(c)
-            if c.load - least > self.params.imbalance:
-                affinity = 0.0  # the imbalance guard
-            score = affinity + self.load.score(c) + HASH_WEIGHT * _rendezvous(route.anchor, c.name)
+            score = 0.0
+            if c.load - least <= imbalance:  # else the imbalance guard: no affinity bonus
+                for scorer in self._affinity:
+                    score += scorer.score(c, route)
+            for scorer in self._plain:
+                score += scorer.score(c, route)
+            score += HASH_WEIGHT * _rendezvous(route.anchor, c.name)
             if score > best_score:
                 best_i, best_score = i, score
         chosen, c = replicas[best_i], candidates[best_i]
-        guarded = c.load - least > self.params.imbalance
-        if c.session and not guarded:
-            best_reason = "session"
-        elif c.cached_share > 0 and not guarded:
-            best_reason = "prefix"
-        elif any(abs(o.load - c.load) > 1e-9 for o in candidates):
-            best_reason = "load"
+        guarded = c.load - least > imbalance
+        best_reason = "hash"
+        for p in self._explainers:
+            if not (guarded and p.scorer.affinity) and p.scorer.explains(c, candidates):
+                best_reason = p.name
+                break
         name = chosen.spec.name
         prompt_tokens = len(route.token_ids) if route.token_ids else len(route.blocks) * route.block_tokens
         cached_tokens = round(c.cached_share * prompt_tokens)

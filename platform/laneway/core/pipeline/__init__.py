@@ -4,12 +4,14 @@ See gateway.py for the order of the stages."""
 
 from laneway.core.pipeline.answers import Client, Completed, Embedded, Streaming
 from laneway.core.pipeline.call import CLIENT_CLOSED, Call, CallTrace, engine_request_id
+from laneway.core.pipeline.config import GatewayConfig
 from laneway.core.pipeline.failover import RetryBudget
 from laneway.core.pipeline.gateway import Gateway
 from laneway.core.pipeline.intent import EmbeddingIntent, GenerationIntent, Intent
 from laneway.core.pipeline.lease import Lease
 from laneway.core.pipeline.outcome import Outcome, OutcomeSink
 from laneway.core.pipeline.prepare import MAX_EMBEDDING_TOKENS
+from laneway.core.pipeline.waiting import DryRun
 
 __all__ = [
     "CLIENT_CLOSED",
@@ -18,9 +20,11 @@ __all__ = [
     "CallTrace",
     "Client",
     "Completed",
+    "DryRun",
     "Embedded",
     "EmbeddingIntent",
     "Gateway",
+    "GatewayConfig",
     "GenerationIntent",
     "Intent",
     "Lease",

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from laneway.contracts.codes import ErrorCode
 from laneway.core.early_stops import EarlyStopRule
 from laneway.core.policy import LanePolicy
 from laneway.core.prices import Price
@@ -15,7 +16,8 @@ if TYPE_CHECKING:
     from laneway.core.latency import Attempt
     from laneway.engines.registry import LiveDeployment
 
-CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
+# nginx's status for "the client went away first": what a handler answers a client that left
+CLIENT_CLOSED = ErrorCode.CLIENT_DISCONNECTED.status
 
 
 def engine_request_id(request_id: str, client_request_id: str | None) -> str:
@@ -67,8 +69,7 @@ class Call:
     first_token_at: float | None = None
     completion_tokens: int = 0
     finish_reason: FinishReason | None = None
-    status: int = 200
-    error_code: str | None = None
+    error_code: ErrorCode | None = None  # why it did not end well (Call.fail); None: it did
     reported_prompt_tokens: int | None = None  # the engine's exact count, when it reports one
     client_request_id: str | None = None  # the client's own X-Request-Id (api/request_ids.py)
     trace: CallTrace | None = None  # its spans, when tracing is on: else no tracer call
@@ -84,6 +85,7 @@ class Call:
     early_stop: str | None = None  # the early stop that ended its decoding, if one did
     tokens_saved: int = 0  # max_tokens less what the choices it cut had decoded (an estimate)
     price: Price | None = None  # its alias's price when it was prepared: its cost is at this one
+    ttft_target_ms: float | None = None  # its TTFT target: the lane's, or tighter as granted (core/slo.py)
     latency: Attempt | None = None  # its attempt in its replica's latency model (core/latency/)
 
     @property
@@ -92,15 +94,21 @@ class Call:
         it never reached an engine (refused, or it left while queued): nothing was computed."""
         if self.price is None:
             return None
-        if self.dispatched_at is None or self.error_code == "preempted":
+        if self.dispatched_at is None or self.error_code is ErrorCode.PREEMPTED:
             return 0  # a preempted batch line's work was laneway's to discard; its rerun is billed
         return self.price.cost(self.prompt_tokens, self.completion_tokens)
 
-    def fail(self, status: int, code: str | None) -> None:
+    def fail(self, code: ErrorCode) -> None:
         """Record why the request did not end well; the first cause stands (a backpressure
-        cut or a shutdown is not relabelled by the cancellation it causes)."""
-        if self.error_code is None and self.status == 200:
-            self.status, self.error_code = status, code
+        cut or a shutdown is not relabelled by the cancellation it causes). Its status is the
+        code's (contracts/codes.py): no caller picks one."""
+        if self.error_code is None:
+            self.error_code = code
+
+    @property
+    def status(self) -> int:
+        """What the usage row, the metrics and the trace record: 200, or its error code's status."""
+        return 200 if self.error_code is None else self.error_code.status
 
     @property
     def public_model(self) -> str:

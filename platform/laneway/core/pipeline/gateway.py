@@ -11,8 +11,9 @@
 A non-streaming request is answered whole (Completed, Embedded) and its lease released here.
 A stream comes back admitted (Streaming): its lease then belongs to the response that sends
 it, which releases it when the stream ends. The outcome is classified once, by whoever first
-knows it (`Call.fail`): the client leaving is 499; an engine fault, a dependency or a shutdown
-is 503 (500 for a bug), with its own code, never mistaken for 499.
+knows it (`Call.fail`, given an ErrorCode: the status is the code's): the client leaving, or
+reading too slowly, is 499; an engine fault, a dependency or a shutdown is 503 (500 for a
+bug), with its own code, never mistaken for 499.
 """
 
 from __future__ import annotations
@@ -26,16 +27,18 @@ from typing import Any, TypeVar, overload
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError, shutting_down
 from laneway.core import load_shedding
-from laneway.core.dispatch import RoutingParams
+from laneway.core.dispatch import ReplicaFigures
+from laneway.core.latency import LatencyReadings
 from laneway.core.pipeline.answers import Client, Completed, Embedded, Streaming
-from laneway.core.pipeline.call import CLIENT_CLOSED, Call
+from laneway.core.pipeline.call import Call
+from laneway.core.pipeline.config import GatewayConfig
 from laneway.core.pipeline.failover import EarlyEngineFailure, Failover, RetryBudget
 from laneway.core.pipeline.generate import embed_call, engine_failed, generate_deltas
 from laneway.core.pipeline.intent import EmbeddingIntent, GenerationIntent, Intent
 from laneway.core.pipeline.lease import Lease
 from laneway.core.pipeline.outcome import Outcome, OutcomeSink
 from laneway.core.pipeline.prepare import Preparer
-from laneway.core.pipeline.waiting import Scheduler, Waiting
+from laneway.core.pipeline.waiting import DryRun, Scheduler, Waiting
 from laneway.core.policy import PolicyStore
 from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, Reservation
 from laneway.core.scheduler import Ticket
@@ -55,34 +58,30 @@ class Gateway:
         policies: PolicyStore,
         limiter: RateLimiter | None = None,
         *,
+        config: GatewayConfig | None = None,
         sinks: Sequence[OutcomeSink] = (),
-        default_max_tokens: int = 512,
-        quantum: int = 64,
-        starvation_share: float = 0.1,
-        headroom: int = 1,
-        background_reserve: int = 1,
         shared_slots: SharedSlots | None = None,
-        max_tries: int = 2,
-        retry_budget: RetryBudget | None = None,
-        routing: str = "cache_aware",
-        routing_params: RoutingParams | None = None,
     ) -> None:
+        """`config`: the tuning (core/pipeline/config.py); `sinks` take each finished request's
+        outcome; `shared_slots` shares remote engines' slots with other gateway replicas."""
+        config = config or GatewayConfig()
         self.registry = registry
         self.shared_slots = shared_slots
         self.policies = policies
         self.limiter: RateLimiter = limiter or MemoryRateLimiter()
         self.sinks = tuple(sinks)
-        self.preparer = Preparer(registry, policies, default_max_tokens=default_max_tokens)
-        self.failover = Failover(registry, max_tries=max_tries, budget=retry_budget)
+        self.preparer = Preparer(registry, policies, default_max_tokens=config.default_max_tokens)
+        budget = RetryBudget(config.retry_ratio, config.retry_minimum, config.retry_window_s)
+        self.failover = Failover(registry, max_tries=config.max_tries, budget=budget)
         self.waiting = Waiting(
             registry,
             shared_slots=shared_slots,
-            routing=routing,
-            routing_params=routing_params,
-            quantum=quantum,
-            starvation_share=starvation_share,
-            headroom=headroom,
-            background_reserve=background_reserve,
+            routing=config.routing,
+            routing_params=config.routing_params,
+            quantum=config.quantum,
+            starvation_share=config.starvation_share,
+            headroom=config.headroom,
+            background_reserve=config.background_reserve,
         )
         self._background: set[asyncio.Task[Any]] = set()
         self._leases: set[Lease] = set()  # opened and not yet released
@@ -119,7 +118,7 @@ class Gateway:
             owned = False  # the stream's owner releases it when the stream ends
             return stream
         except BaseException as exc:
-            call.fail(*self.outcome_of(exc))
+            call.fail(self.outcome_of(exc))
             raise
         finally:
             if owned:
@@ -200,7 +199,7 @@ class Gateway:
             load_shedding.queued()  # from here it waits for the engine, not for this loop
             await self.waiting.acquire(lease, tokens)
         except BaseException as exc:
-            call.fail(*self.outcome_of(exc))
+            call.fail(self.outcome_of(exc))
             raise
 
     async def admit(self, call: Call) -> Lease:
@@ -251,32 +250,15 @@ class Gateway:
                         failure.reason,
                         target.spec.name,
                     )
-                    await self._rebind(lease, target)
+                    await self.waiting.rebind(lease, target)
+                    self.failover.budget.requested(target.spec.name)
                 finally:
                     await attempt.aclose()  # at once: closing it cancels the engine's work
         except BaseException as exc:
-            call.fail(*self.outcome_of(exc))
+            call.fail(self.outcome_of(exc))
             raise
         finally:
             lease.end_generation()
-
-    async def _rebind(self, lease: Lease, target: LiveDeployment) -> None:
-        """Move an admitted lease whose replica failed to `target`: the old slot and outstanding
-        count were given back when its generation ended; it waits for a slot there."""
-        call, old = lease.call, lease.ticket
-        assert old is not None
-        lease.ticket = None
-        call.deployment = target
-        call.completion_tokens, call.reported_prompt_tokens, call.first_token_at = 0, None, None
-        target.outstanding += 1
-        lease.reopen_generation()
-        ticket = Ticket(
-            request_id=call.request_id, tenant_id=old.tenant_id, weight=old.weight, cost=old.cost, lane=old.lane
-        )
-        await self.scheduler(target).acquire(ticket)
-        lease.ticket = ticket
-        self.waiting.track(call, time.perf_counter())
-        self.failover.budget.requested(target.spec.name)
 
     async def embed(self, lease: Lease) -> Embeddings:
         assert lease.ticket is not None and lease.ticket.granted is not None, "admit() first"
@@ -302,18 +284,16 @@ class Gateway:
         if not task.cancelled() and task.exception() is None:
             self.limiter.settle(task.result(), 0)
 
-    def outcome_of(self, exc: BaseException) -> tuple[int, str]:
-        """(status, code) for a request ended by `exc`, when nothing more specific was recorded."""
+    def outcome_of(self, exc: BaseException) -> ErrorCode:
+        """The code of a request ended by `exc`, when nothing more specific was recorded."""
         if isinstance(exc, GatewayError):
-            return exc.status, exc.code
+            return exc.code
         if isinstance(exc, asyncio.CancelledError | GeneratorExit):
             # Nobody said why: during a shutdown it is the server's doing, otherwise the client's.
-            if self.draining:
-                return 503, ErrorCode.SHUTTING_DOWN
-            return CLIENT_CLOSED, ErrorCode.CLIENT_DISCONNECTED
+            return ErrorCode.SHUTTING_DOWN if self.draining else ErrorCode.CLIENT_DISCONNECTED
         if isinstance(exc, EngineError):
-            return 503, ErrorCode.ENGINE_ERROR
-        return 500, ErrorCode.INTERNAL_ERROR
+            return ErrorCode.ENGINE_ERROR
+        return ErrorCode.INTERNAL_ERROR
 
     # ---- what a lease gives back (LeaseOwner) ----
     def release_slot(self, call: Call, ticket: Ticket | None, placement: Ticket | None) -> None:
@@ -338,6 +318,33 @@ class Gateway:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    # ---- what the runtime and the admin read, without reaching into the stages ----
+    @property
+    def default_max_tokens(self) -> int:
+        """prepare's max_tokens when neither the request nor its task sets one."""
+        return self.preparer.default_max_tokens
+
+    async def dry_run(self, tenant: TenantSnapshot, intent: GenerationIntent) -> DryRun:
+        """What serve() would decide for `intent` now, running none of it (the admin's route
+        tester): the pipeline's own prepare, a fallback chosen for an unhealthy replica as
+        serving would (whether its queue admits it depends on the moment: not asked), then the
+        replicas dispatch would weigh and its choice. No limit, queue or index is touched."""
+        call = await self.preparer.serving(tenant, intent, lambda c: c.deployment.healthy)
+        return self.waiting.dry_run(call)
+
+    def replicas_changed(self) -> None:
+        """The replicas or the policies changed (a reload, a health check that brought one back):
+        the aliases' queues are dispatched again at once, not at the next release."""
+        self.waiting.kick()
+
+    def replica_figures(self) -> dict[str, ReplicaFigures]:
+        """Per replica: what dispatch placed there since start (the admin's models page)."""
+        return self.waiting.replica_figures()
+
+    def latency_readings(self) -> dict[str, LatencyReadings]:
+        """Per replica: what its latency model has learned (core/latency/)."""
+        return self.waiting.latency.readings()
 
     # ---- the deployments' queues ----
     def capabilities(self, alias: str) -> frozenset[str]:

@@ -21,7 +21,7 @@ from laneway.engines.registry import EngineRegistry
 from laneway.types import Delta, Embeddings, FinishReason
 
 log = logging.getLogger("laneway.pipeline")
-OutcomeOf = Callable[[BaseException], tuple[int, str]]
+OutcomeOf = Callable[[BaseException], ErrorCode]
 
 
 async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: OutcomeOf) -> AsyncGenerator[Delta, None]:
@@ -130,7 +130,7 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
                 await source.aclose()
             await engine_stream.aclose()  # closing the engine stream is the cancellation
     except EngineRequestError as exc:  # the request's values, not the engine's health
-        call.fail(400, ErrorCode.INVALID_REQUEST)
+        call.fail(ErrorCode.INVALID_REQUEST)
         raise GatewayError(
             ErrorCode.INVALID_REQUEST, f"The engine serving '{call.alias}' refused the request: {exc}"
         ) from exc
@@ -139,7 +139,7 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
             raise EarlyEngineFailure(exc, failure_reason(exc)) from exc
         raise engine_failed(call, exc, registry) from exc
     except BaseException as exc:
-        call.fail(*outcome_of(exc))
+        call.fail(outcome_of(exc))
         raise
     finally:
         lease.end_generation()
@@ -188,7 +188,7 @@ async def embed_call(lease: Lease, registry: EngineRegistry, outcome_of: Outcome
     except EngineError as exc:
         raise engine_failed(call, exc, registry) from exc
     except BaseException as exc:
-        call.fail(*outcome_of(exc))
+        call.fail(outcome_of(exc))
         raise
     finally:
         lease.end_generation()
@@ -198,5 +198,5 @@ def engine_failed(call: Call, exc: EngineError, registry: EngineRegistry) -> Gat
     """An engine fault: logged, counted against the deployment's health, 503 to the client."""
     log.error("engine error on %s (%s): %s", call.generation.request_id, call.deployment.spec.name, exc)
     registry.record(call.deployment, ok=False)
-    call.fail(503, ErrorCode.ENGINE_ERROR)
+    call.fail(ErrorCode.ENGINE_ERROR)
     return GatewayError(ErrorCode.ENGINE_ERROR, f"The engine serving '{call.alias}' failed: {exc}", retry_after=1)

@@ -22,6 +22,9 @@ class GenerationIntent:
     task: str | None = None
     lane: str | None = None  # asked for explicitly (X-Laneway-Lane): only where the tenant may
     priority: int = 0
+    # X-Laneway-TTFT-Target-Ms, checked by the API (a positive finite number of ms); the
+    # pipeline clamps it to the tenant's grant (core/slo.py).
+    ttft_target_ms: float | None = None
     user: str | None = None  # the request's `user`: the end user behind the tenant
     client_request_id: str | None = None  # the client's X-Request-Id, when sane
     background: bool = False  # a batch line: runs in the background lane, whatever `lane` says
@@ -55,6 +58,9 @@ class EmbeddingIntent:
     task: str | None = None
     lane: str | None = None  # asked for explicitly (X-Laneway-Lane): only where the tenant may
     priority: int = 0
+    # X-Laneway-TTFT-Target-Ms, checked by the API (a positive finite number of ms); the
+    # pipeline clamps it to the tenant's grant (core/slo.py).
+    ttft_target_ms: float | None = None
     user: str | None = None  # the request's `user`: the end user behind the tenant
     client_request_id: str | None = None  # the client's X-Request-Id, when sane
     background: bool = False  # a batch line: runs in the background lane, whatever `lane` says

@@ -6,6 +6,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.core.pipeline.call import Call
 from laneway.core.ratelimit import Reservation
@@ -70,7 +71,7 @@ class Lease:
     def interrupt(self, error: GatewayError) -> None:
         """End this request early with `error` (shutdown): the client gets it as an error event
         (stream) or an error response; the engine stops."""
-        self.call.fail(error.status, error.code)
+        self.call.fail(error.code)
         if self.interrupter is not None:
             self.interrupter(error)
 
@@ -89,7 +90,7 @@ class Lease:
         call = self.call
         if self.reservation is not None:
             # A preempted line gives its tokens back: its rerun counts them against the limits.
-            used = 0 if call.error_code == "preempted" else call.prompt_tokens + call.completion_tokens
+            used = 0 if call.error_code is ErrorCode.PREEMPTED else call.prompt_tokens + call.completion_tokens
             self.owner.settle(self.reservation, used, call.cost_micros or 0)
         self.owner.account(call)
         if call.trace is not None:  # the request span ends with the request, whatever ended it

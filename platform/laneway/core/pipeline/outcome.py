@@ -55,6 +55,10 @@ class Outcome:
     # What it cost in micro-units of the currency, at the price captured when it was prepared
     # (core/prices.py); None when its model had no price.
     cost_micros: int | None = None
+    # Its latency targets in ms (core/slo.py): TTFT the lane's or tighter as granted, TPOT the
+    # lane's; None: none.
+    ttft_target_ms: float | None = None
+    tpot_target_ms: float | None = None
     # How far off its replica's latency model was on its time to first token, predicted when it
     # was dispatched: |predicted - actual| / actual (core/latency/); None when nothing was predicted.
     ttft_prediction_error: float | None = None
@@ -80,8 +84,32 @@ class Outcome:
         return None if self.first_token_at is None else (self.first_token_at - self.started) * 1000
 
     @property
+    def tpot_ms(self) -> float | None:
+        """Decode time per output token after the first; None below two tokens."""
+        if self.first_token_at is None or self.completion_tokens < 2:
+            return None
+        return (self.ended - self.first_token_at) * 1000 / (self.completion_tokens - 1)
+
+    @property
     def total_ms(self) -> float:
         return (self.ended - self.started) * 1000
+
+    def slos_met(self) -> tuple[tuple[str, bool], ...]:
+        """("ttft" | "tpot", met) for each target it had and can be judged on. TTFT: once it
+        produced a token, or when laneway or an engine failed it before one (a 5xx, a queue
+        timeout or full queue included: the target was missed); not a refusal for the tenant's
+        own limits (4xx) nor a client that left (499). TPOT: once it produced two tokens.
+        Embeddings have no tokens to time."""
+        if self.endpoint == "embeddings":
+            return ()
+        judged: list[tuple[str, bool]] = []
+        ttft = self.ttft_ms
+        if self.ttft_target_ms is not None and (ttft is not None or self.status >= 500):
+            judged.append(("ttft", ttft is not None and ttft <= self.ttft_target_ms))
+        tpot = self.tpot_ms
+        if self.tpot_target_ms is not None and tpot is not None:
+            judged.append(("tpot", tpot <= self.tpot_target_ms))
+        return tuple(judged)
 
     @classmethod
     def of(cls, call: Call, ended: float) -> Outcome:
@@ -117,6 +145,8 @@ class Outcome:
             early_stop=call.early_stop,
             tokens_saved=call.tokens_saved,
             cost_micros=call.cost_micros,
+            ttft_target_ms=call.ttft_target_ms,
+            tpot_target_ms=call.lane.tpot_target_ms,
             ttft_prediction_error=None if call.latency is None else call.latency.error,
         )
 

@@ -16,6 +16,7 @@ from laneway.core.pipeline.call import Call, engine_request_id
 from laneway.core.pipeline.intent import EmbeddingIntent, GenerationIntent
 from laneway.core.policy import PolicyStore
 from laneway.core.routing import LaneRouter
+from laneway.core.slo import request_ttft_target_ms
 from laneway.engines.base import EngineError, embedder
 from laneway.engines.registry import EngineRegistry, LiveDeployment, NotServed, UnknownModel
 from laneway.types import EmbeddingRequest, GenerationRequest, SamplingExtensions, TenantSnapshot
@@ -151,6 +152,7 @@ class Preparer:
             prompt_cache_key=intent.prompt_cache_key,
             early_rule=rule_for(snapshot.tasks.get(intent.task) if intent.task else None, generation),
             price=snapshot.price(intent.alias),  # the price in force now: a change applies to later requests
+            ttft_target_ms=request_ttft_target_ms(chosen, tenant, intent.ttft_target_ms),
         )
 
     def accessible(

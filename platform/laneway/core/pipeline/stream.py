@@ -23,7 +23,6 @@ from typing import Any, Protocol
 
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
-from laneway.core.pipeline.call import CLIENT_CLOSED
 from laneway.core.pipeline.lease import Lease
 from laneway.types import Delta
 
@@ -71,7 +70,7 @@ async def pumped(gateway: Runner, lease: Lease, limit: int | None) -> AsyncGener
             async for delta in source:
                 unacked += max(1, delta.tokens)
                 if limit is not None and unacked > limit:
-                    lease.call.fail(CLIENT_CLOSED, ErrorCode.BACKPRESSURE)
+                    lease.call.fail(ErrorCode.BACKPRESSURE)  # 499: the client did not read
                     put(backpressure_error(limit))
                     return  # closing the source (below) frees the engine slot now
                 put(delta)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from laneway.contracts.errors import preempted
-from laneway.core.dispatch import Dispatcher, RoutingParams
+from laneway.core.dispatch import Dispatcher, Placement, ReplicaFigures, RoutingParams
 from laneway.core.latency import LatencyModels
 from laneway.core.pipeline.call import Call
 from laneway.core.pipeline.lease import Lease
@@ -26,6 +27,17 @@ from laneway.core.shared_slots import SharedScheduler, SharedSlots
 from laneway.engines.registry import EngineRegistry, LiveDeployment
 
 Scheduler = DeploymentScheduler | SharedScheduler
+
+
+@dataclass(frozen=True, slots=True)
+class DryRun:
+    """What the pipeline would do with a prepared call now, nothing taken: `replicas`, those
+    dispatch would choose among; `pick`, its choice (None when the alias binds at arrival:
+    prepare's `call.deployment` is it)."""
+
+    call: Call
+    replicas: list[LiveDeployment]
+    pick: Placement | None
 
 
 class Waiting:
@@ -110,6 +122,49 @@ class Waiting:
         latency model (core/latency/), which predicts its first token and learns from it."""
         if call.embedding is None:
             call.latency = self.latency.begin(call.deployment, call.prompt_tokens, call.cached_estimate, now)
+
+    async def rebind(self, lease: Lease, target: LiveDeployment) -> None:
+        """Move an admitted lease whose replica failed to `target` (failover): the old slot and
+        outstanding count were given back when its generation ended; it waits for a slot there."""
+        call, old = lease.call, lease.ticket
+        assert old is not None
+        lease.ticket = None
+        call.deployment = target
+        call.completion_tokens, call.reported_prompt_tokens, call.first_token_at = 0, None, None
+        target.outstanding += 1
+        lease.reopen_generation()
+        ticket = _ticket(lease, old.cost)
+        await self.scheduler(target).acquire(ticket)
+        lease.ticket = ticket
+        self.track(call, time.perf_counter())
+
+    def dry_run(self, call: Call) -> DryRun:
+        """The replicas dispatch would weigh for `call` and the picker's choice, asked in a dry
+        run: no queue joined, nothing recorded (no prefix index, session or figures update)."""
+        if not self.late(call):
+            return DryRun(call, [call.deployment], None)
+        gen = call.generation
+        route = self.dispatch.ticket_route(
+            gen.prompt, gen.cache_salt, call.prompt_cache_key, call.needs, gen.prompt_tokens
+        )
+        ticket = Ticket(
+            request_id=call.request_id,
+            tenant_id=call.tenant.id,
+            weight=call.tenant.weight,
+            cost=0,
+            lane=call.lane,
+            route=route,
+        )
+        replicas = self.dispatch.alias_scheduler(call.alias).candidates(ticket)
+        pick = self.dispatch.picker.pick(route.route, replicas, self._capacity, dry_run=True)
+        return DryRun(call, replicas, pick)
+
+    def kick(self) -> None:
+        """Dispatch again what waits in every alias's queue (a replica may be back or changed)."""
+        self.dispatch.kick()
+
+    def replica_figures(self) -> dict[str, ReplicaFigures]:
+        return self.dispatch.replica_figures()
 
     def release(self, call: Call, ticket: Ticket | None, placement: Ticket | None) -> None:
         if ticket is not None:

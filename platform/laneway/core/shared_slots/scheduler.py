@@ -132,9 +132,9 @@ class SharedScheduler:
             raise
         if verdict == "refused":
             self._waiting.pop(member, None)
-            if code == "tenant_queue_share":
+            if code == ErrorCode.TENANT_QUEUE_SHARE:
                 raise admission.over_share(lane, int(mine), float(value))
-            if code == "queue_full":
+            if code == ErrorCode.QUEUE_FULL:
                 raise admission.queue_full(lane, int(value))
             raise admission.wait_too_long(lane, float(value))
         if verdict == "granted":

@@ -17,14 +17,14 @@ import asyncio
 import os
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
-from laneway.engines import extras
+from laneway.engines.adapter import DeploymentFacts, EngineAdapter, PromptParts
 from laneway.engines.base import EngineError, run_embedding_warmup, run_warmup, system_prompt_chat
 from laneway.engines.chat_template import CHATML, render_chat
-from laneway.engines.config import LlamaCppConfig, parse_config
+from laneway.engines.config import LlamaCppConfig
 from laneway.engines.demo_model import BANNED_BYTE_TOKENS
 from laneway.engines.llamacpp.batch_decoder import BatchDecoder
 from laneway.engines.llamacpp.batched import BatchedGeneration
@@ -35,11 +35,9 @@ from laneway.engines.llamacpp.per_slot import SlotDecoding
 from laneway.engines.llamacpp.plan import DecodePlan, TokenBiases, decode_plan
 from laneway.engines.tool_calls import with_tools
 from laneway.types import (
-    ChatTurn,
     Delta,
     EmbeddingRequest,
     Embeddings,
-    EngineInfo,
     GenerationRequest,
     PromptMeasure,
 )
@@ -69,23 +67,19 @@ CAPABILITIES = frozenset(
 )
 
 
-class LlamaCppEngine:
+class LlamaCppEngine(EngineAdapter[LlamaCppConfig]):
     """Config: LlamaCppConfig (engines/config.py)."""
 
-    def __init__(
-        self,
-        alias: str,
-        config: Mapping[str, Any] | LlamaCppConfig,
-        *,
-        quantization: str = "unknown",
-        gpu_type: str = "none",
-        max_model_len: int | None = None,
-    ) -> None:
-        c = self.config = parse_config(LlamaCppConfig, config)
-        self.alias = alias
+    engine = "llamacpp"
+    config_type = LlamaCppConfig
+    default_gpu_type = "none"
+
+    def __init__(self, alias: str, config: Mapping[str, Any] | LlamaCppConfig, **row: Unpack[DeploymentFacts]) -> None:
+        super().__init__(alias, config, **row)
+        c = self.config
         self.model_path = Path(c.model_path)
         self.parallel = max(1, c.parallel)
-        self.n_ctx = c.n_ctx if c.n_ctx is not None else (max_model_len or 2048)
+        self.n_ctx = c.n_ctx if c.n_ctx is not None else (self.max_model_len or 2048)
         self.embedding = c.embedding
         self.batching = c.batching and not self.embedding
         if c.n_threads is not None:
@@ -104,15 +98,8 @@ class LlamaCppEngine:
         self.system_prompts = list(c.warmup_system_prompts) if self.batching else []
         self._prefixes_warmed = 0
         self._pooling = POOLING_UNSPECIFIED if c.pooling is None else POOLING_TYPES[c.pooling]
-        self.info = EngineInfo(
-            engine="llamacpp",
-            model=alias,
-            quantization=quantization,
-            gpu_type=gpu_type,
-            max_model_len=self.n_ctx,
-            max_concurrency=self.parallel,
-            capabilities=frozenset({"embeddings"}) if self.embedding else CAPABILITIES,
-            generates=not self.embedding,
+        self.info = self.describe(
+            context=self.n_ctx, slots=self.parallel, capabilities=CAPABILITIES, embeddings_only=self.embedding
         )
         self.n_embd = 0  # the vector length, known once loaded
         self._contexts: list[Any] = []  # Llama objects: the first tokenizes; per slot, each decodes
@@ -127,10 +114,9 @@ class LlamaCppEngine:
         self.warmed_prompts = 0
 
     async def start(self) -> None:
-        extras.require(extras.LLAMACPP)  # an optional extra: say which, not ModuleNotFoundError
         if not self.model_path.is_file():
             raise EngineError(f"llama.cpp model file not found: {self.model_path}")
-        import llama_cpp
+        import llama_cpp  # the kind's extra: checked before it is built (engines/kinds.py)
 
         contexts = 1 if self.batching else self.parallel
         try:
@@ -201,31 +187,19 @@ class LlamaCppEngine:
     def active_slots(self) -> int:
         return sum(m.active for m in (self._batched, self._slots, self._embedder) if m is not None)
 
-    async def measure(
-        self,
-        *,
-        prompt: str | None = None,
-        messages: Sequence[ChatTurn] | None = None,
-        tools: Sequence[dict[str, Any]] = (),
-        response_format: dict[str, Any] | None = None,
-    ) -> PromptMeasure:
-        size = len(prompt or "") + sum(len(m.content) for m in messages or ())
-        if size > OFF_LOOP_PROMPT_CHARS or tools or response_format:  # a long template's work: off the loop
-            return await asyncio.to_thread(self._measure, prompt, messages, tools, response_format)
-        return self._measure(prompt, messages)
+    async def count_prompt(self, parts: PromptParts) -> PromptMeasure:
+        size = len(parts.prompt or "") + sum(len(m.content) for m in parts.messages or ())
+        if size > OFF_LOOP_PROMPT_CHARS or parts.tools or parts.response_format:  # a long template's work: off the loop
+            return await asyncio.to_thread(self.count_now, parts)
+        return self.count_now(parts)
 
-    def _measure(
-        self,
-        prompt: str | None,
-        messages: Sequence[ChatTurn] | None,
-        tools: Sequence[dict[str, Any]] = (),
-        response_format: dict[str, Any] | None = None,
-    ) -> PromptMeasure:
+    def count_now(self, parts: PromptParts) -> PromptMeasure:
+        """The prompt templated and tokenized by the model, on the calling thread."""
         # No native tool format here: tools, a schema and earlier calls become text turns.
-        if messages is not None:
-            text = render_chat(with_tools(messages, tools, response_format), self._template)
+        if parts.messages is not None:
+            text = render_chat(with_tools(parts.messages, parts.tools, parts.response_format), self._template)
         else:
-            text = prompt or ""
+            text = parts.prompt or ""
         ids = self._tokenize(text)
         return PromptMeasure(text=text, tokens=len(ids), ids=tuple(ids))
 

@@ -37,13 +37,14 @@ import logging
 import ssl
 import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import msgspec
 import numpy as np
 
+from laneway.engines.adapter import DeploymentFacts, EngineAdapter, PromptParts
 from laneway.engines.base import EngineError, EngineLoad, run_embedding_warmup, run_warmup, unit_rows
-from laneway.engines.config import VLLMConfig, parse_config
+from laneway.engines.config import VLLMConfig
 from laneway.engines.http1 import Http1Pool, UpstreamError
 from laneway.engines.vllm.answers import answer_deltas, decode_chunk, decode_embeddings, refused, stream_deltas
 from laneway.engines.vllm.kv_events import KVEventsConsumer
@@ -58,11 +59,9 @@ from laneway.engines.vllm.request_body import (
 )
 from laneway.types import (
     EXTENSIONS,
-    ChatTurn,
     Delta,
     EmbeddingRequest,
     Embeddings,
-    EngineInfo,
     GenerationRequest,
     PromptMeasure,
 )
@@ -76,18 +75,13 @@ log = logging.getLogger("laneway.engines.vllm")
 CAPABILITIES = frozenset({"json_object", "json_schema", "logprobs", "n", "penalties", "logit_bias", *EXTENSIONS})
 
 
-class VLLMEngine:
-    def __init__(
-        self,
-        alias: str,
-        config: Mapping[str, Any] | VLLMConfig,
-        *,
-        quantization: str = "unknown",
-        gpu_type: str = "unknown",
-        max_model_len: int | None = None,
-    ) -> None:
-        c = self.config = parse_config(VLLMConfig, config)
-        self.alias = alias
+class VLLMEngine(EngineAdapter[VLLMConfig]):
+    engine = "vllm"
+    config_type = VLLMConfig
+
+    def __init__(self, alias: str, config: Mapping[str, Any] | VLLMConfig, **row: Unpack[DeploymentFacts]) -> None:
+        super().__init__(alias, config, **row)
+        c = self.config
         self.base_url = c.base_url.rstrip("/")
         self.model = c.model if c.model is not None else alias
         self.tokenize = c.tokenize if isinstance(c.tokenize, str) else ("always" if c.tokenize else "never")
@@ -98,19 +92,13 @@ class VLLMEngine:
         self.extra_body: dict[str, Any] = dict(c.extra_body)
         self.api_key = c.api_key
         self.ca_file = c.ca_file  # an https base_url signed by a private CA
-        capabilities = CAPABILITIES | ({"tools"} if c.tool_calling else set())
-        self.info = EngineInfo(
-            engine="vllm",
-            model=alias,
-            quantization=quantization,
-            gpu_type=gpu_type,
-            max_model_len=max_model_len or c.max_model_len,
-            max_concurrency=c.max_concurrency,
-            capabilities=frozenset(capabilities),
-        )
         self.embeddings = c.embeddings
-        if self.embeddings:
-            self.info = dataclasses.replace(self.info, capabilities=frozenset({"embeddings"}), generates=False)
+        self.info = self.describe(
+            context=self.max_model_len or c.max_model_len,
+            slots=c.max_concurrency,
+            capabilities=CAPABILITIES | ({"tools"} if c.tool_calling else set()),
+            embeddings_only=c.embeddings,
+        )
         self.kv_events: KVEventsConsumer | None = None
         if c.kv_events_endpoint is not None and not self.embeddings:
             self.kv_events = KVEventsConsumer(
@@ -239,14 +227,8 @@ class VLLMEngine:
                 log.warning("reading %s/metrics failed: %s", self.base_url, exc)
             await asyncio.sleep(self.metrics_poll_s)
 
-    async def measure(
-        self,
-        *,
-        prompt: str | None = None,
-        messages: Sequence[ChatTurn] | None = None,
-        tools: Sequence[dict[str, Any]] = (),
-        response_format: dict[str, Any] | None = None,
-    ) -> PromptMeasure:
+    async def count_prompt(self, parts: PromptParts) -> PromptMeasure:
+        prompt, messages, tools = parts.prompt, parts.messages, parts.tools
         text = prompt or ""
         if messages is not None:  # vLLM renders the chat itself; the text is only for estimates
             text = "\n".join(f"{m.role}: {m.content}" for m in messages)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from laneway.engines.registry import LiveDeployment
+
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
@@ -11,3 +13,6 @@ class Candidate:
     load: float  # 0 idle, 1 every slot busy, above 1 a queue (see LoadScorer.load_of)
     cached_share: float  # of the prompt's blocks, the share this replica most likely holds
     session: bool  # it served the request's prompt_cache_key last
+    # The replica itself, for a scorer that reads what the fields above do not carry (its
+    # spec, its engine's info).
+    replica: LiveDeployment

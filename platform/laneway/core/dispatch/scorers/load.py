@@ -5,9 +5,13 @@ more (other gateways' traffic, its own queue), plus half its KV-cache use where 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
+from laneway.core.dispatch.prefix_index import Route
 from laneway.core.dispatch.scorers.candidate import Candidate
+from laneway.core.dispatch.scorers.registry import register_scorer
 from laneway.engines.base import EngineLoad
 
 KV_USAGE_WEIGHT = 0.5
@@ -16,9 +20,15 @@ KV_USAGE_WEIGHT = 0.5
 @dataclass(frozen=True, slots=True)
 class LoadScorer:
     weight: float = 0.5
+    affinity: ClassVar[bool] = False
+    precedence: ClassVar[int] = 30
 
-    def score(self, c: Candidate) -> float:
+    def score(self, c: Candidate, route: Route) -> float:
         return -self.weight * c.load
+
+    def explains(self, chosen: Candidate, candidates: Sequence[Candidate]) -> bool:
+        """The candidates' loads differ, so load had a say (else only the hash did)."""
+        return any(abs(o.load - chosen.load) > 1e-9 for o in candidates)
 
     @staticmethod
     def load_of(outstanding: int, capacity: int, reported: EngineLoad | None) -> float:
@@ -28,3 +38,6 @@ class LoadScorer:
             busy = max(busy, reported.running + reported.waiting)
             kv = KV_USAGE_WEIGHT * reported.kv_usage
         return busy / max(capacity, 1) + kv
+
+
+register_scorer("load", LoadScorer)
