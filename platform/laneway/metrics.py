@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64)
 SEAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+ERROR_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)  # |predicted - actual| / actual
 BASE_LABELS = ("lane", "model", "quantization", "gpu_type", "engine")
 
 # A runtime reading taken at scrape time: (name, help, "gauge" | "counter", labels, value).
@@ -148,6 +149,15 @@ class GatewayMetrics:
             ("owner", "period"),
             registry=self.registry,
         )
+        self.ttft_prediction_error = Histogram(
+            "laneway_ttft_prediction_error",
+            "How far off each replica's latency model was on a request's time to first token, "
+            "predicted when it took its slot: |predicted - actual| / actual (core/latency/).",
+            ("model", "deployment"),
+            buckets=ERROR_BUCKETS,
+            registry=self.registry,
+        )
+        self._prediction_errors: dict[tuple[str, str], Any] = {}
         slo_labels = ("lane", "slo", "alias", "tenant") if tenant_label else ("lane", "slo", "alias")
         self.slo_met = Counter(
             "laneway_slo_met_total",
@@ -224,11 +234,19 @@ class GatewayMetrics:
         m.completion_tokens.inc(outcome.completion_tokens)
         if outcome.first_token_at is not None:
             m.ttft.observe(outcome.first_token_at - outcome.started)
+            if outcome.ttft_prediction_error is not None:
+                self._prediction_error(outcome.model, outcome.deployment).observe(outcome.ttft_prediction_error)
             m.prefill.observe(outcome.first_token_at - outcome.dispatched_at)
             decode = now - outcome.first_token_at
             m.decode.observe(decode)
             if outcome.completion_tokens > 1:
                 m.tpot.observe(decode / (outcome.completion_tokens - 1))
+
+    def _prediction_error(self, model: str, deployment: str) -> Any:
+        child = self._prediction_errors.get((model, deployment))
+        if child is None:
+            child = self._prediction_errors[model, deployment] = self.ttft_prediction_error.labels(model, deployment)
+        return child
 
     def _slo(self, outcome: Outcome, slo: str, met: bool) -> None:
         key: tuple[str, ...] = (outcome.lane, slo, outcome.model)

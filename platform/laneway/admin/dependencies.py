@@ -11,6 +11,7 @@ from litestar.di import NamedDependency
 from litestar.params import SkipValidation
 
 from laneway.core.dispatch import Placement, ReplicaFigures
+from laneway.core.latency import LatencyReadings
 from laneway.core.pipeline.call import Call
 from laneway.core.policy import PolicySnapshot
 from laneway.core.ratelimit import RateLimiter
@@ -22,6 +23,9 @@ QueueStats: TypeAlias = Callable[[], list[tuple[dict[str, str], int, int]]]
 
 # Per replica: what dispatch placed there (requests, prompt tokens, estimated cached ones).
 RoutingFigures: TypeAlias = Callable[[], dict[str, ReplicaFigures]]
+
+# Per replica: what its latency model has learned (core/latency/).
+LatencyFigures: TypeAlias = Callable[[], dict[str, LatencyReadings]]
 
 
 @dataclass(frozen=True)
@@ -50,4 +54,5 @@ Limiter: TypeAlias = SkipValidation[NamedDependency[RateLimiter]]  # parameter n
 Registry: TypeAlias = SkipValidation[NamedDependency[EngineRegistry]]  # parameter name: registry
 Queues: TypeAlias = SkipValidation[NamedDependency[QueueStats]]  # parameter name: queue_stats
 Routing: TypeAlias = SkipValidation[NamedDependency[RoutingFigures]]  # parameter name: routing_figures
+Latency: TypeAlias = SkipValidation[NamedDependency[LatencyFigures]]  # parameter name: latency_figures
 Planner: TypeAlias = SkipValidation[NamedDependency[RoutePlanner]]  # parameter name: route_planner

@@ -12,18 +12,18 @@ from litestar.di import NamedDependency
 from litestar.response import Template
 
 from laneway.admin import fallbacks, prices
-from laneway.admin.dependencies import Registry, Routing, RoutingFigures
+from laneway.admin.dependencies import Latency, LatencyFigures, Registry, Routing, RoutingFigures
 from laneway.admin.fallbacks import FallbacksIn, split_aliases
 from laneway.admin.forms import form_of
 from laneway.admin.guards import AdminRequest, AdminSession, NotLoggedIn
-from laneway.admin.presentation import replica_state
+from laneway.admin.presentation import latency_shown, replica_state
 from laneway.admin.service import AdminService
 from laneway.admin.ui import Page, to_login
 from laneway.admin.validation import convert
 from laneway.contracts.errors import GatewayError
 from laneway.db.repositories import ModelRepository
 from laneway.engines.kinds import engine_kind_names
-from laneway.engines.registry import EngineRegistry
+from laneway.engines.registry import EngineRegistry, LiveDeployment
 
 
 class ModelPages(Controller):
@@ -38,6 +38,7 @@ class ModelPages(Controller):
         svc: AdminService,
         registry: EngineRegistry,
         figures: RoutingFigures,
+        latency: LatencyFigures,
         current: AdminSession,
         status: int | None = None,
         **extra: Any,
@@ -47,7 +48,7 @@ class ModelPages(Controller):
             graph = await ModelRepository(session).fallback_graph()
             priced = await ModelRepository(session).prices()
         live = {d.spec.name: d for d in registry.deployments()}
-        figures_now = figures()
+        figures_now, learned = figures(), latency()
         deployments = [
             {
                 "alias": s.alias,
@@ -59,6 +60,7 @@ class ModelPages(Controller):
                 "draining": s.draining,
                 "state": "failed" if s.name in registry.failed else "warm" if s.name in registry.warm else "starting",
                 **replica_state(live.get(s.name), figures_now.get(s.name)),
+                **latency_shown(learned.get(s.name), _slots(live.get(s.name))),
             }
             for s in specs
         ]
@@ -87,8 +89,9 @@ class ModelPages(Controller):
         admin_service: NamedDependency[AdminService],
         registry: Registry,
         routing_figures: Routing,
+        latency_figures: Latency,
     ) -> Page:
-        return await self._models_page(admin_service, registry, routing_figures, request.user)
+        return await self._models_page(admin_service, registry, routing_figures, latency_figures, request.user)
 
     @post("/models/fallbacks")
     async def save_fallbacks(
@@ -97,6 +100,7 @@ class ModelPages(Controller):
         admin_service: NamedDependency[AdminService],
         registry: Registry,
         routing_figures: Routing,
+        latency_figures: Latency,
     ) -> Page:
         current, form = request.user, await form_of(request)
         alias = form.get("alias", "").strip()
@@ -108,6 +112,7 @@ class ModelPages(Controller):
                 admin_service,
                 registry,
                 routing_figures,
+                latency_figures,
                 current,
                 error=exc.message,
                 status=exc.status,
@@ -116,7 +121,12 @@ class ModelPages(Controller):
             )
         listed = ", ".join(result["fallbacks"]) or "none"
         return await self._models_page(
-            admin_service, registry, routing_figures, current, notice=f"{alias} falls back to {listed}."
+            admin_service,
+            registry,
+            routing_figures,
+            latency_figures,
+            current,
+            notice=f"{alias} falls back to {listed}.",
         )
 
     @post("/models/price")
@@ -126,6 +136,7 @@ class ModelPages(Controller):
         admin_service: NamedDependency[AdminService],
         registry: Registry,
         routing_figures: Routing,
+        latency_figures: Latency,
     ) -> Page:
         """Empty input and output: the alias is no longer priced."""
         current, form = request.user, await form_of(request)
@@ -139,6 +150,7 @@ class ModelPages(Controller):
                 admin_service,
                 registry,
                 routing_figures,
+                latency_figures,
                 current,
                 error=exc.message,
                 status=exc.status,
@@ -150,4 +162,8 @@ class ModelPages(Controller):
             if result["priced"]
             else f"{alias} has no price."
         )
-        return await self._models_page(admin_service, registry, routing_figures, current, notice=said)
+        return await self._models_page(admin_service, registry, routing_figures, latency_figures, current, notice=said)
+
+
+def _slots(live: LiveDeployment | None) -> int:
+    return 1 if live is None else live.engine.info.max_concurrency

@@ -14,6 +14,7 @@ from typing import Any
 
 from laneway.admin.validation import INT32_MAX
 from laneway.core.dispatch import ReplicaFigures
+from laneway.core.latency import LatencyReadings, curve_points
 from laneway.engines.base import LoadReportingEngine
 from laneway.engines.registry import LiveDeployment
 
@@ -154,4 +155,20 @@ def replica_state(live: LiveDeployment | None, figures: ReplicaFigures | None) -
         "in_flight": f"{live.outstanding} / {engine.info.max_concurrency}",
         "engine_load": load,
         "hit_rate": hit,
+    }
+
+
+def latency_shown(learned: LatencyReadings | None, slots: int) -> dict[str, str]:
+    """One replica's learned latency for the models page (core/latency/): its prefill rate, its
+    decode step time at a few batch sizes, and how far off its TTFT predictions have been."""
+    if learned is None:
+        return {"prefill_rate": "-", "step_curve": "-", "ttft_error": "-"}
+    rate = learned.prefill_s_per_token
+    steps = [(n, learned.step_at(n)) for n in curve_points(slots)]
+    curve = ", ".join(f"{n}: {s * 1000:.1f} ms" for n, s in steps if s is not None)
+    error = learned.ttft_error
+    return {
+        "prefill_rate": "-" if rate is None else f"{rate * 1e6:.1f} ms per 1k tokens",
+        "step_curve": curve or "-",
+        "ttft_error": "-" if error is None else f"{error:.0%} (of {learned.ttft_weight:.0f} recent)",
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from laneway.core.dependencies import DependencyHealth
+from laneway.core.latency import LatencyReadings, curve_points
 from laneway.core.load_shedding import LoadShedder
 from laneway.core.loop_lag import LoopLagMonitor
 from laneway.core.pipeline import Gateway
@@ -149,6 +150,11 @@ def runtime_readings(
                     d.engine.prompt_tokens_computed,
                 )
             )
+    learned = gateway.latency_readings()
+    for d in gateway.registry.deployments():
+        readings = learned.get(d.spec.name)
+        if readings is not None:
+            out += latency_readings(d.spec.name, readings, d.engine.info.max_concurrency)
     limits = limiter.readings()
     out.append(
         (
@@ -178,6 +184,57 @@ def runtime_readings(
                     "counter",
                     {"by": by},
                     n,
+                )
+            )
+    return out
+
+
+def latency_readings(deployment: str, learned: LatencyReadings, slots: int) -> list[Reading]:
+    """What a replica's latency model has learned (core/latency/): the figures it has so far."""
+    labels = {"deployment": deployment}
+    gauges = (
+        (
+            "prefill_seconds_per_token",
+            "Learned prefill seconds per uncached prompt token.",
+            learned.prefill_s_per_token,
+        ),
+        (
+            "ttft_overhead_seconds",
+            "Learned fixed part of the time from a slot to the first token.",
+            learned.ttft_overhead_s,
+        ),
+        ("step_base_seconds", "Learned decode step time's fixed part.", learned.step_base_s),
+        (
+            "step_seconds_per_sequence",
+            "Learned decode step time added by each running sequence.",
+            learned.step_s_per_seq,
+        ),
+        ("step_seconds_per_kv_usage", "Learned decode step time added by a full KV cache.", learned.step_s_per_kv),
+        ("service_seconds", "Learned mean time a request holds its slot.", learned.service_s),
+        ("ttft_prediction_mape", "Decayed mean |predicted - actual| / actual of TTFT.", learned.ttft_error),
+    )
+    out: list[Reading] = [
+        (f"laneway_replica_{name}", doc, "gauge", labels, value) for name, doc, value in gauges if value is not None
+    ]
+    out.append(
+        (
+            "laneway_replica_latency_observations",
+            "Requests behind the replica's latency model, decayed (about the last 20 s's).",
+            "gauge",
+            labels,
+            learned.ttft_weight,
+        )
+    )
+    for running in curve_points(slots):
+        step = learned.step_at(running)
+        if step is not None:
+            out.append(
+                (
+                    "laneway_replica_step_seconds",
+                    "Learned decode step time at a batch of `running` sequences.",
+                    "gauge",
+                    {**labels, "running": str(running)},
+                    step,
                 )
             )
     return out

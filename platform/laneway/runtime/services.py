@@ -22,7 +22,7 @@ from litestar import Litestar
 from litestar.di import Provide
 
 from laneway.admin.api import Logins
-from laneway.admin.dependencies import QueueStats, RoutePlanner, RoutingFigures
+from laneway.admin.dependencies import LatencyFigures, QueueStats, RoutePlanner, RoutingFigures
 from laneway.admin.guards import AdminGuards
 from laneway.admin.live import LiveFigures
 from laneway.admin.service import AdminService
@@ -147,6 +147,9 @@ class Runtime(StartSteps):
     def provide_routing_figures(self) -> RoutingFigures:
         return self.gateway.replica_figures
 
+    def provide_latency_figures(self) -> LatencyFigures:
+        return self.gateway.latency_readings
+
     def provide_route_planner(self) -> RoutePlanner:
         return Planner(self.gateway)
 
@@ -164,6 +167,7 @@ class Runtime(StartSteps):
             "registry": Provide(self.provide_registry, sync_to_thread=False),
             "queue_stats": Provide(self.provide_queue_stats, sync_to_thread=False),
             "routing_figures": Provide(self.provide_routing_figures, sync_to_thread=False),
+            "latency_figures": Provide(self.provide_latency_figures, sync_to_thread=False),
             "route_planner": Provide(self.provide_route_planner, sync_to_thread=False),
             "details_allowed": Provide(self.health_access.details_allowed),
         }

@@ -13,6 +13,7 @@ from laneway.core.prices import Price
 from laneway.types import EmbeddingRequest, FinishReason, GenerationRequest, TenantSnapshot
 
 if TYPE_CHECKING:
+    from laneway.core.latency import Attempt
     from laneway.engines.registry import LiveDeployment
 
 # nginx's status for "the client went away first": what a handler answers a client that left
@@ -91,6 +92,7 @@ class Call:
     tokens_saved: int = 0  # max_tokens less what the choices it cut had decoded (an estimate)
     price: Price | None = None  # its alias's price when it was prepared: its cost is at this one
     ttft_target_ms: float | None = None  # its TTFT target: the lane's, or tighter as granted (core/slo.py)
+    latency: Attempt | None = None  # its attempt in its replica's latency model (core/latency/)
 
     @property
     def cost_micros(self) -> int | None:

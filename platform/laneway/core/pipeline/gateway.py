@@ -28,6 +28,7 @@ from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError, shutting_down
 from laneway.core import load_shedding
 from laneway.core.dispatch import ReplicaFigures
+from laneway.core.latency import LatencyReadings
 from laneway.core.pipeline.answers import Client, Completed, Embedded, Streaming
 from laneway.core.pipeline.attempts import run_attempts
 from laneway.core.pipeline.call import Call
@@ -304,6 +305,10 @@ class Gateway:
     def replica_figures(self) -> dict[str, ReplicaFigures]:
         """Per replica: what dispatch placed there since start (the admin's models page)."""
         return self.waiting.replica_figures()
+
+    def latency_readings(self) -> dict[str, LatencyReadings]:
+        """Per replica: what its latency model has learned (core/latency/)."""
+        return self.waiting.latency.readings()
 
     # ---- the deployments' queues ----
     def capabilities(self, alias: str) -> frozenset[str]:

@@ -84,6 +84,8 @@ async def generate_deltas(
                     call.early_stop = early.reason
                 if (text or delta.tool_calls) and call.first_token_at is None:
                     call.first_token_at = time.perf_counter()
+                    if call.latency is not None:
+                        call.latency.first_token(call.first_token_at)
                 if delta.tool_calls:
                     answer.tool_calls = True
                 if finish is not None:

@@ -51,8 +51,13 @@ class Lease:
         if self._generation_ended:
             return
         self._generation_ended = True
-        if self.call.trace is not None:
-            self.call.trace.engine_ended(self.call)
+        call = self.call
+        if call.trace is not None:
+            call.trace.engine_ended(call)
+        if call.latency is not None:  # what its replica's latency model learns from (core/latency/)
+            call.latency.end(
+                call.prompt_tokens, call.completion_tokens // call.generation.n, call.finish_reason is not None
+            )
         if self.holds_deployment:
             self.call.deployment.outstanding -= 1
         if self.ticket is not None or self.placement is not None:

@@ -70,6 +70,10 @@ class Outcome:
         """Moves that continued the answer on another replica (the others started it again)."""
         return sum(1 for t in self.moves if t.continued)
 
+    # How far off its replica's latency model was on its time to first token, predicted when it
+    # was dispatched: |predicted - actual| / actual (core/latency/); None when nothing was predicted.
+    ttft_prediction_error: float | None = None
+
     @property
     def moves(self) -> tuple[FailedTry, ...]:
         """The failed tries after which the request went to another replica: all of them, but
@@ -156,6 +160,7 @@ class Outcome:
             tpot_target_ms=call.lane.tpot_target_ms,
             continued_prompt_tokens=call.continued_prompt_tokens,
             seam_seconds=tuple(call.seam_seconds),
+            ttft_prediction_error=None if call.latency is None else call.latency.error,
         )
 
 

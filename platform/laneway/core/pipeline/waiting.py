@@ -17,6 +17,7 @@ from typing import Any
 
 from laneway.contracts.errors import preempted
 from laneway.core.dispatch import Dispatcher, Placement, ReplicaFigures, RoutingParams
+from laneway.core.latency import LatencyModels
 from laneway.core.pipeline.call import Call
 from laneway.core.pipeline.lease import Lease
 from laneway.core.pipeline.queues import queue_stats
@@ -56,6 +57,7 @@ class Waiting:
         # and a retired one's goes with it.
         self._schedulers: weakref.WeakKeyDictionary[LiveDeployment, Scheduler] = weakref.WeakKeyDictionary()
         self.dispatch = Dispatcher(registry, self._capacity, routing=routing, params=routing_params, **scheduling)
+        self.latency = LatencyModels()  # each replica's, learned from the requests it serves
 
     def _capacity(self, deployment: LiveDeployment) -> int:
         return self.scheduler(deployment).capacity
@@ -113,6 +115,13 @@ class Waiting:
         lease.ticket = _ticket(lease, cost)
         await self.scheduler(call.deployment).acquire(lease.ticket)
         call.dispatched_at = time.perf_counter()
+        self.track(call, call.dispatched_at)
+
+    def track(self, call: Call, now: float) -> None:
+        """The call holds its replica's slot from `now`: its attempt there starts in the replica's
+        latency model (core/latency/), which predicts its first token and learns from it."""
+        if call.embedding is None:
+            call.latency = self.latency.begin(call.deployment, call.prompt_tokens, call.cached_estimate, now)
 
     async def rebind(self, lease: Lease, target: LiveDeployment) -> None:
         """Move an admitted lease whose replica failed to `target` (failover, continuation): the
@@ -127,6 +136,7 @@ class Waiting:
         ticket = _ticket(lease, old.cost)
         await self.scheduler(target).acquire(ticket)
         lease.ticket = ticket
+        self.track(call, time.perf_counter())
 
     def dry_run(self, call: Call) -> DryRun:
         """The replicas dispatch would weigh for `call` and the picker's choice, asked in a dry
