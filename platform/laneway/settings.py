@@ -119,11 +119,15 @@ class Settings:
     # cache_aware's score: the sum of the scorers this profile names, each with its weight
     # (core/dispatch/scorers/; docs/routing.md): "prefix" (prompt share cached there),
     # "session" (it last served the request's prompt_cache_key), "load" (subtracted: slots in
-    # use, engine-reported waiting and KV usage). A scorer left out is not used; an unknown
-    # name or a weight that is not a number >= 0 stops the start.
-    routing_profile: str = "prefix=1.0,session=0.5,load=0.5"
-    # A replica whose load exceeds the least loaded one's by more than this (in slots' worth)
-    # loses its cache and session bonus (a hot prefix cannot pile onto one replica).
+    # use, engine-reported waiting and KV usage), "ttft" (subtracted: the predicted seconds to
+    # the first token there, from the replicas' latency models; it alone decides while every
+    # candidate's model is warm, the others while one is cold). A scorer left out is not used;
+    # an unknown name or a weight that is not a number >= 0 stops the start.
+    routing_profile: str = "prefix=1.0,session=0.5,load=0.5,ttft=1.0"
+    # While a candidate's latency model is cold (and with no "ttft" in the profile): a replica
+    # whose load exceeds the least loaded one's by more than this (in slots' worth) loses its
+    # cache and session bonus (a hot prefix cannot pile onto one replica). Seconds replace it
+    # once the models are warm.
     routing_imbalance: float = 1.0
     # The approximate prefix index: bytes of rendered prompt per hashed block, and blocks
     # remembered per replica (0: from the engine's KV capacity, max_model_len x slots).

@@ -122,7 +122,8 @@ def test_the_profile_comes_from_one_setting() -> None:
     params = RoutingParams.from_settings(Settings(routing_profile=" favourite = 1.5 , load=0.25 "))
     assert params.profile == (("favourite", 1.5), ("load", 0.25))
     assert RoutingParams.from_settings(Settings()) == RoutingParams()
-    assert RoutingParams().profile == (("prefix", 1.0), ("session", 0.5), ("load", 0.5))
+    # ttft decides in seconds where the replicas' latency models are warm; the rest while one is cold.
+    assert RoutingParams().profile == (("prefix", 1.0), ("session", 0.5), ("load", 0.5), ("ttft", 1.0))
 
 
 @pytest.mark.parametrize(

@@ -86,7 +86,7 @@ async def chat_completions(request: Incoming, api: ApiServices) -> Response[byte
         answer = await api.gateway.serve(tenant, intent, HttpClient(request))
     except ClientDisconnected:
         return Response(b"", status_code=CLIENT_CLOSED)
-    return respond(api, answer, body, events)
+    return respond(api, answer, body, events, request.headers)
 
 
 async def completions(request: Incoming, api: ApiServices) -> Response[bytes] | Stream:
@@ -116,7 +116,7 @@ async def completions(request: Incoming, api: ApiServices) -> Response[bytes] | 
         answer = await api.gateway.serve(tenant, intent, HttpClient(request))
     except ClientDisconnected:
         return Response(b"", status_code=CLIENT_CLOSED)
-    return respond(api, answer, body, events)
+    return respond(api, answer, body, events, request.headers)
 
 
 CHAT = Endpoint(

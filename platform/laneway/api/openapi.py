@@ -100,6 +100,13 @@ ROUTING_PARAMS = (
         description="A tighter time-to-first-token target than the lane's, in ms, within the tenant's grant "
         "(never tighter than its min_ttft_target_ms; without that grant it changes nothing).",
     ),
+    Parameter(
+        name="X-Laneway-Want-Predicted-TTFT",
+        param_in="header",
+        schema=_TEXT,
+        description="1: answer with X-Laneway-Predicted-TTFT-Ms, the ms from arrival to the first token laneway "
+        "predicted when the request took its slot (absent while the replica's latency model is still learning).",
+    ),
 )
 
 

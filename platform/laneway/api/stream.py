@@ -4,7 +4,7 @@ request's lease until it is sent (api/leased_stream.py)."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from litestar import MediaType, Response
@@ -28,14 +28,31 @@ def lane_header(call: Call) -> dict[str, str]:
     return {"X-Laneway-Lane": call.lane.name, "X-Laneway-Served-Model": call.alias}
 
 
+WANT_PREDICTED_TTFT = "x-laneway-want-predicted-ttft"
+PREDICTED_TTFT = "X-Laneway-Predicted-TTFT-Ms"
+
+
+def predicted_ttft_header(call: Call, asked: Mapping[str, str] | None) -> dict[str, str]:
+    """X-Laneway-Predicted-TTFT-Ms, when the request asked for it (X-Laneway-Want-Predicted-TTFT:
+    1) and its replica's latency model predicted one: ms from its arrival to its first token, as
+    predicted when it took its slot (docs/endpoints.md)."""
+    if asked is None or asked.get(WANT_PREDICTED_TTFT, "").strip() not in ("1", "true"):
+        return {}
+    if call.predicted_ttft_s is None:
+        return {}
+    return {PREDICTED_TTFT: str(round(call.predicted_ttft_s * 1000))}
+
+
 def respond(
     api: ApiServices,
     answer: Completed | Streaming,
     body: Callable[[Completed], Any],
     events: Callable[[Streaming], AsyncIterator[bytes]],
+    asked: Mapping[str, str] | None = None,
 ) -> Response[bytes] | Stream:
-    """A whole answer as JSON; a stream as SSE, the response taking over the lease."""
-    headers = lane_header(answer.call)
+    """A whole answer as JSON; a stream as SSE, the response taking over the lease. `asked`: the
+    request's headers (what it asked to be told)."""
+    headers = {**lane_header(answer.call), **predicted_ttft_header(answer.call, asked)}
     if isinstance(answer, Completed):
         return Response(p.encode(body(answer)), media_type=MediaType.JSON, headers=headers)
     return LeasedStream(

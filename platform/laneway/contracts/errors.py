@@ -51,7 +51,11 @@ class GatewayError(Exception):
         self.param = param
         self.headers: dict[str, str] = {}
         if retry_after is not None:
-            self.headers["Retry-After"] = str(max(1, int(retry_after + 0.999)))
+            self.retry_in(retry_after)
+
+    def retry_in(self, seconds: float) -> None:
+        """Retry-After: whole seconds, rounded up, at least 1."""
+        self.headers["Retry-After"] = str(max(1, int(seconds + 0.999)))
 
 
 def invalid_request(

@@ -36,6 +36,7 @@ from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.core import admission
 from laneway.core.lane_queue import LaneQueue
+from laneway.core.latency.outlook import Outlook
 from laneway.core.policy import LanePolicy
 
 
@@ -187,9 +188,10 @@ class DeploymentScheduler:
         return self.running.get(name, 0) < self._lanes[name].max_concurrency
 
     # ---- the slot protocol ----
-    def admit(self, lane: LanePolicy, tenant_id: int, weight: float) -> None:
-        """Admission control against this scheduler's queues (raises 503 GatewayError)."""
-        admission.admit(self, lane, tenant_id, weight)
+    def admit(self, lane: LanePolicy, tenant_id: int, weight: float, outlook: Outlook | None = None) -> None:
+        """Admission control against this scheduler's queues (raises 503 GatewayError); in
+        seconds where `outlook` (the replicas' latency models) predicts."""
+        admission.admit(self, lane, tenant_id, weight, outlook)
 
     def set_capacity(self, capacity: int) -> None:
         """Change how many requests may run at once (a shared engine's share of its slots)."""

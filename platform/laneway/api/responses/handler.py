@@ -87,7 +87,7 @@ async def create_response(request: Incoming, api: ApiServices) -> Response[bytes
         # Named events, no [DONE] (OpenAI sends none on this API); a failure ends with response.failed.
         return sse(stream, assembler.start(), assembler.feed, None, fail=assembler.failed, done=b"")
 
-    return respond(api, answer, body, events)
+    return respond(api, answer, body, events, request.headers)
 
 
 RESPONSES = Endpoint(

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from laneway.core.dispatch.picker import Picker, Placement
+from laneway.core.latency.outlook import Outlook
 from laneway.core.policy import LanePolicy
 from laneway.core.scheduler import DeploymentScheduler, Ticket
 from laneway.engines.registry import LiveDeployment
@@ -88,27 +89,30 @@ class AliasScheduler(DeploymentScheduler):
             return lambda _: True
         return lambda tid: tid not in self._tenant_running
 
-    def admit(self, lane: LanePolicy, tenant_id: int, weight: float) -> None:
+    def admit(self, lane: LanePolicy, tenant_id: int, weight: float, outlook: Outlook | None = None) -> None:
         """Admission over the alias's queue: a lane's depth limit is per replica, as it is for a
         replica's own queue, so the alias's queue holds as many as its replicas' would."""
         self.has_room()  # the alias's capacity as it is now (replicas come and go)
         replicas = max(len(self.usable()), 1)
         if replicas > 1:
             lane = dataclasses.replace(lane, max_queue_depth=lane.max_queue_depth * replicas)
-        super().admit(lane, tenant_id, weight)
+        super().admit(lane, tenant_id, weight, outlook)
 
     # ---- binding ----
     def candidates(self, ticket: Ticket) -> list[LiveDeployment]:
         """The replicas that may serve the ticket, as Registry.resolve chooses them: those with
         the capabilities it needs; of those, the ones serving its lane; of those, the ones
         dedicated to its lane while one has a free slot."""
-        lane = ticket.lane.name
+        return self.serving(ticket.lane, ticket.route.needs)
+
+    def serving(self, lane_policy: LanePolicy, needs: frozenset[str]) -> list[LiveDeployment]:
+        """candidates() for a request of `lane_policy` needing `needs` (admission asks too)."""
+        lane = lane_policy.name
         replicas = self.usable()
-        needs: frozenset[str] = ticket.route.needs
         able = [r for r in replicas if needs <= r.engine.info.capabilities] or replicas
         serving = [r for r in able if lane in r.spec.config.get("lanes", (lane,))] or able
         dedicated = [r for r in serving if lane in r.spec.config.get("lanes", ()) and self._free(r) > 0]
-        if ticket.lane.background:
+        if lane_policy.background:
             return dedicated or [r for r in serving if self._free(r) > 0] or serving
         return dedicated or serving
 

@@ -21,6 +21,7 @@ from typing import Any
 from laneway.core.dispatch.alias_scheduler import AliasScheduler
 from laneway.core.dispatch.picker import Picker, Placement, ReplicaFigures, RoutingParams
 from laneway.core.dispatch.prefix_index import PrefixIndex, Route, anchor, prompt_blocks
+from laneway.core.latency import LatencyModels
 from laneway.core.scheduler import Ticket
 from laneway.engines.registry import EngineRegistry, LiveDeployment
 
@@ -45,6 +46,7 @@ class Dispatcher:
         *,
         routing: str = "cache_aware",
         params: RoutingParams | None = None,
+        latency: LatencyModels | None = None,
         **scheduling: Any,
     ) -> None:
         if routing not in ROUTINGS:
@@ -53,7 +55,7 @@ class Dispatcher:
         self.routing = routing
         self.params = params or RoutingParams()
         self.index = PrefixIndex()
-        self.picker = Picker(self.params, self.index)
+        self.picker = Picker(self.params, self.index, latency)
         self._capacity_of = capacity_of
         self._scheduling = scheduling
         self._aliases: dict[str, AliasScheduler] = {}

@@ -93,6 +93,9 @@ class Call:
     price: Price | None = None  # its alias's price when it was prepared: its cost is at this one
     ttft_target_ms: float | None = None  # its TTFT target: the lane's, or tighter as granted (core/slo.py)
     latency: Attempt | None = None  # its attempt in its replica's latency model (core/latency/)
+    # Seconds from its arrival to its first token as predicted when it took its first slot (its
+    # wait so far plus the replica's model); None while that model was cold.
+    predicted_ttft_s: float | None = None
 
     @property
     def cost_micros(self) -> int | None:

@@ -15,9 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from laneway.contracts.errors import preempted
+from laneway.contracts.codes import ErrorCode
+from laneway.contracts.errors import GatewayError, preempted
 from laneway.core.dispatch import Dispatcher, Placement, ReplicaFigures, RoutingParams
 from laneway.core.latency import LatencyModels
+from laneway.core.latency.outlook import Outlook, ReplicaState
 from laneway.core.pipeline.call import Call
 from laneway.core.pipeline.lease import Lease
 from laneway.core.pipeline.queues import queue_stats
@@ -56,8 +58,10 @@ class Waiting:
         # Keyed by the live deployment itself: a swapped-in replacement gets its own scheduler,
         # and a retired one's goes with it.
         self._schedulers: weakref.WeakKeyDictionary[LiveDeployment, Scheduler] = weakref.WeakKeyDictionary()
-        self.dispatch = Dispatcher(registry, self._capacity, routing=routing, params=routing_params, **scheduling)
         self.latency = LatencyModels()  # each replica's, learned from the requests it serves
+        self.dispatch = Dispatcher(
+            registry, self._capacity, routing=routing, params=routing_params, latency=self.latency, **scheduling
+        )
 
     def _capacity(self, deployment: LiveDeployment) -> int:
         return self.scheduler(deployment).capacity
@@ -87,7 +91,38 @@ class Waiting:
     def admit(self, call: Call, late: bool) -> None:
         """Admission against the queue the call would wait in (raises 503 GatewayError)."""
         queue = self.dispatch.alias_scheduler(call.alias) if late else self.scheduler(call.deployment)
-        queue.admit(call.lane, call.tenant.id, call.tenant.weight)
+        if isinstance(queue, SharedScheduler):  # admission runs in Redis, on every gateway's counts
+            queue.admit(call.lane, call.tenant.id, call.tenant.weight)
+        else:
+            queue.admit(call.lane, call.tenant.id, call.tenant.weight, self.outlook(call, late))
+
+    def outlook(self, call: Call, late: bool) -> Outlook | None:
+        """The call's predicted TTFT over the replicas that could serve it (core/latency/
+        outlook.py); None while one is cold, for embeddings, and for a shared engine's queue.
+        It has no route yet: its whole prompt counts as uncached."""
+        if call.embedding is not None:
+            return None
+        if late:
+            alias = self.dispatch.alias_scheduler(call.alias)
+            replicas = alias.serving(call.lane, call.needs)
+            states = [ReplicaState(self.latency.of(r.spec.name), r.outstanding, self._capacity(r)) for r in replicas]
+        else:
+            s = self.scheduler(call.deployment)
+            if isinstance(s, SharedScheduler):
+                return None
+            # Bound at arrival: its queue is the scheduler's, its running ones the replica's.
+            states = [ReplicaState(self.latency.of(call.deployment.spec.name), s.running_total, s.capacity)]
+        return Outlook.of(states, call.prompt_tokens)
+
+    def _timed_out(self, exc: GatewayError, call: Call, late: bool) -> None:
+        """A queue timeout's Retry-After from the model: when a newcomer at the back of the lane
+        now would meet the bound (at least one slot's time), where the model is warm."""
+        outlook = self.outlook(call, late) if exc.code is ErrorCode.QUEUE_TIMEOUT else None
+        if outlook is None:
+            return
+        queue = self.dispatch.alias_scheduler(call.alias) if late else self.scheduler(call.deployment)
+        ahead = queue.ahead_of(call.lane) if isinstance(queue, DeploymentScheduler) else 0
+        exc.retry_in(max(outlook.ttft(ahead) - call.lane.queue_timeout_s, outlook.seconds_for(1)))
 
     def bind_early(self, call: Call) -> None:
         """round_robin's choice at arrival (the others keep prepare's)."""
@@ -104,7 +139,11 @@ class Waiting:
                 gen.prompt, gen.cache_salt, call.prompt_cache_key, call.needs, gen.prompt_tokens, gen.prompt_ids
             )
             lease.placement = placement = _ticket(lease, cost, route)
-            await queue.acquire(placement)
+            try:
+                await queue.acquire(placement)
+            except GatewayError as exc:
+                self._timed_out(exc, call, True)
+                raise
             queue.taken(placement)  # no await since the grant: the lease owns it from here
             call.deployment = placement.replica
             lease.holds_deployment = True
@@ -113,7 +152,11 @@ class Waiting:
         elif call.embedding is None and len(self.registry.replicas(call.alias)) > 1:
             call.route_reason = self.dispatch.routing  # a baseline's choice, made at arrival
         lease.ticket = _ticket(lease, cost)
-        await self.scheduler(call.deployment).acquire(lease.ticket)
+        try:
+            await self.scheduler(call.deployment).acquire(lease.ticket)
+        except GatewayError as exc:
+            self._timed_out(exc, call, False)
+            raise
         call.dispatched_at = time.perf_counter()
         self.track(call, call.dispatched_at)
 
@@ -121,7 +164,9 @@ class Waiting:
         """The call holds its replica's slot from `now`: its attempt there starts in the replica's
         latency model (core/latency/), which predicts its first token and learns from it."""
         if call.embedding is None:
-            call.latency = self.latency.begin(call.deployment, call.prompt_tokens, call.cached_estimate, now)
+            call.latency = attempt = self.latency.begin(call.deployment, call.prompt_tokens, call.cached_estimate, now)
+            if attempt.predicted is not None and call.predicted_ttft_s is None:  # the first attempt's
+                call.predicted_ttft_s = now - call.started + attempt.predicted
 
     async def rebind(self, lease: Lease, target: LiveDeployment) -> None:
         """Move an admitted lease whose replica failed to `target` (failover, continuation): the

@@ -24,6 +24,7 @@ from laneway.core.dispatch.scorers.registry import (
 )
 from laneway.core.dispatch.scorers.scorer import Scorer, ScorerFactory
 from laneway.core.dispatch.scorers.session import SessionScorer
+from laneway.core.dispatch.scorers.ttft import TtftScorer
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
@@ -38,6 +39,7 @@ __all__ = [
     "Scorer",
     "ScorerFactory",
     "SessionScorer",
+    "TtftScorer",
     "build_scorers",
     "parse_profile",
     "register_scorer",

@@ -20,6 +20,7 @@ KV_USAGE_WEIGHT = 0.5
 @dataclass(frozen=True, slots=True)
 class LoadScorer:
     weight: float = 0.5
+    timed: ClassVar[bool] = False
     affinity: ClassVar[bool] = False
     precedence: ClassVar[int] = 30
 

@@ -14,6 +14,7 @@ from laneway.core.dispatch.scorers.registry import register_scorer
 @dataclass(frozen=True, slots=True)
 class PrefixScorer:
     weight: float = 1.0
+    timed: ClassVar[bool] = False
     affinity: ClassVar[bool] = True
     precedence: ClassVar[int] = 20
 

@@ -2,7 +2,7 @@
 
 Each scorer registers itself once, in its own file, by name: `register_scorer("prefix",
 PrefixScorer)`. The routing profile (`LANEWAY_ROUTING_PROFILE`) names the scorers dispatch uses
-and their weights, "prefix=1.0,session=0.5,load=0.5": a scorer the profile leaves out is not
+and their weights, "prefix=1.0,session=0.5,load=0.5,ttft=1.0": a scorer the profile leaves out is not
 used. The name is also the routing metric's `reason` when that scorer explains a placement.
 """
 
@@ -16,7 +16,8 @@ from laneway.core.dispatch.scorers.scorer import Scorer, ScorerFactory
 Profile = tuple[tuple[str, float], ...]  # (scorer name, weight), in the profile's order
 
 # Settings.routing_profile's default, parsed (tests/unit/test_scorer_registry.py keeps them equal).
-DEFAULT_PROFILE: Profile = (("prefix", 1.0), ("session", 0.5), ("load", 0.5))
+# `ttft` decides where every candidate's latency model is warm; the others while one is cold.
+DEFAULT_PROFILE: Profile = (("prefix", 1.0), ("session", 0.5), ("load", 0.5), ("ttft", 1.0))
 
 _FACTORIES: dict[str, ScorerFactory] = {}
 

@@ -15,6 +15,10 @@ class Scorer(Protocol):
     # loaded past the least loaded candidate by more than `routing_imbalance`, and a guarded
     # placement is not explained by it.
     affinity: ClassVar[bool]
+    # A score in seconds of predicted TTFT (scorers/ttft.py): while every candidate's latency
+    # model is warm the timed scorers decide alone and no guard applies; while any is cold the
+    # others do. A scorer without the attribute is not timed.
+    timed: ClassVar[bool]
     # When several scorers explain a placement, the lowest precedence names it (the most
     # specific evidence: a session before a shared prefix before load).
     precedence: ClassVar[int]

@@ -15,6 +15,7 @@ from laneway.core.dispatch.scorers.registry import register_scorer
 @dataclass(frozen=True, slots=True)
 class SessionScorer:
     weight: float = 0.5
+    timed: ClassVar[bool] = False
     affinity: ClassVar[bool] = True
     precedence: ClassVar[int] = 10
 

@@ -1,0 +1,89 @@
+"""A request's predicted time to first token before it is placed, in seconds: the wait for a
+slot plus the replica's TTFT from its slot, from the replicas' latency models (replica.py).
+
+Admission refuses by it (core/admission.py), Retry-After is computed from it, and the `ttft`
+scorer routes by it (core/dispatch/scorers/ttft.py). It predicts nothing while any replica it
+weighs is cold (fewer than three observations): the callers fall back to what they did before
+the model (queue places, slot counts).
+
+- **On one replica**: free slots, no wait; else the requests bound there beyond its slots wait
+  first, one slot freeing every `service / slots` seconds (`predict_wait`), and it then joins a
+  full batch. Its TTFT from the slot is `predict_ttft` for its uncached tokens behind the
+  prefill still pending there.
+- **Across an alias's replicas** (a request in the alias's fair queue, `ahead` requests before
+  it in the fair order): the next slot to free anywhere goes to the head of that order, so the
+  replicas drain the queue together, at the sum of their rates; once its turn comes it takes the
+  replica with the best TTFT from a slot.
+
+Lane caps below a replica's slots are not modelled (the replica's slots are): a lane capped
+tighter waits longer than predicted, and its queue timeout still bounds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from laneway.core.latency.replica import ReplicaLatencyModel
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaState:
+    """A replica as a prediction sees it now."""
+
+    model: ReplicaLatencyModel
+    outstanding: int  # requests bound there: running, or waiting in its own queue
+    capacity: int  # requests it runs at once
+
+    def slot_period(self) -> float | None:
+        """Seconds between two slots freeing while it is full (its mean hold / its slots)."""
+        return self.model.predict_wait(1.0, float(max(self.capacity, 1)))
+
+    def from_slot(self, uncached: float, *, full: bool) -> float | None:
+        """TTFT from a slot here: now (`full` False: a slot is free), or once one frees (a
+        full batch, the prefill pending now done by then)."""
+        m = self.model
+        if full:
+            return m.predict_ttft(uncached, 0.0, float(max(self.capacity - 1, 0)))
+        return m.predict_ttft(uncached, m.pending_prefill, float(min(self.outstanding, self.capacity)))
+
+    def ttft(self, uncached: float) -> float | None:
+        """Predicted seconds to the first token of a request placed here now."""
+        queued = self.outstanding - self.capacity + 1  # slots that must free before its own
+        if queued <= 0:
+            return self.from_slot(uncached, full=False)
+        period = self.slot_period()
+        after = self.from_slot(uncached, full=True)
+        return None if period is None or after is None else queued * period + after
+
+
+class Outlook:
+    """The predicted TTFT of one request waiting for any of `replicas` (every one warm)."""
+
+    def __init__(self, replicas: Sequence[ReplicaState], uncached: float, periods: Sequence[float]) -> None:
+        self.replicas = replicas
+        self.uncached = uncached
+        self.rate = sum(1.0 / max(p, 1e-6) for p in periods)  # slots freed per second, all full
+        self.free = sum(r.capacity - r.outstanding for r in replicas)  # below 0: queued on replicas
+
+    @classmethod
+    def of(cls, replicas: Sequence[ReplicaState], uncached: float) -> Outlook | None:
+        """None while any replica is cold (or there is none): no basis to predict."""
+        periods = [r.slot_period() for r in replicas]
+        if not replicas or any(p is None for p in periods):
+            return None
+        if any(r.from_slot(uncached, full=True) is None for r in replicas):
+            return None
+        return cls(replicas, uncached, [p for p in periods if p is not None])
+
+    def seconds_for(self, slots: float) -> float:
+        """Seconds until `slots` more slots have freed across the replicas."""
+        return max(slots, 0.0) / self.rate
+
+    def ttft(self, ahead: int) -> float:
+        """Predicted seconds to the first token with `ahead` requests before it in the fair order."""
+        if ahead < self.free:  # a slot is free for it: the best replica that has one
+            now = [r.from_slot(self.uncached, full=False) for r in self.replicas if r.outstanding < r.capacity]
+            return min((t for t in now if t is not None), default=0.0)
+        after = [r.from_slot(self.uncached, full=True) for r in self.replicas]
+        return self.seconds_for(ahead - self.free + 1) + min(t for t in after if t is not None)
