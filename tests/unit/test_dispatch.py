@@ -104,6 +104,8 @@ async def test_a_hot_prefix_spills_to_other_replicas_once_its_replica_is_busier(
         placed = [lease.placement.replica.spec.name for lease in leases if lease.placement]
         # The hot replica takes more than its share while it is at most one engine's worth busier
         # than the least busy (it may queue one beyond its two slots), then the rest spread.
+        # The slot-counted guard decides because the replicas' latency models are cold here (one
+        # observation): warm, predicted seconds decide instead (tests/unit/test_predicted_ttft.py).
         assert 2 <= placed.count(home) <= 3
         assert {d.spec.name for d in replicas.deployments()} <= set(placed)
     finally:

@@ -1,7 +1,8 @@
 """Admission and routing in seconds (issue 38, items 4-6), through the Gateway with simulated
 replicas whose speed is known: a request whose predicted first token is past its lane's bound
 is refused at once, with a Retry-After from the prediction, not after waiting out the bound;
-a replica three times slower is routed around; a queue timeout's Retry-After comes from the
+a replica three times slower is routed around, a session stays on its replica while its
+predicted first token beats a miss elsewhere; a queue timeout's Retry-After comes from the
 model. A cold model changes nothing (the fallbacks are today's behaviour)."""
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import math
 import pytest
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
+from laneway.core.dispatch import Dispatcher
+from laneway.core.latency import LatencyModels
 from laneway.core.pipeline import Gateway, GenerationIntent
 from laneway.core.pipeline.lease import Lease
 from laneway.core.policy import LanePolicy, PolicySnapshot, PolicyStore
-from laneway.engines.registry import EngineRegistry
+from laneway.engines.registry import EngineRegistry, LiveDeployment
 from laneway.types import DeploymentSpec, TenantSnapshot
 
 ACME = TenantSnapshot(id=1, name="acme", api_key_id=11)
@@ -186,5 +189,48 @@ async def test_a_replica_three_times_slower_is_routed_around() -> None:
         assert served == ["m-0"] * 12, served
         call = await gw.prepare(ACME, ask("why"))
         assert gw.waiting.dry_run(call).pick.reason == "ttft"  # type: ignore[union-attr]
+    finally:
+        await registry.close()
+
+
+def learned(models: LatencyModels, name: str, *, prefill_s: float, service_s: float) -> None:
+    """A replica's model fed what a replica of that prefill rate and mean hold would show."""
+    model = models.of(name)
+    for i in range(20):
+        uncached = 200.0 * i
+        model.observe_ttft(0.0, uncached, 0.0, 1.0 + i % 2, 0.01 + prefill_s * uncached)
+        model.observe_service(0.0, service_s)
+
+
+async def test_a_session_stays_on_its_replica_while_its_predicted_ttft_beats_a_miss_elsewhere() -> None:
+    registry = EngineRegistry()
+    await registry.load([spec(0, 10.0), spec(1, 10.0)])
+    try:
+        models = LatencyModels()
+        for name in ("m-0", "m-1"):  # 0.5 ms a prompt token; a slot frees every 0.25 s when full
+            learned(models, name, prefill_s=0.0005, service_s=0.5)
+        home, other = registry.deployments()
+
+        def capacity(_: LiveDeployment) -> int:
+            return 2
+
+        timed = Dispatcher(registry, capacity, latency=models)
+        slots = Dispatcher(registry, capacity)  # no latency model: the slot-counted guard
+        prompt = "You are the billing team's assistant. " * 400  # ~4,000 tokens: ~2 s to prefill
+        for d in (timed, slots):
+            route = d.ticket_route(prompt, "acme", "conv-1", frozenset(), 4000).route
+            d.picker.index.record("m-0", route.blocks, 100_000)
+            d.picker.index.remember_session("conv-1", "m-0")
+        route = timed.ticket_route(prompt, "acme", "conv-1", frozenset(), 4000).route
+        # Its replica two engines' worth busier (4 bound on 2 slots): ~0.75 s of queue there
+        # against ~2 s of prefill on a miss. Counted in slots, the guard would move it.
+        home.outstanding = 4
+        assert timed.picker.pick(route, [home, other], capacity, dry_run=True).replica is home
+        assert slots.picker.pick(route, [home, other], capacity, dry_run=True).replica is other
+        # A queue longer than the prefill it saves (11 ahead: ~2.75 s): it moves.
+        home.outstanding = 12
+        moved = timed.picker.pick(route, [home, other], capacity, dry_run=True)
+        assert moved.replica is other and moved.reason == "ttft"
+        home.outstanding = 0
     finally:
         await registry.close()
