@@ -244,3 +244,21 @@ async def test_a_session_stays_on_its_replica_while_its_predicted_ttft_beats_a_m
         home.outstanding = 0
     finally:
         await registry.close()
+
+
+async def test_an_overloaded_engines_error_says_when_its_queue_will_have_drained(slow_one: EngineRegistry) -> None:
+    gw = gateway(slow_one)
+    learned(gw.waiting.latency, "m-0", prefill_s=0.0, service_s=3.0)  # a slot frees every 1.5 s
+    replica = slow_one.deployments()[0]
+
+    async def fails() -> GatewayError:
+        with pytest.raises(GatewayError) as failed:
+            await serve(gw, "<<laneway-sim-fault>>")
+        return failed.value
+
+    plain = await fails()
+    assert plain.code is ErrorCode.ENGINE_ERROR and plain.headers["Retry-After"] == "1"  # a fault, not a queue
+    replica.engine.overloaded = True  # type: ignore[attr-defined]  # as vLLM reports past max_waiting
+    overloaded = await fails()
+    assert overloaded.code is ErrorCode.ENGINE_ERROR
+    assert overloaded.headers["Retry-After"] == "2"  # one slot's time there, 1.5 s, rounded up

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncGenerator
 
+from laneway.contracts.errors import GatewayError
 from laneway.core.pipeline.call import Call
 from laneway.core.pipeline.continuation import Answer, LateEngineFailure
 from laneway.core.pipeline.failover import EarlyEngineFailure, Failover
@@ -86,6 +87,8 @@ async def run_attempts(
             failover.budget.requested(target.spec.name)
     except BaseException as exc:
         call.fail(outcome_of(exc))
+        if isinstance(exc, GatewayError):
+            waiting.overloaded_retry(exc, call)
         raise
     finally:
         lease.end_generation()

@@ -26,6 +26,7 @@ from laneway.core.pipeline.queues import queue_stats
 from laneway.core.policy import LanePolicy
 from laneway.core.scheduler import DeploymentScheduler, Ticket
 from laneway.core.shared_slots import SharedScheduler, SharedSlots
+from laneway.engines.base import LoadReportingEngine
 from laneway.engines.registry import EngineRegistry, LiveDeployment
 
 Scheduler = DeploymentScheduler | SharedScheduler
@@ -167,6 +168,20 @@ class Waiting:
             call.latency = attempt = self.latency.begin(call.deployment, call.prompt_tokens, call.cached_estimate, now)
             if attempt.predicted is not None and call.predicted_ttft_s is None:  # the first attempt's
                 call.predicted_ttft_s = now - call.started + attempt.predicted
+
+    def overloaded_retry(self, exc: GatewayError, call: Call) -> None:
+        """An engine error from a replica that reports itself overloaded: Retry-After the
+        seconds its own queue (the waiting it reports, and one) takes to drain at its learned
+        pace, where its model is warm (else the error's own)."""
+        replica = call.deployment
+        if exc.code is not ErrorCode.ENGINE_ERROR or not replica.overloaded:
+            return
+        engine = replica.engine
+        load = engine.reported_load() if isinstance(engine, LoadReportingEngine) else None
+        state = ReplicaState(self.latency.of(replica.spec.name), replica.outstanding, self._capacity(replica))
+        period = state.slot_period()
+        if period is not None:
+            exc.retry_in(((load.waiting if load is not None else 0) + 1) * period)
 
     async def rebind(self, lease: Lease, target: LiveDeployment) -> None:
         """Move an admitted lease whose replica failed to `target` (failover, continuation): the
