@@ -262,3 +262,31 @@ async def test_an_overloaded_engines_error_says_when_its_queue_will_have_drained
     overloaded = await fails()
     assert overloaded.code is ErrorCode.ENGINE_ERROR
     assert overloaded.headers["Retry-After"] == "2"  # one slot's time there, 1.5 s, rounded up
+
+
+async def test_a_long_prompt_a_replica_holds_is_not_refused_for_a_prefill_it_will_not_pay() -> None:
+    registry = EngineRegistry()
+    await registry.load([spec(0, 10.0), spec(1, 10.0)])
+    try:
+        gw = gateway(registry)
+        for name in ("m-0", "m-1"):  # 0.5 ms a prompt token: ~2 s to prefill 4,000, past the 1 s bound
+            learned(gw.waiting.latency, name, prefill_s=0.0005, service_s=0.5)
+        prompt = "You are the billing team's assistant. " * 400
+
+        async def admitted(text: str) -> bool:
+            call = await gw.prepare(ACME, ask(text))
+            try:
+                (await gw.admit(call)).release()
+            except GatewayError as refused:
+                assert refused.code is ErrorCode.PREDICTED_WAIT_EXCEEDED
+                return False
+            return True
+
+        assert not await admitted(prompt)  # nobody holds it: ~2 s of prefill on either replica
+        call = await gw.prepare(ACME, ask(prompt))
+        gen = call.generation
+        route = gw.waiting.dispatch.ticket_route(gen.prompt, gen.cache_salt, None, frozenset(), gen.prompt_tokens).route
+        gw.waiting.dispatch.picker.index.record("m-1", route.blocks, 100_000)  # as if it had served it
+        assert await admitted(prompt)  # m-1 holds it: a first token in ms
+    finally:
+        await registry.close()

@@ -120,9 +120,13 @@ def admit(
             ),
         )
     if outlook is not None:  # in seconds: its place in the fair order, the replicas' learned speed
-        ttft = outlook.ttft(scheduler.ahead_of(lane, tenant_id, weight))
-        if ttft > lane.queue_timeout_s:
-            raise ttft_too_long(lane, ttft)
+        ahead = scheduler.ahead_of(lane, tenant_id, weight)
+        ttft = outlook.ttft(ahead)
+        if ttft > lane.queue_timeout_s:  # before refusing: the prefill a replica's cache saves it
+            cached = outlook.with_cache()
+            ttft = ttft if cached is None else cached.ttft(ahead)
+            if ttft > lane.queue_timeout_s:
+                raise ttft_too_long(lane, ttft)
         return
     wait = scheduler.predicted_wait(lane, tenant_id, weight)
     if wait > lane.queue_timeout_s:

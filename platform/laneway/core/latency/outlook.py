@@ -21,7 +21,8 @@ tighter waits longer than predicted, and its queue timeout still bounds it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from laneway.core.latency.replica import ReplicaLatencyModel
@@ -34,6 +35,7 @@ class ReplicaState:
     model: ReplicaLatencyModel
     outstanding: int  # requests bound there: running, or waiting in its own queue
     capacity: int  # requests it runs at once
+    cached: float = 0.0  # of the request's prompt tokens, those it most likely holds
 
     def slot_period(self) -> float | None:
         """Seconds between two slots freeing while it is full (its mean hold / its slots)."""
@@ -43,6 +45,7 @@ class ReplicaState:
         """TTFT from a slot here: now (`full` False: a slot is free), or once one frees (a
         full batch, the prefill pending now done by then)."""
         m = self.model
+        uncached = max(uncached - self.cached, 0.0)
         if full:
             return m.predict_ttft(uncached, 0.0, float(max(self.capacity - 1, 0)))
         return m.predict_ttft(uncached, m.pending_prefill, float(min(self.outstanding, self.capacity)))
@@ -58,23 +61,48 @@ class ReplicaState:
 
 
 class Outlook:
-    """The predicted TTFT of one request waiting for any of `replicas` (every one warm)."""
+    """The predicted TTFT of one request waiting for any of `replicas` (every one warm).
 
-    def __init__(self, replicas: Sequence[ReplicaState], uncached: float, periods: Sequence[float]) -> None:
+    `uncached`: its prompt tokens, less what each replica state says it holds. Admission has no
+    route yet: it predicts with the whole prompt uncached, and only where that is past the
+    bound asks `with_cache` (the prefix index's estimate per replica, which costs the prompt's
+    hashing) before it refuses, so a session whose long prompt a replica holds is not refused
+    for a prefill it will not pay."""
+
+    def __init__(
+        self,
+        replicas: Sequence[ReplicaState],
+        uncached: float,
+        periods: Sequence[float],
+        cache: Callable[[], Sequence[float]] | None = None,
+    ) -> None:
         self.replicas = replicas
         self.uncached = uncached
+        self._cache = cache
         self.rate = sum(1.0 / max(p, 1e-6) for p in periods)  # slots freed per second, all full
         self.free = sum(r.capacity - r.outstanding for r in replicas)  # below 0: queued on replicas
 
     @classmethod
-    def of(cls, replicas: Sequence[ReplicaState], uncached: float) -> Outlook | None:
-        """None while any replica is cold (or there is none): no basis to predict."""
+    def of(
+        cls, replicas: Sequence[ReplicaState], uncached: float, cache: Callable[[], Sequence[float]] | None = None
+    ) -> Outlook | None:
+        """None while any replica is cold (or there is none): no basis to predict. `cache`:
+        what each replica most likely holds of the prompt, in tokens, asked only by with_cache."""
         periods = [r.slot_period() for r in replicas]
         if not replicas or any(p is None for p in periods):
             return None
         if any(r.from_slot(uncached, full=True) is None for r in replicas):
             return None
-        return cls(replicas, uncached, [p for p in periods if p is not None])
+        return cls(replicas, uncached, [p for p in periods if p is not None], cache)
+
+    def with_cache(self) -> Outlook | None:
+        """The same prediction, each replica crediting what it most likely holds of the prompt;
+        None when nothing is known of that."""
+        if self._cache is None:
+            return None
+        held = self._cache()
+        states = [dataclasses.replace(r, cached=c) for r, c in zip(self.replicas, held, strict=True)]
+        return Outlook.of(states, self.uncached)
 
     def seconds_for(self, slots: float) -> float:
         """Seconds until `slots` more slots have freed across the replicas."""

@@ -100,19 +100,31 @@ class Waiting:
     def outlook(self, call: Call, late: bool) -> Outlook | None:
         """The call's predicted TTFT over the replicas that could serve it (core/latency/
         outlook.py); None while one is cold, for embeddings, and for a shared engine's queue.
-        It has no route yet: its whole prompt counts as uncached."""
+        It has no route yet: its whole prompt counts as uncached, and where that is past the
+        bound, admission asks what each replica most likely holds (Outlook.with_cache)."""
         if call.embedding is not None:
             return None
         if late:
             alias = self.dispatch.alias_scheduler(call.alias)
             replicas = alias.serving(call.lane, call.needs)
             states = [ReplicaState(self.latency.of(r.spec.name), r.outstanding, self._capacity(r)) for r in replicas]
-        else:
-            s = self.scheduler(call.deployment)
-            if isinstance(s, SharedScheduler):
-                return None
-            # Bound at arrival: its queue is the scheduler's, its running ones the replica's.
-            states = [ReplicaState(self.latency.of(call.deployment.spec.name), s.running_total, s.capacity)]
+
+            def cache() -> list[float]:  # asked only before a refusal: it hashes the prompt
+                gen = call.generation
+                dispatch = self.dispatch
+                route = dispatch.ticket_route(
+                    gen.prompt, gen.cache_salt, call.prompt_cache_key, call.needs, gen.prompt_tokens, gen.prompt_ids
+                ).route
+                picker = dispatch.picker
+                return [picker.candidate(r, route, self._capacity).cached_share * call.prompt_tokens for r in replicas]
+
+            return Outlook.of(states, call.prompt_tokens, cache)
+        s = self.scheduler(call.deployment)
+        if isinstance(s, SharedScheduler):
+            return None
+        # Bound at arrival: its queue is the scheduler's, its running ones the replica's. One
+        # replica: dispatch estimates no cache for it (the model learned its hits as speed).
+        states = [ReplicaState(self.latency.of(call.deployment.spec.name), s.running_total, s.capacity)]
         return Outlook.of(states, call.prompt_tokens)
 
     def _timed_out(self, exc: GatewayError, call: Call, late: bool) -> None:
