@@ -46,7 +46,7 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
         # The task's early stop per choice (core/early_stops.py), read on the text the stop
         # strings let through; this attempt's alone (a failover starts the answer again).
         early = AnswerStops(call.early_rule, n) if call.early_rule is not None else None
-        call.early_stop, call.tokens_saved = None, 0
+        call.early_stop, call.tokens_saved, call.stop_sequence = None, 0, None
         reasons: list[FinishReason | None] = [None] * n
         left = n
         if call.trace is not None:  # the engine's own spans join the trace (an HTTP engine sends it)
@@ -76,6 +76,8 @@ async def generate_deltas(lease: Lease, registry: EngineRegistry, outcome_of: Ou
                 finish: FinishReason | None = None
                 if matcher.stopped:
                     finish = "stop"
+                    if i == 0:
+                        call.stop_sequence = matcher.matched
                 elif delta.finish_reason is not None:
                     text += matcher.flush()
                     finish = delta.finish_reason
