@@ -241,3 +241,105 @@ def test_chat_and_messages_give_the_same_text_and_bill_the_same(gw: Gateway, cli
         chat_row.completion_tokens,
     )
     assert message_row.cost_micros == chat_row.cost_micros
+
+
+# ---- bad input: Anthropic-shaped 400s naming the field, nothing run ------------------------------
+
+TOOL_USE = {"type": "tool_use", "id": "toolu_1", "name": "set_unit", "input": {"unit": "celsius"}}
+DEEP = "[" * 10_000 + "]" * 10_000
+
+
+def _body(**fields: Any) -> dict[str, Any]:
+    return {"model": "sim", "max_tokens": 4, "messages": HELLO, **fields}
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ({"model": "sim", "messages": HELLO}, "max_tokens"),
+        (_body(max_tokens=0), "max_tokens"),
+        (_body(messages=[{"role": "assistant", "content": "hi"}, *HELLO]), "messages[0].role"),
+        (_body(messages=[{"role": "system", "content": "hi"}, *HELLO]), "messages[0].role"),
+        (_body(messages=[*HELLO, {"role": "assistant", "content": "prefill"}]), "messages[1]"),
+        (
+            _body(messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9"}]}]),
+            "messages[0].content[0].tool_use_id",
+        ),
+        (
+            _body(messages=[*HELLO, {"role": "assistant", "content": [TOOL_USE]}, {"role": "user", "content": "and?"}]),
+            "messages[2].content",
+        ),
+        (_body(messages=[{"role": "user", "content": [{"type": "hologram"}]}]), "messages[0].content[0].type"),
+        (_body(messages=[{"role": "user", "content": []}]), "messages[0].content"),
+        (
+            _body(messages=[{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]),
+            "messages[0].content[0].type",
+        ),
+        (_body(messages=[{"role": "user", "content": "a\u0000b"}]), "messages[0].content"),
+        (
+            _body(messages=[{"role": "user", "content": [{"type": "text", "text": "\u0000"}]}]),
+            "messages[0].content[0].text",
+        ),
+        (_body(stop_sequences=["\u0000"]), "stop_sequences[0]"),
+        (_body(system=[{"type": "text", "text": "\u0000"}]), "system[0].text"),
+        (_body(thinking={"type": "enabled", "budget_tokens": 1024}), "thinking"),
+        (_body(tools=[{"type": "web_search_20250305", "name": "web_search"}]), "tools[0].type"),
+        (_body(tools=[{"name": "bad name!", "input_schema": {}}]), "tools[0].name"),
+        (_body(tool_choice={"type": "any"}), "tool_choice"),
+        (_body(output_config={"effort": "low"}), "output_config.effort"),
+        (_body(temperature=1.5), "temperature"),
+        (_body(n=2), "n"),
+        (_body(mcp_servers=[{"type": "url", "url": "https://x", "name": "x"}]), "mcp_servers"),
+    ],
+)
+def test_bad_input_is_an_anthropic_400_naming_the_field(gw: Gateway, body: dict[str, Any], named: str) -> None:
+    r = httpx.post(f"{gw.base_url}/v1/messages", json=body, headers={"x-api-key": gw.keys["acme"]}, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert named in error["error"]["message"], error
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b'{"model": "sim", "max_tokens": 4, "messages": [{"role": "user", "content": "\xff\xfe"}]}', "UTF-8"),
+        (
+            b'{"model": "sim", "max_tokens": 4, "messages": '
+            + b'[{"role": "user", "content": [{"type": "tool_use", "input": '
+            + DEEP.encode()
+            + b"}]}]}",
+            "nested",
+        ),
+        (b"", "empty"),
+    ],
+)
+def test_unreadable_bodies_are_anthropic_400s(gw: Gateway, content: bytes, says: str) -> None:
+    headers = {"x-api-key": gw.keys["acme"], "content-type": "application/json"}
+    r = httpx.post(f"{gw.base_url}/v1/messages", content=content, headers=headers, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    assert says in r.json()["error"]["message"]
+
+
+def test_a_bad_anthropic_version_is_named(gw: Gateway) -> None:
+    headers = {"x-api-key": gw.keys["acme"], "anthropic-version": "latest"}
+    r = httpx.post(f"{gw.base_url}/v1/messages", json=_body(), headers=headers, timeout=30)
+    assert r.status_code == 400 and "anthropic-version" in r.json()["error"]["message"]
+    headers["anthropic-version"] = "2023-06-01"
+    assert httpx.post(f"{gw.base_url}/v1/messages", json=_body(), headers=headers, timeout=30).status_code == 200
+
+
+def test_refusals_before_the_handler_are_anthropic_shaped_too(gw: Gateway) -> None:
+    """No key, a wrong method: Anthropic's shape on every path under /v1/messages."""
+    r = httpx.post(f"{gw.base_url}/v1/messages", json=_body(), timeout=30)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    r = httpx.get(f"{gw.base_url}/v1/messages", timeout=30)
+    assert r.json()["type"] == "error" and r.status_code == 405
+    r = httpx.post(f"{gw.base_url}/v1/chat/completions", json=_body(), timeout=30)
+    assert "type" not in r.json() and r.json()["error"]["code"] == "invalid_api_key"  # OpenAI's, unchanged
+
+
+def test_messages_lines_may_be_batched() -> None:
+    from laneway.api.registry import batch_paths
+
+    assert "/v1/messages" in batch_paths() and "/v1/messages/count_tokens" not in batch_paths()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from litestar import MediaType, Response
 
+from laneway.api import openapi
 from laneway.api.messages import protocol as mp
 from laneway.api.protocol import encode
 from laneway.api.sse import named_event
@@ -27,13 +28,15 @@ _BY_STATUS: dict[int, tuple[int, str]] = {
     404: (404, "not_found_error"),
     405: (405, "invalid_request_error"),
     409: (409, "invalid_request_error"),
-    413: (413, "request_too_large"),
+    413: (413, "request_too_large"),  # Anthropic's type (laneway's code of that name is a 429)
     415: (415, "invalid_request_error"),
     429: (429, "rate_limit_error"),
     499: (499, "invalid_request_error"),  # the client left: nobody reads it
     500: (500, "api_error"),
     503: (529, "overloaded_error"),
 }
+# What the OpenAPI document says the endpoints' errors are (api/endpoints.py's record).
+ERROR_SHAPE = openapi.ErrorShape(mp.AnthropicError, "Anthropic's error shape", {503: 529})
 
 
 def speaks_anthropic(path: str) -> bool:

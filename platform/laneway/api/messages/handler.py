@@ -22,7 +22,7 @@ from litestar.response import Stream
 from laneway.api.disconnect import ClientDisconnected, HttpClient
 from laneway.api.endpoints import Endpoint
 from laneway.api.messages import protocol as mp
-from laneway.api.messages.errors import PATH
+from laneway.api.messages.errors import ERROR_SHAPE, PATH
 from laneway.api.messages.stream import MessageAssembler
 from laneway.api.messages.translate import PARAM, check_version, count_intent, message_intent
 from laneway.api.protocol import encode
@@ -85,6 +85,7 @@ MESSAGES = Endpoint(
     response=mp.AnthropicMessage,
     stream_events=typing.get_args(mp.StreamEvent),
     span="messages",
+    error_shape=ERROR_SHAPE,
 )
 
 
@@ -100,4 +101,5 @@ COUNT_TOKENS = Endpoint(
     response=mp.TokenCount,
     span="messages.count_tokens",
     batch=False,  # nothing is generated: nothing a batch would run
+    error_shape=ERROR_SHAPE,
 )
