@@ -164,7 +164,7 @@ def test_a_streamed_tool_call_sends_its_input_as_json_deltas(client: anthropic.A
         max_tokens=200,
         messages=HELLO,
         tools=[UNIT],  # type: ignore[list-item]
-        tool_choice={"type": "tool", "name": "set_unit"},
+        tool_choice={"type": "tool", "name": "set_unit", "disable_parallel_tool_use": True},
     ) as stream:
         kinds = [(e.type, getattr(getattr(e, "delta", None), "type", None)) for e in stream]
         final = stream.get_final_message()
@@ -339,7 +339,17 @@ def test_refusals_before_the_handler_are_anthropic_shaped_too(gw: Gateway) -> No
     assert "type" not in r.json() and r.json()["error"]["code"] == "invalid_api_key"  # OpenAI's, unchanged
 
 
-def test_messages_lines_may_be_batched() -> None:
-    from laneway.api.registry import batch_paths
+def test_messages_lines_run_as_a_batch(gw: Gateway) -> None:
+    """OpenAI's Batch API with /v1/messages lines (Anthropic's own batch API is not served)."""
+    from support.batches import file_lines, jsonl, line, run_batch, wait_ended
 
-    assert "/v1/messages" in batch_paths() and "/v1/messages/count_tokens" not in batch_paths()
+    c = openai.OpenAI(base_url=gw.api_url, api_key=gw.keys["acme"], max_retries=0)
+    body = {"model": "sim", "max_tokens": 3, "messages": HELLO}
+    batch = run_batch(c, jsonl(line(f"r{i}", "/v1/messages", body) for i in range(2)), "/v1/messages")
+    done = wait_ended(c, batch.id)
+    assert done.status == "completed" and done.request_counts.completed == 2
+    output = file_lines(c, done.output_file_id)
+    assert {x["response"]["body"]["type"] for x in output.values()} == {"message"}
+    assert output["r0"]["response"]["body"]["usage"]["output_tokens"] == 3
+    with pytest.raises(openai.BadRequestError):  # count_tokens generates nothing: no batch of it
+        run_batch(c, jsonl([line("a", "/v1/messages/count_tokens", body)]), "/v1/messages/count_tokens")
