@@ -12,8 +12,11 @@ import contextlib
 from collections.abc import Callable
 
 from laneway.core.latency import ConcurrencyLimit, ReplicaLatencyModel
-from laneway.core.policy import LanePolicy
+from laneway.core.pipeline import Gateway, GenerationIntent
+from laneway.core.policy import LanePolicy, PolicySnapshot, PolicyStore
 from laneway.core.scheduler import DeploymentScheduler, Ticket
+from laneway.engines.registry import EngineRegistry
+from laneway.types import DeploymentSpec, TenantSnapshot
 
 TARGET_S = 0.110  # the lane's TPOT target
 TOKENS = 20
@@ -148,3 +151,49 @@ async def test_a_tenant_that_fills_the_cap_itself_is_not_bent_for() -> None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+async def test_behind_an_alias_a_tenant_under_its_share_is_bound_while_the_hog_holds_the_lanes_caps() -> None:
+    """Two replicas of 4 sequences, a lane capped at 1 per replica: the hog runs 2 and queues
+    the rest; another tenant's request is bound at once (6 sequences are free), not after one
+    of the hog's ends."""
+
+    def spec(i: int) -> DeploymentSpec:
+        config = {"decode_ms_base": 2.0, "prefill_ms_per_token": 0.0, "max_concurrency": 4}
+        return DeploymentSpec(
+            id=i,
+            name=f"m-{i}",
+            alias="m",
+            engine_kind="sim",
+            config=config,
+            quantization="q8",
+            gpu_type="sim",
+            max_model_len=8192,
+        )
+
+    def chat(prompt: str) -> GenerationIntent:
+        return GenerationIntent(endpoint="completions", alias="m", stream=False, prompt=prompt, max_tokens=2)
+
+    hog, newcomer = TenantSnapshot(id=1, name="hog", api_key_id=11), TenantSnapshot(id=2, name="b", api_key_id=22)
+    lane = LanePolicy("standard", max_queue_depth=100, max_concurrency=1, queue_timeout_s=30)
+    registry = EngineRegistry()
+    await registry.load([spec(0), spec(1)])
+    gw = Gateway(registry, PolicyStore(None, PolicySnapshot(lanes=(lane,))))  # type: ignore[arg-type]
+    waiting = []
+    try:
+        for i in range(10):
+            lease = gw.lease(await gw.prepare(hog, chat(f"flood {i}")))
+            waiting.append((lease, asyncio.ensure_future(gw.acquire(lease))))
+        await asyncio.sleep(0.01)
+        assert sum(task.done() for _, task in waiting) == 2  # its lane's cap on each replica
+        lease = gw.lease(await gw.prepare(newcomer, chat("hello")))
+        waiting.append((lease, asyncio.ensure_future(gw.acquire(lease))))
+        await asyncio.wait_for(waiting[-1][1], 1)  # bound while the hog's two still run
+        assert sum(task.done() for _, task in waiting[:10]) == 2
+    finally:
+        for lease, task in waiting:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            lease.release()
+        await registry.close()
