@@ -76,6 +76,16 @@ def test_the_limit_comes_back_up_when_the_replica_gets_faster() -> None:
     assert seen[-1] == 16
 
 
+def test_one_stream_stretched_by_a_slow_reader_does_not_back_it_off() -> None:
+    model = limited(hard=8)
+    run_rounds(model, lambda n: 0.010 + 0.001 * n, rounds=10)  # a fast replica, its curve learned
+    now = CLOCK[model] + 1.0
+    slow = model.begin(now, prompt_tokens=50, tpot_target_s=TARGET_S)
+    slow.first_token(now + 0.01)
+    slow.end(50, TOKENS, finished=True, now=now + 0.01 + TOKENS * 0.5)  # 500 ms a token: its client's pace
+    assert model.limit is not None and model.limit.value == 8
+
+
 def test_requests_without_a_target_never_back_it_off() -> None:
     model = limited(hard=8)
     seen = run_rounds(model, lambda n: 0.010 + 0.030 * n, rounds=10, target_s=None)

@@ -3,7 +3,10 @@
 
 AIMD, as Netflix's concurrency-limits and TCP do it, judged in time instead of on drops:
 - a request that decoded slower than its lane's TPOT target (its mean inter-token gap, what its
-  client saw) backs the limit off by a factor (to 80 %, at least one less);
+  client saw) backs the limit off by a factor (to 80 %, at least one less), if the replica's
+  learned step curve at the batch it decoded in agrees (the curve's fit is clipped, so a
+  stream stretched by a client that reads slowly, or one stall, does not back off the limit
+  for everyone; no curve yet: the gap alone decides);
 - a request that met its target while the replica ran at its limit (the batch it joined was
   as large as the limit) grows it by one, if the replica's learned step curve says one more
   sequence still holds the target (no curve yet: the measured gap alone decides);
@@ -50,12 +53,14 @@ class ConcurrencyLimit:
         target_s: float | None,
         batch: float,
         predict_step: Callable[[float], float | None],
+        decoded_in: float | None = None,
     ) -> None:
         """A request dispatched at `dispatched`, in a batch of `batch` (itself included) when it
-        started, decoded with a mean inter-token gap of `gap_s` against its lane's `target_s`."""
+        started, decoded in a batch of `decoded_in` on average with a mean inter-token gap of
+        `gap_s`, against its lane's `target_s`."""
         if dispatched < self._changed_at:
             return  # it ran under an older limit: that one was judged already
-        if target_s is not None and gap_s > target_s:
+        if target_s is not None and gap_s > target_s and _agrees(predict_step(decoded_in or batch), target_s):
             self._set(max(1, min(self.value - 1, math.floor(self.value * BACKOFF))), now)
             return
         if self.value >= self.hard or batch < self.value:
@@ -73,3 +78,8 @@ class ConcurrencyLimit:
         self._changed_at = now
         if self.changed is not None:
             self.changed(value)
+
+
+def _agrees(step_s: float | None, target_s: float) -> bool:
+    """Whether the learned step time (None: none learned yet) also breaks the target."""
+    return step_s is None or step_s > target_s

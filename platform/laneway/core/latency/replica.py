@@ -320,6 +320,7 @@ class Attempt:
                         self.tpot_target_s,
                         self.batch,
                         lambda n: model.predict_step(n, kv_now),
+                        batch,
                     )
         if finished:
             model.observe_service(now, now - self.dispatched)
