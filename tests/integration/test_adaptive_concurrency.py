@@ -4,10 +4,11 @@ token at its 8 sequences) serves a lane whose TPOT target is 110 ms. Eight clien
 requests in flight; laneway backs the replica's limit off below the engine's 8, where the
 target can hold, and /metrics and the admin's models page say so. (The unit tests hold the
 algorithm to the exact limit on an exact clock; here the sim's sleeps stretch with a loaded
-machine, so this proves the wiring: the limit moves and laneway's in-flight count follows.)"""
+machine, so this proves the wiring: the limit moves and laneway's running count follows.)"""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import httpx
 from support import sim_model, start_gateway
 
+PASSWORD = "correct horse battery"
 SIM = {"max_concurrency": 8, "decode_ms_base": 10.0, "decode_ms_per_seq": 30.0, "prefill_ms_per_token": 0.0}
 LANES = [
     {
@@ -37,7 +39,7 @@ def reading(metrics: str, name: str, *parts: str) -> float:
 
 def test_a_replica_that_slows_with_load_is_backed_off_below_its_engines_limit(tmp_path: Path) -> None:
     seed = {"models": {"sim": sim_model("sim", **SIM)}, "lanes": LANES, "tenants": {"acme": {}}}
-    gw = start_gateway(tmp_path, seed_with=seed)
+    gw = start_gateway(tmp_path, seed_with=seed, admin_password=PASSWORD)
     failed: list[str] = []
     start = time.monotonic()
 
@@ -67,5 +69,11 @@ def test_a_replica_that_slows_with_load_is_backed_off_below_its_engines_limit(tm
         assert 1 <= limit < 8, limit  # eight at once decode at 250 ms a token: backed off
         # eight clients, and laneway no longer gives the engine all eight (it did before)
         assert running and max(running) < 8, running
+        browser = httpx.Client(base_url=gw.base_url)
+        csrf = browser.get("/admin/login").text.split('name="csrf_token" value="')[1].split('"')[0]
+        form = {"csrf_token": csrf, "username": "admin", "password": PASSWORD}
+        assert browser.post("/admin/login", data=form).status_code == 303
+        shown = re.search(r'class="concurrency-limit">(\d+) / 8<', browser.get("/admin/models").text)
+        assert shown is not None and 1 <= int(shown.group(1)) < 8
     finally:
         gw.stop()
