@@ -101,12 +101,16 @@ def test_only_requests_dispatched_after_a_change_change_it_again() -> None:
     assert limit.value == 9
 
 
-def test_a_lower_engine_limit_lowers_it_at_once() -> None:
+def test_a_changed_engine_limit_moves_it_at_once_unless_it_was_learned_lower() -> None:
     limit = ConcurrencyLimit(16)
     told: list[int] = []
     limit.changed = told.append
     limit.bound(6)
-    assert limit.value == 6 and told == [6]
+    limit.bound(12)  # it was at the engine's limit: it follows it up
+    assert limit.value == 12 and told == [6, 12]
+    learned = ConcurrencyLimit(16, initial=5)
+    learned.bound(32)
+    assert learned.value == 5
 
 
 # ---- the fairness rule: a lane's cap bends for a tenant under its share ----

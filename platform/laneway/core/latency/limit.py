@@ -40,9 +40,10 @@ class ConcurrencyLimit:
         self.changed: Callable[[int], None] | None = None  # told each new value
 
     def bound(self, hard: int) -> None:
-        """The engine's own limit, as the deployment now says it (a config edit may change it)."""
-        self.hard = max(1, hard)
-        if self.value > self.hard:
+        """The engine's own limit, as the deployment now says it (a config edit may change it). A
+        limit at the old one follows it up (nothing learned held it lower); one below it stays."""
+        at_old, self.hard = self.value >= self.hard, max(1, hard)
+        if self.value > self.hard or at_old:
             self._set(self.hard, self._changed_at)
 
     def observe(
