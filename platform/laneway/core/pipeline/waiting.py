@@ -58,6 +58,7 @@ class Waiting:
         self._schedulers: weakref.WeakKeyDictionary[LiveDeployment, Scheduler] = weakref.WeakKeyDictionary()
         self.dispatch = Dispatcher(registry, self._capacity, routing=routing, params=routing_params, **scheduling)
         self.latency = LatencyModels()  # each replica's, learned from the requests it serves
+        self.latency.on_limit = self._limit_changed
 
     def _capacity(self, deployment: LiveDeployment) -> int:
         return self.scheduler(deployment).capacity
@@ -76,10 +77,20 @@ class Waiting:
             capacity = deployment.engine.info.max_concurrency
             if self.shared_slots is not None and deployment.shared:
                 s = self.shared_slots.scheduler(deployment.spec.name, capacity, **local)
-            else:
-                s = DeploymentScheduler(capacity, **local)
+            else:  # its room: the running limit learned for it (core/latency/limit.py)
+                s = DeploymentScheduler(self.latency.limit(deployment).value, **local)
             self._schedulers[deployment] = s
         return s
+
+    def _limit_changed(self, name: str, limit: int) -> None:
+        """A replica's learned running limit moved: its scheduler's room follows, and the alias's
+        dispatch, which reads it, tries again. A replica whose slots are shared through Redis
+        keeps the engine's (the learned limit is this gateway's alone so far)."""
+        for deployment in self.registry.deployments():
+            s = self._schedulers.get(deployment) if deployment.spec.name == name else None
+            if isinstance(s, DeploymentScheduler):
+                s.set_capacity(limit)
+                self.dispatch.kick()
 
     def late(self, call: Call) -> bool:
         return self.dispatch.late(call.alias, call.embedding is not None)
@@ -121,7 +132,9 @@ class Waiting:
         """The call holds its replica's slot from `now`: its attempt there starts in the replica's
         latency model (core/latency/), which predicts its first token and learns from it."""
         if call.embedding is None:
-            call.latency = self.latency.begin(call.deployment, call.prompt_tokens, call.cached_estimate, now)
+            target = call.lane.tpot_target_ms  # its replica's running limit is judged by it
+            target_s = None if target is None else target / 1000
+            call.latency = self.latency.begin(call.deployment, call.prompt_tokens, call.cached_estimate, now, target_s)
 
     async def rebind(self, lease: Lease, target: LiveDeployment) -> None:
         """Move an admitted lease whose replica failed to `target` (failover, continuation): the
