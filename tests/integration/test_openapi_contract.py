@@ -62,7 +62,8 @@ def test_the_v1_api_conforms_to_its_openapi_document(gw: Gateway) -> None:
     config = SchemathesisConfig.from_dict({"base-url": gw.base_url})
     schema = schemathesis.openapi.from_url(gw.base_url + "/schema/openapi.json", config=config)
     operations = [result.ok() for result in schema.include(path_regex="^/v1/").get_all_operations()]
-    assert len(operations) == 15  # models (2), chat, completions, embeddings, responses, files (5), batches (4)
+    # models (2), chat, completions, embeddings, responses, messages (2), files (5), batches (4)
+    assert len(operations) == 17
     auth = {"Authorization": f"Bearer {gw.keys['acme']}"}
 
     def call(case: Any) -> None:

@@ -20,6 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "platform" / "laneway"
 # Strings that spell a code's value but are not one: OpenAI's error *type* "server_error",
 # failover's reason label "engine_error", a deployment's `overloaded` attribute.
 NOT_CODES = {
+    ("api/messages/errors.py", "request_too_large"),  # Anthropic's error type for a 413
     ("api/sse.py", "server_error"),
     ("contracts/errors.py", "server_error"),
     ("core/pipeline/failover.py", "engine_error"),

@@ -24,14 +24,14 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from laneway.admin import batches, deployments, fallbacks, keys, policies, prices, replicas, tenants
-from laneway.admin.dependencies import Limiter
+from laneway.admin.dependencies import Limiter, Service
 from laneway.admin.guards import PUBLIC, SESSION_COOKIE, AdminRequest
 from laneway.admin.keys import KEY_FIELDS, KeyIn
 from laneway.admin.limits import KeyLimitsIn, tenant_usage
 from laneway.admin.openapi import ADMIN_CHANGE, ADMIN_SESSION
 from laneway.admin.policies import LANE_FIELDS, LaneIn, LaneOrderIn, TaskIn
 from laneway.admin.security import new_session_token, token_digest
-from laneway.admin.service import AUDIT_FIELDS, AdminService, get_or_404, row
+from laneway.admin.service import AUDIT_FIELDS, get_or_404, row
 from laneway.admin.tenants import TENANT_FIELDS, TenantIn
 from laneway.admin.throttle import LoginGuard
 from laneway.admin.validation import Username, check_text, decode, decode_object, int_query
@@ -94,9 +94,7 @@ class AdminAPI(Controller):
         return Response({"csrf_token": csrf, "username": creds.username}, cookies=[cookie])
 
     @post("/logout", status_code=200, security=ADMIN_CHANGE)
-    async def logout(
-        self, request: AdminRequest, admin_service: NamedDependency[AdminService]
-    ) -> Response[dict[str, str]]:
+    async def logout(self, request: AdminRequest, admin_service: Service) -> Response[dict[str, str]]:
         async with admin_service.sessions() as session, session.begin():
             await AdminRepository(session).close_session(token_digest(request.cookies[SESSION_COOKIE]))
         return Response(
@@ -105,7 +103,7 @@ class AdminAPI(Controller):
 
     # ---- tenants and keys ----
     @get("/tenants", security=ADMIN_SESSION)
-    async def tenants(self, request: AdminRequest, admin_service: NamedDependency[AdminService]) -> dict[str, Any]:
+    async def tenants(self, request: AdminRequest, admin_service: Service) -> dict[str, Any]:
         """?q= (name contains), ?page= (1..1000000), ?per_page= (1..200, default 50); out of range: 400."""
         params = request.query_params
         q = check_text("q", params.get("q", ""), max_length=120, allow_empty=True)
@@ -115,15 +113,13 @@ class AdminAPI(Controller):
         return {"data": data, "total": total, "page": page, "per_page": per_page}
 
     @post("/tenants", status_code=201, security=ADMIN_CHANGE)
-    async def create_tenant(
-        self, request: AdminRequest, admin_service: NamedDependency[AdminService]
-    ) -> dict[str, Any]:
+    async def create_tenant(self, request: AdminRequest, admin_service: Service) -> dict[str, Any]:
         data = _decode(await request.body(), TenantIn)
         return await tenants.create_tenant(admin_service, request.user.username, data)
 
     @patch("/tenants/{tenant_id:int}", security=ADMIN_CHANGE)
     async def edit_tenant(
-        self, request: AdminRequest, admin_service: NamedDependency[AdminService], tenant_id: FromPath[int]
+        self, request: AdminRequest, admin_service: Service, tenant_id: FromPath[int]
     ) -> dict[str, Any]:
         body = await request.body()
         sent = _sent(body)  # explicit nulls clear a limit
@@ -131,24 +127,18 @@ class AdminAPI(Controller):
         return await tenants.edit_tenant(admin_service, actor, tenant_id, _decode(body, TenantIn), sent)
 
     @get("/tenants/{tenant_id:int}/keys", security=ADMIN_SESSION)
-    async def keys(
-        self, admin_service: NamedDependency[AdminService], tenant_id: FromPath[int]
-    ) -> list[dict[str, Any]]:
+    async def keys(self, admin_service: Service, tenant_id: FromPath[int]) -> list[dict[str, Any]]:
         async with admin_service.sessions() as session:
             rows = await session.execute(select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.id))
             return [row(k, KEY_FIELDS) for k in rows.scalars()]
 
     @post("/tenants/{tenant_id:int}/keys", status_code=201, security=ADMIN_CHANGE)
-    async def issue(
-        self, request: AdminRequest, admin_service: NamedDependency[AdminService], tenant_id: FromPath[int]
-    ) -> dict[str, Any]:
+    async def issue(self, request: AdminRequest, admin_service: Service, tenant_id: FromPath[int]) -> dict[str, Any]:
         data = _decode(await request.body(), KeyIn)
         return await keys.issue_api_key(admin_service, request.user.username, tenant_id, data)
 
     @patch("/keys/{key_id:int}", security=ADMIN_CHANGE)
-    async def edit_key(
-        self, request: AdminRequest, admin_service: NamedDependency[AdminService], key_id: FromPath[int]
-    ) -> dict[str, Any]:
+    async def edit_key(self, request: AdminRequest, admin_service: Service, key_id: FromPath[int]) -> dict[str, Any]:
         """The key's own rpm, tpm, max_concurrency, allowed_models; null clears one."""
         body = await request.body()
         sent = _sent(body)
@@ -156,73 +146,57 @@ class AdminAPI(Controller):
         return await keys.edit_api_key(admin_service, actor, key_id, _decode(body, KeyLimitsIn), sent)
 
     @get("/tenants/{tenant_id:int}/usage", security=ADMIN_SESSION)
-    async def usage(
-        self, admin_service: NamedDependency[AdminService], limiter: Limiter, tenant_id: FromPath[int]
-    ) -> dict[str, Any]:
+    async def usage(self, admin_service: Service, limiter: Limiter, tenant_id: FromPath[int]) -> dict[str, Any]:
         """Tokens used today and this month (UTC) next to the tenant's quotas, and when each resets."""
         async with admin_service.sessions() as session:
             tenant = await get_or_404(session, Tenant, tenant_id)
             return await tenant_usage(limiter, session, tenant)
 
     @delete("/keys/{key_id:int}", status_code=200, security=ADMIN_CHANGE)
-    async def revoke(
-        self, request: AdminRequest, admin_service: NamedDependency[AdminService], key_id: FromPath[int]
-    ) -> dict[str, Any]:
+    async def revoke(self, request: AdminRequest, admin_service: Service, key_id: FromPath[int]) -> dict[str, Any]:
         return await keys.revoke_api_key(admin_service, request.user.username, key_id)
 
     # ---- policies ----
     @get("/lanes", security=ADMIN_SESSION)
-    async def lanes(self, admin_service: NamedDependency[AdminService]) -> list[dict[str, Any]]:
+    async def lanes(self, admin_service: Service) -> list[dict[str, Any]]:
         async with admin_service.sessions() as session:
             return [row(x, LANE_FIELDS) for x in await PolicyRepository(session).lanes()]
 
     @put("/lanes/{name:str}", security=ADMIN_CHANGE)
-    async def put_lane(
-        self, request: AdminRequest, admin_service: NamedDependency[AdminService], name: FromPath[str]
-    ) -> dict[str, Any]:
+    async def put_lane(self, request: AdminRequest, admin_service: Service, name: FromPath[str]) -> dict[str, Any]:
         body = await request.body()
         sent = _sent(body)
         return await policies.put_lane(admin_service, request.user.username, name, _decode(body, LaneIn), sent)
 
     @delete("/lanes/{name:str}", status_code=200, security=ADMIN_CHANGE)
-    async def delete_lane(
-        self, request: AdminRequest, admin_service: NamedDependency[AdminService], name: FromPath[str]
-    ) -> dict[str, Any]:
+    async def delete_lane(self, request: AdminRequest, admin_service: Service, name: FromPath[str]) -> dict[str, Any]:
         """409 while a deployment is dedicated to the lane (its config lists it)."""
         return await policies.delete_lane(admin_service, request.user.username, name)
 
     @put("/lanes", security=ADMIN_CHANGE)
-    async def order_lanes(self, request: AdminRequest, admin_service: NamedDependency[AdminService]) -> dict[str, Any]:
+    async def order_lanes(self, request: AdminRequest, admin_service: Service) -> dict[str, Any]:
         """{"order": [every lane's name]}: the order their rules are tried in, saved at once."""
         data = _decode(await request.body(), LaneOrderIn)
         return {"order": await policies.set_lane_order(admin_service, request.user.username, data)}
 
     @delete("/tasks/{task:str}", status_code=200, security=ADMIN_CHANGE)
-    async def delete_task(
-        self, request: AdminRequest, admin_service: NamedDependency[AdminService], task: FromPath[str]
-    ) -> dict[str, Any]:
+    async def delete_task(self, request: AdminRequest, admin_service: Service, task: FromPath[str]) -> dict[str, Any]:
         return await policies.delete_task(admin_service, request.user.username, task)
 
     @put("/tasks/{task:str}", security=ADMIN_CHANGE)
-    async def put_task(
-        self, request: AdminRequest, admin_service: NamedDependency[AdminService], task: FromPath[str]
-    ) -> dict[str, Any]:
+    async def put_task(self, request: AdminRequest, admin_service: Service, task: FromPath[str]) -> dict[str, Any]:
         body = await request.body()
         sent = _sent(body)
         return await policies.put_task(admin_service, request.user.username, task, _decode(body, TaskIn), sent)
 
     # ---- models ----
     @put("/models/{alias:str}", security=ADMIN_CHANGE)
-    async def put_model(
-        self, request: AdminRequest, admin_service: NamedDependency[AdminService], alias: FromPath[str]
-    ) -> dict[str, Any]:
+    async def put_model(self, request: AdminRequest, admin_service: Service, alias: FromPath[str]) -> dict[str, Any]:
         data = _decode(await request.body(), deployments.ModelIn)
         return await deployments.put_model(admin_service, request.user.username, alias, data)
 
     @post("/models/{alias:str}/replicas", status_code=200, security=ADMIN_CHANGE)
-    async def add_replica(
-        self, request: AdminRequest, admin_service: NamedDependency[AdminService], alias: FromPath[str]
-    ) -> dict[str, Any]:
+    async def add_replica(self, request: AdminRequest, admin_service: Service, alias: FromPath[str]) -> dict[str, Any]:
         """One deployment more for the alias (made if new); started and warm before it serves."""
         data = _decode(await request.body(), deployments.DeploymentIn)
         return await deployments.add_replica(admin_service, request.user.username, alias, data)
@@ -231,7 +205,7 @@ class AdminAPI(Controller):
     async def swap_replica(
         self,
         request: AdminRequest,
-        admin_service: NamedDependency[AdminService],
+        admin_service: Service,
         alias: FromPath[str],
         name: FromPath[str],
     ) -> dict[str, Any]:
@@ -243,7 +217,7 @@ class AdminAPI(Controller):
     async def replica_state(
         self,
         request: AdminRequest,
-        admin_service: NamedDependency[AdminService],
+        admin_service: Service,
         alias: FromPath[str],
         name: FromPath[str],
     ) -> dict[str, Any]:
@@ -260,21 +234,19 @@ class AdminAPI(Controller):
     async def remove_replica(
         self,
         request: AdminRequest,
-        admin_service: NamedDependency[AdminService],
+        admin_service: Service,
         alias: FromPath[str],
         name: FromPath[str],
     ) -> dict[str, Any]:
         return await deployments.remove_replica(admin_service, request.user.username, alias, name)
 
     @get("/models/{alias:str}/fallbacks", security=ADMIN_SESSION)
-    async def model_fallbacks(
-        self, admin_service: NamedDependency[AdminService], alias: FromPath[str]
-    ) -> dict[str, Any]:
+    async def model_fallbacks(self, admin_service: Service, alias: FromPath[str]) -> dict[str, Any]:
         return await fallbacks.get_fallbacks(admin_service, alias)
 
     @put("/models/{alias:str}/fallbacks", security=ADMIN_CHANGE)
     async def put_model_fallbacks(
-        self, request: AdminRequest, admin_service: NamedDependency[AdminService], alias: FromPath[str]
+        self, request: AdminRequest, admin_service: Service, alias: FromPath[str]
     ) -> dict[str, Any]:
         """{"fallbacks": ["b", "c"]}: the aliases that serve this one's requests when it cannot,
         in order; [] removes them. An unknown alias, one listed twice or a loop: 400."""
@@ -282,12 +254,12 @@ class AdminAPI(Controller):
         return await fallbacks.set_fallbacks(admin_service, request.user.username, alias, data)
 
     @get("/models/{alias:str}/price", security=ADMIN_SESSION)
-    async def model_price(self, admin_service: NamedDependency[AdminService], alias: FromPath[str]) -> dict[str, Any]:
+    async def model_price(self, admin_service: Service, alias: FromPath[str]) -> dict[str, Any]:
         return await prices.get_price(admin_service, alias)
 
     @put("/models/{alias:str}/price", security=ADMIN_CHANGE)
     async def put_model_price(
-        self, request: AdminRequest, admin_service: NamedDependency[AdminService], alias: FromPath[str]
+        self, request: AdminRequest, admin_service: Service, alias: FromPath[str]
     ) -> dict[str, Any]:
         """{"input": "0.15", "output": "0.60", "cached_input": "0.075"} per 1M tokens in the
         currency (LANEWAY_CURRENCY); input and output null: not priced. Applies to the next request."""
@@ -296,20 +268,20 @@ class AdminAPI(Controller):
 
     # ---- batches ----
     @get("/batches", security=ADMIN_SESSION)
-    async def batches(self, request: AdminRequest, admin_service: NamedDependency[AdminService]) -> dict[str, Any]:
+    async def batches(self, request: AdminRequest, admin_service: Service) -> dict[str, Any]:
         """?tenant= (its name; none: every tenant), ?after= (the page before's last_id), ?limit=
         (1..100, default 20): {"data", "has_more", "last_id"}, newest first."""
         return await batches.list_batches(admin_service, *batches.page_query(request.query_params))
 
     @post("/batches/{batch_id:str}/cancel", status_code=200, security=ADMIN_CHANGE)
     async def cancel_batch(
-        self, request: AdminRequest, admin_service: NamedDependency[AdminService], batch_id: FromPath[str]
+        self, request: AdminRequest, admin_service: Service, batch_id: FromPath[str]
     ) -> dict[str, Any]:
         """Any tenant's batch: cancelling (audited); 409 once it is finalizing or has ended."""
         return await batches.cancel_batch(admin_service, request.user.username, batch_id)
 
     @get("/audit", security=ADMIN_SESSION)
-    async def audit(self, request: AdminRequest, admin_service: NamedDependency[AdminService]) -> list[dict[str, Any]]:
+    async def audit(self, request: AdminRequest, admin_service: Service) -> list[dict[str, Any]]:
         limit = int_query("limit", request.query_params.get("limit"), default=100, lo=1, hi=1000)
         async with admin_service.sessions() as session:
             rows = await AuditRepository(session).recent(limit)

@@ -10,6 +10,7 @@ from typing import TypeAlias
 from litestar.di import NamedDependency
 from litestar.params import SkipValidation
 
+from laneway.admin.service import AdminService
 from laneway.core.dispatch import Placement, ReplicaFigures
 from laneway.core.latency import LatencyReadings
 from laneway.core.pipeline.call import Call
@@ -50,6 +51,7 @@ RoutePlanner: TypeAlias = Callable[[TenantSnapshot, str, bytes, Mapping[str, str
 
 # SkipValidation: these are the runtime's own objects, not input to check (and a Protocol or a
 # callable is no type the signature model can validate).
+Service: TypeAlias = NamedDependency[AdminService]  # parameter name: admin_service
 Limiter: TypeAlias = SkipValidation[NamedDependency[RateLimiter]]  # parameter name: limiter
 Registry: TypeAlias = SkipValidation[NamedDependency[EngineRegistry]]  # parameter name: registry
 Queues: TypeAlias = SkipValidation[NamedDependency[QueueStats]]  # parameter name: queue_stats

@@ -5,10 +5,12 @@ of aliases) and its price per 1M tokens (admin/prices.py)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from litestar import Controller, get, post
-from litestar.di import NamedDependency
+from litestar.di import NamedDependency, Provide
+from litestar.params import SkipValidation
 from litestar.response import Template
 
 from laneway.admin import fallbacks, prices
@@ -26,23 +28,34 @@ from laneway.engines.kinds import engine_kind_names
 from laneway.engines.registry import EngineRegistry, LiveDeployment
 
 
+@dataclass(frozen=True)
+class ModelsView:
+    """What the Models page reads, handed to each of its routes as one dependency."""
+
+    svc: AdminService
+    registry: EngineRegistry
+    figures: RoutingFigures
+    latency: LatencyFigures
+
+
+def models_view(
+    admin_service: NamedDependency[AdminService], registry: Registry, routing_figures: Routing, latency_figures: Latency
+) -> ModelsView:
+    return ModelsView(admin_service, registry, routing_figures, latency_figures)
+
+
 class ModelPages(Controller):
     """Behind the admin guards (admin/guards.py), as every page."""
 
     path = "/admin"
     include_in_schema = False
     exception_handlers = {NotLoggedIn: to_login}
+    dependencies = {"view": Provide(models_view, sync_to_thread=False)}
 
     async def _models_page(
-        self,
-        svc: AdminService,
-        registry: EngineRegistry,
-        figures: RoutingFigures,
-        latency: LatencyFigures,
-        current: AdminSession,
-        status: int | None = None,
-        **extra: Any,
+        self, view: ModelsView, current: AdminSession, status: int | None = None, **extra: Any
     ) -> Template:
+        svc, registry, figures, latency = view.svc, view.registry, view.figures, view.latency
         async with svc.sessions() as session:
             specs = await ModelRepository(session).enabled_deployments()
             graph = await ModelRepository(session).fallback_graph()
@@ -82,49 +95,40 @@ class ModelPages(Controller):
         }
         return Template("models.html", context=context, status_code=status or (400 if extra.get("error") else 200))
 
+    async def _refused(self, view: ModelsView, current: AdminSession, exc: GatewayError, **typed: Any) -> Template:
+        """The page again with the refusal and what was typed; nothing was changed."""
+        return await self._models_page(view, current, error=exc.message, status=exc.status, **typed)
+
     @get("/models")
     async def models(
         self,
         request: AdminRequest,
-        admin_service: NamedDependency[AdminService],
-        registry: Registry,
-        routing_figures: Routing,
-        latency_figures: Latency,
+        view: SkipValidation[ModelsView],
     ) -> Page:
-        return await self._models_page(admin_service, registry, routing_figures, latency_figures, request.user)
+        return await self._models_page(view, request.user)
 
     @post("/models/fallbacks")
     async def save_fallbacks(
         self,
         request: AdminRequest,
-        admin_service: NamedDependency[AdminService],
-        registry: Registry,
-        routing_figures: Routing,
-        latency_figures: Latency,
+        view: SkipValidation[ModelsView],
     ) -> Page:
         current, form = request.user, await form_of(request)
         alias = form.get("alias", "").strip()
         try:
             data = convert({"fallbacks": split_aliases(form.get("fallbacks", ""))}, FallbacksIn)
-            result = await fallbacks.set_fallbacks(admin_service, current.username, alias, data)
+            result = await fallbacks.set_fallbacks(view.svc, current.username, alias, data)
         except GatewayError as exc:  # shown on the page; nothing was changed
-            return await self._models_page(
-                admin_service,
-                registry,
-                routing_figures,
-                latency_figures,
+            return await self._refused(
+                view,
                 current,
-                error=exc.message,
-                status=exc.status,
+                exc,
                 typed_alias=alias,
                 typed_fallbacks=form.get("fallbacks", ""),
             )
         listed = ", ".join(result["fallbacks"]) or "none"
         return await self._models_page(
-            admin_service,
-            registry,
-            routing_figures,
-            latency_figures,
+            view,
             current,
             notice=f"{alias} falls back to {listed}.",
         )
@@ -133,10 +137,7 @@ class ModelPages(Controller):
     async def save_price(
         self,
         request: AdminRequest,
-        admin_service: NamedDependency[AdminService],
-        registry: Registry,
-        routing_figures: Routing,
-        latency_figures: Latency,
+        view: SkipValidation[ModelsView],
     ) -> Page:
         """Empty input and output: the alias is no longer priced."""
         current, form = request.user, await form_of(request)
@@ -144,16 +145,12 @@ class ModelPages(Controller):
         typed = {name: form.get(f"price_{name}", "").strip() for name in prices.FIELDS}
         try:
             data = convert({k: v or None for k, v in typed.items()}, prices.PriceIn)
-            result = await prices.set_price(admin_service, current.username, alias, data)
+            result = await prices.set_price(view.svc, current.username, alias, data)
         except GatewayError as exc:  # shown on the page; nothing was changed
-            return await self._models_page(
-                admin_service,
-                registry,
-                routing_figures,
-                latency_figures,
+            return await self._refused(
+                view,
                 current,
-                error=exc.message,
-                status=exc.status,
+                exc,
                 typed_price_alias=alias,
                 typed_price=typed,
             )
@@ -162,7 +159,7 @@ class ModelPages(Controller):
             if result["priced"]
             else f"{alias} has no price."
         )
-        return await self._models_page(admin_service, registry, routing_figures, latency_figures, current, notice=said)
+        return await self._models_page(view, current, notice=said)
 
 
 def _slots(live: LiveDeployment | None) -> int:

@@ -160,9 +160,10 @@ def replica_state(live: LiveDeployment | None, figures: ReplicaFigures | None) -
 
 def latency_shown(learned: LatencyReadings | None, slots: int) -> dict[str, str]:
     """One replica's learned latency for the models page (core/latency/): its prefill rate, its
-    decode step time at a few batch sizes, and how far off its TTFT predictions have been."""
+    decode step time at a few batch sizes, how far off its TTFT predictions have been, and its
+    learned running limit (of its engine's slots)."""
     if learned is None:
-        return {"prefill_rate": "-", "step_curve": "-", "ttft_error": "-"}
+        return {"prefill_rate": "-", "step_curve": "-", "ttft_error": "-", "concurrency_limit": "-"}
     rate = learned.prefill_s_per_token
     steps = [(n, learned.step_at(n)) for n in curve_points(slots)]
     curve = ", ".join(f"{n}: {s * 1000:.1f} ms" for n, s in steps if s is not None)
@@ -171,4 +172,5 @@ def latency_shown(learned: LatencyReadings | None, slots: int) -> dict[str, str]
         "prefill_rate": "-" if rate is None else f"{rate * 1e6:.1f} ms per 1k tokens",
         "step_curve": curve or "-",
         "ttft_error": "-" if error is None else f"{error:.0%} (of {learned.ttft_weight:.0f} recent)",
+        "concurrency_limit": "-" if learned.concurrency_limit is None else f"{learned.concurrency_limit} / {slots}",
     }

@@ -9,16 +9,17 @@ The alias travels as a query or form value, not in the path: an alias may hold a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 from litestar import Controller, get, post
-from litestar.di import NamedDependency
-from litestar.params import FromPath
+from litestar.di import NamedDependency, Provide
+from litestar.params import FromPath, SkipValidation
 from litestar.response import Redirect, Template
 
 from laneway.admin import deployments, replicas
-from laneway.admin.dependencies import Queues, Registry, Routing
+from laneway.admin.dependencies import Queues, QueueStats, Registry, Routing, RoutingFigures
 from laneway.admin.deployments import DeploymentIn
 from laneway.admin.engine_forms import (
     PREFIX,
@@ -38,6 +39,7 @@ from laneway.admin.validation import check_text, convert
 from laneway.contracts.errors import GatewayError
 from laneway.db.repositories import PolicyRepository
 from laneway.engines.config import EngineConfigError
+from laneway.engines.registry import EngineRegistry
 
 DEPLOYMENT_FIELDS = ("name", "max_model_len", "quantization", "gpu_type")
 
@@ -47,20 +49,34 @@ def alias_url(alias: str, **query: str) -> str:
     return f"/admin/models/alias?name={quote(alias, safe='')}{extra}"
 
 
+@dataclass(frozen=True)
+class AliasView:
+    """What the alias page reads, handed to each of its routes as one dependency."""
+
+    svc: AdminService
+    registry: EngineRegistry
+    figures: RoutingFigures
+    queues: QueueStats
+
+
+def alias_view(
+    admin_service: NamedDependency[AdminService], registry: Registry, routing_figures: Routing, queue_stats: Queues
+) -> AliasView:
+    return AliasView(admin_service, registry, routing_figures, queue_stats)
+
+
 class ReplicaPages(Controller):
     """Behind the admin guards (admin/guards.py), as every page."""
 
     path = "/admin/models"
     include_in_schema = False
     exception_handlers = {NotLoggedIn: to_login}
+    dependencies = {"view": Provide(alias_view, sync_to_thread=False)}
 
     async def _page(
         self,
         request: AdminRequest,
-        svc: AdminService,
-        registry: Registry,
-        figures: Routing,
-        queues: Queues,
+        view: AliasView,
         alias: str,
         *,
         kind: str = "",
@@ -68,6 +84,7 @@ class ReplicaPages(Controller):
         status: int | None = None,
         **extra: Any,
     ) -> Template:
+        svc, registry, figures, queues = view.svc, view.registry, view.figures, view.queues
         rows = await deployments.replicas(svc, alias)
         async with svc.sessions() as session:
             lanes = [lane.name for lane in await PolicyRepository(session).lanes()]
@@ -114,10 +131,7 @@ class ReplicaPages(Controller):
     async def alias_page(
         self,
         request: AdminRequest,
-        admin_service: NamedDependency[AdminService],
-        registry: Registry,
-        routing_figures: Routing,
-        queue_stats: Queues,
+        view: SkipValidation[AliasView],
     ) -> Page:
         """?name= the alias (a new one: the form for its first replica); ?kind= the engine kind
         of the add form; ?swap= a replica to serve by another engine."""
@@ -129,10 +143,7 @@ class ReplicaPages(Controller):
             return Redirect("/admin/models", status_code=303)
         return await self._page(
             request,
-            admin_service,
-            registry,
-            routing_figures,
-            queue_stats,
+            view,
             alias,
             kind=params.get("kind", ""),
             swap=params.get("swap", ""),
@@ -142,19 +153,16 @@ class ReplicaPages(Controller):
     async def panel(
         self,
         request: AdminRequest,
-        admin_service: NamedDependency[AdminService],
-        registry: Registry,
-        routing_figures: Routing,
-        queue_stats: Queues,
+        view: SkipValidation[AliasView],
     ) -> Page:
         """The replicas table alone, for the page's htmx refresh."""
         alias = request.query_params.get("name", "")
-        rows = await deployments.replicas(admin_service, alias)
+        rows = await deployments.replicas(view.svc, alias)
         context = {
             "alias": alias,
             "csrf": request.user.csrf,
-            "waiting": alias_waiting(alias, queue_stats),
-            "replicas": replica_rows(rows, registry, routing_figures, queue_stats),
+            "waiting": alias_waiting(alias, view.queues),
+            "replicas": replica_rows(rows, view.registry, view.figures, view.queues),
             "alias_url": alias_url(alias),
         }
         return Template("model_replicas.html", context=context)
@@ -163,38 +171,28 @@ class ReplicaPages(Controller):
     async def add(
         self,
         request: AdminRequest,
-        admin_service: NamedDependency[AdminService],
-        registry: Registry,
-        routing_figures: Routing,
-        queue_stats: Queues,
+        view: SkipValidation[AliasView],
     ) -> Page:
-        return await self._typed(request, admin_service, registry, routing_figures, queue_stats, swap="")
+        return await self._typed(request, view, swap="")
 
     @post("/replicas/swap")
     async def swap(
         self,
         request: AdminRequest,
-        admin_service: NamedDependency[AdminService],
-        registry: Registry,
-        routing_figures: Routing,
-        queue_stats: Queues,
+        view: SkipValidation[AliasView],
     ) -> Page:
         form = await form_of(request)
-        return await self._typed(
-            request, admin_service, registry, routing_figures, queue_stats, swap=form.get("name", "")
-        )
+        return await self._typed(request, view, swap=form.get("name", ""))
 
     async def _typed(
         self,
         request: AdminRequest,
-        svc: AdminService,
-        registry: Registry,
-        figures: Routing,
-        queues: Queues,
+        view: AliasView,
         *,
         swap: str,
     ) -> Page:
         """Add a replica, or swap one's engine, from the typed form; a refusal beside its field."""
+        svc = view.svc
         form = await form_of(request)
         checked = await form_lists(request, PREFIX + "lanes")
         alias, kind, actor = form.get("alias", "").strip(), form.get("kind", ""), request.user.username
@@ -224,10 +222,7 @@ class ReplicaPages(Controller):
             typed = {**form, PREFIX + "lanes": checked.get(PREFIX + "lanes", [])}
             return await self._page(
                 request,
-                svc,
-                registry,
-                figures,
-                queues,
+                view,
                 alias,
                 kind=kind,
                 swap=swap,
@@ -236,22 +231,19 @@ class ReplicaPages(Controller):
                 status=400,
             )
         done = f"Swapped {swap} to {kind}: it took over once warm." if swap else f"Added {form.get('name')} ({kind})."
-        return await self._page(request, svc, registry, figures, queues, alias, notice=done)
+        return await self._page(request, view, alias, notice=done)
 
     @post("/replicas/{action:str}")
     async def act(
         self,
         request: AdminRequest,
-        admin_service: NamedDependency[AdminService],
         action: FromPath[str],
-        registry: Registry,
-        routing_figures: Routing,
-        queue_stats: Queues,
+        view: SkipValidation[AliasView],
     ) -> Page:
         """drain / resume / disable / enable / remove one replica (form: alias, name)."""
         form = await form_of(request)
         alias, name, actor = form.get("alias", "").strip(), form.get("name", ""), request.user.username
-        svc = admin_service
+        svc = view.svc
         done = {
             "drain": f"Draining {name}: it takes no new request; what it runs finishes.",
             "resume": f"{name} takes requests again.",
@@ -271,15 +263,12 @@ class ReplicaPages(Controller):
         except GatewayError as exc:  # shown on the replica's row; nothing changed
             return await self._page(
                 request,
-                svc,
-                registry,
-                routing_figures,
-                queue_stats,
+                view,
                 alias,
                 row_errors={name: exc.message},
                 status=exc.status,
             )
-        return await self._page(request, svc, registry, routing_figures, queue_stats, alias, notice=done[action])
+        return await self._page(request, view, alias, notice=done[action])
 
 
 class _VLLM:

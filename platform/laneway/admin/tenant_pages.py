@@ -3,11 +3,12 @@ limits, keys and quota usage), and the forms that create, edit, issue and revoke
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from litestar import Controller, get, post
-from litestar.di import NamedDependency
-from litestar.params import FromPath
+from litestar.di import NamedDependency, Provide
+from litestar.params import FromPath, SkipValidation
 from litestar.response import Redirect, Template
 from sqlalchemy import select
 
@@ -30,12 +31,25 @@ from laneway.db.models import ApiKey, Tenant
 PER_PAGE = 25
 
 
+@dataclass(frozen=True)
+class TenantView:
+    """What a tenant's page reads: the admin service and the limiter (its quota usage)."""
+
+    svc: AdminService
+    limiter: RateLimiter
+
+
+def tenant_view(admin_service: NamedDependency[AdminService], limiter: Limiter) -> TenantView:
+    return TenantView(admin_service, limiter)
+
+
 class TenantPages(Controller):
     """Behind the admin guards (admin/guards.py), as every page."""
 
     path = "/admin"
     include_in_schema = False
     exception_handlers = {NotLoggedIn: to_login}
+    dependencies = {"view": Provide(tenant_view, sync_to_thread=False)}
 
     @get("/tenants")
     async def tenants(self, request: AdminRequest, admin_service: NamedDependency[AdminService]) -> Page:
@@ -104,13 +118,13 @@ class TenantPages(Controller):
 
     async def _tenant_page(
         self,
-        svc: AdminService,
-        limiter: RateLimiter,
+        view: TenantView,
         current: AdminSession,
         tenant_id: int,
         status: int | None = None,
         **extra: Any,
     ) -> Template:
+        svc, limiter = view.svc, view.limiter
         async with svc.sessions() as session:
             tenant = await get_or_404(session, Tenant, tenant_id)
             rows = await session.execute(select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.id))
@@ -132,30 +146,27 @@ class TenantPages(Controller):
     async def tenant(
         self,
         request: AdminRequest,
-        admin_service: NamedDependency[AdminService],
-        limiter: Limiter,
+        view: SkipValidation[TenantView],
         tenant_id: FromPath[int],
     ) -> Page:
-        return await self._tenant_page(admin_service, limiter, request.user, tenant_id)
+        return await self._tenant_page(view, request.user, tenant_id)
 
     @post("/tenants/{tenant_id:int}")
     async def edit_tenant(
         self,
         request: AdminRequest,
-        admin_service: NamedDependency[AdminService],
-        limiter: Limiter,
+        view: SkipValidation[TenantView],
         tenant_id: FromPath[int],
     ) -> Page:
         current, form = request.user, await form_of(request)
         try:
             data, fields = tenant_input(form)
-            await tenants.edit_tenant(admin_service, current.username, tenant_id, data, fields)
+            await tenants.edit_tenant(view.svc, current.username, tenant_id, data, fields)
         except GatewayError as exc:
             if exc.status == 404:
                 raise
             return await self._tenant_page(
-                admin_service,
-                limiter,
+                view,
                 current,
                 tenant_id,
                 error=field_message(exc.param, exc.message),
@@ -163,16 +174,13 @@ class TenantPages(Controller):
                 error_field=exc.param,
                 typed=form,
             )
-        return await self._tenant_page(
-            admin_service, limiter, current, tenant_id, notice="Saved. The gateway applies it now."
-        )
+        return await self._tenant_page(view, current, tenant_id, notice="Saved. The gateway applies it now.")
 
     @post("/tenants/{tenant_id:int}/keys")
     async def issue_key(
         self,
         request: AdminRequest,
-        admin_service: NamedDependency[AdminService],
-        limiter: Limiter,
+        view: SkipValidation[TenantView],
         tenant_id: FromPath[int],
     ) -> Page:
         current, form = request.user, await form_of(request)
@@ -183,38 +191,35 @@ class TenantPages(Controller):
         }
         try:
             data = convert(raw, KeyIn, strict=False)
-            issued = await keys.issue_api_key(admin_service, current.username, tenant_id, data)
+            issued = await keys.issue_api_key(view.svc, current.username, tenant_id, data)
         except GatewayError as exc:
             if exc.status == 404:
                 raise
-            return await self._tenant_page(
-                admin_service, limiter, current, tenant_id, key_error=exc.message, status=exc.status
-            )
-        return await self._tenant_page(admin_service, limiter, current, tenant_id, secret=issued["secret"])
+            return await self._tenant_page(view, current, tenant_id, key_error=exc.message, status=exc.status)
+        return await self._tenant_page(view, current, tenant_id, secret=issued["secret"])
 
     @post("/keys/{key_id:int}/limits")
     async def edit_key_limits(
         self,
         request: AdminRequest,
-        admin_service: NamedDependency[AdminService],
-        limiter: Limiter,
+        view: SkipValidation[TenantView],
         key_id: FromPath[int],
     ) -> Page:
         """The key row's form: its own rpm, tpm, max concurrency and models (empty: the tenant's)."""
         current, form = request.user, await form_of(request)
-        async with admin_service.sessions() as session:
+        async with view.svc.sessions() as session:
             tenant_id = (await get_or_404(session, ApiKey, key_id)).tenant_id
         raw = key_limits_input(form)
         try:
             await keys.edit_api_key(
-                admin_service, current.username, key_id, convert(raw, KeyLimitsIn, strict=False), set(raw)
+                view.svc, current.username, key_id, convert(raw, KeyLimitsIn, strict=False), set(raw)
             )
         except GatewayError as exc:  # shown on the key's row
             return await self._tenant_page(
-                admin_service, limiter, current, tenant_id, key_errors={key_id: exc.message}, status=exc.status
+                view, current, tenant_id, key_errors={key_id: exc.message}, status=exc.status
             )
         return await self._tenant_page(
-            admin_service, limiter, current, tenant_id, notice="Saved the key's limits. The gateway applies them now."
+            view, current, tenant_id, notice="Saved the key's limits. The gateway applies them now."
         )
 
     @post("/keys/{key_id:int}/revoke")

@@ -41,6 +41,7 @@ class Endpoint:
     stream_events: Sequence[type[Any]] = ()  # or: named events of these Structs
     fast: bool = False  # served below Litestar by api/fast.py (the hot path) when tracing is off
     batch: bool = True  # a batch may name it as its endpoint (a line's `url`)
+    error_shape: openapi.ErrorShape = openapi.OPENAI_ERRORS  # what its errors look like (documented)
 
     def operation(self) -> type[Any]:
         """The OpenAPI operation of the route: the wire types, the errors, the routing headers."""
@@ -49,7 +50,7 @@ class Endpoint:
             stream["stream_chunk"] = self.stream_chunk
         if self.stream_events:
             stream["stream_events"] = tuple(self.stream_events)
-        return openapi.generation(self.response, self.request, **stream)
+        return openapi.generation(self.response, self.request, error_shape=self.error_shape, **stream)
 
     def route(self) -> HTTPRouteHandler:
         """The Litestar route: the handler behind the one `api` dependency (api/services.py)."""

@@ -1,4 +1,6 @@
-"""Every error a client sees, in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+"""Every error a client sees, in OpenAI's shape: {"error": {"message", "type", "param", "code"}};
+a request to Anthropic's Messages API (/v1/messages...) gets Anthropic's shape instead
+(api/messages/errors.py), whatever refused it.
 
 Each handler also counts the answer of a request that never held a lease (metrics.py:
 laneway_requests_refused_total), and gives its code to the request's span when tracing is on;
@@ -13,6 +15,7 @@ from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException
 from litestar.types import ExceptionHandlersMap
 
+from laneway.api.messages import errors as anthropic
 from laneway.api.protocol import ErrorBody, ErrorEnvelope, encode
 from laneway.api.request_ids import admitted, request_id
 from laneway.contracts.codes import ErrorCode
@@ -105,12 +108,16 @@ class ErrorHandlers:
 
     def gateway_error(self, request: Request, exc: GatewayError) -> Response[bytes]:  # type: ignore[type-arg]
         self._count(request, exc.status, exc.code)
+        if anthropic.speaks_anthropic(request.scope["path"]):
+            return anthropic.error_response(exc.status, exc.message, param=exc.param, headers=exc.headers)
         return error_response(
             exc.status, exc.message, code=exc.code, param=exc.param, type_=exc.type, headers=exc.headers
         )
 
     def http_exception(self, request: Request, exc: HTTPException) -> Response[bytes]:  # type: ignore[type-arg]
         self._count(request, exc.status_code, None)
+        if anthropic.speaks_anthropic(request.scope["path"]):
+            return anthropic.error_response(exc.status_code, str(exc.detail), headers=exc.headers)
         return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
 
     def internal_error(self, request: Request, exc: Exception) -> Response[bytes]:  # type: ignore[type-arg]
@@ -119,4 +126,7 @@ class ErrorHandlers:
         log.exception("unhandled error on %s %s (request %s)", scope["method"], scope["path"], rid, exc_info=exc)
         code = ErrorCode.INTERNAL_ERROR
         self._count(request, code.status, code)
-        return error_response(code.status, "The gateway failed to handle this request; it has been logged.", code=code)
+        message = "The gateway failed to handle this request; it has been logged."
+        if anthropic.speaks_anthropic(scope["path"]):
+            return anthropic.error_response(code.status, message)
+        return error_response(code.status, message, code=code)

@@ -20,7 +20,7 @@ viewer can open the JSON. /schema is behind the metrics token when one is set (h
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import msgspec
@@ -145,6 +145,19 @@ def sse_event(chunk: type[Any]) -> Schema:
 
 
 @dataclass(frozen=True)
+class ErrorShape:
+    """The JSON every error status of a route answers with: OpenAI's, or another API's for
+    the endpoints that speak it (api/messages/: Anthropic's, where laneway's 503 is a 529)."""
+
+    body: type[Any]
+    name: str  # as the document says it: "OpenAI's error shape"
+    statuses: Mapping[int, int] = field(default_factory=dict)  # laneway's status -> the one sent
+
+
+OPENAI_ERRORS = ErrorShape(p.ErrorEnvelope, "OpenAI's error shape")
+
+
+@dataclass(frozen=True)
 class Wire:
     """What one route reads and writes."""
 
@@ -156,6 +169,7 @@ class Wire:
     parameters: Sequence[Parameter] = (REQUEST_ID_PARAM,)
     headers: dict[str, OpenAPIHeader] | None = None  # on the 200 beyond X-Request-Id
     why: dict[int, str] | None = None  # an error status's meaning, where it is not the usual one
+    error_shape: ErrorShape = OPENAI_ERRORS
 
 
 @dataclass
@@ -187,19 +201,20 @@ class _WireOperation(Operation):
                 content["text/event-stream"] = OpenAPIMediaType(schema=named_sse_event(wire.stream_events))
                 description = (
                     f"The {wire.response.__name__}; with `stream: true`, named server-sent events instead "
-                    "(`event: <type>` and `data: <its JSON>`), in OpenAI's order."
+                    "(`event: <type>` and `data: <its JSON>`), in the order of the API it speaks."
                 )
             ok = OpenAPIResponse(description=description, content=content)
         if isinstance(ok, OpenAPIResponse):
             ok.headers = {**(ok.headers or {}), "X-Request-Id": _REQUEST_ID, **(wire.headers or {})}
             responses["200"] = ok
+        shape = wire.error_shape
         for status in wire.errors:
             headers: dict[str, OpenAPIHeader | Reference] = {"X-Request-Id": _REQUEST_ID}
             if status in (429, 503):
                 headers["Retry-After"] = _RETRY_AFTER
-            responses[str(status)] = OpenAPIResponse(
-                description=(wire.why or {}).get(status, _ERRORS[status]) + " OpenAI's error shape.",
-                content={"application/json": OpenAPIMediaType(schema=_ref(p.ErrorEnvelope))},
+            responses[str(shape.statuses.get(status, status))] = OpenAPIResponse(
+                description=(wire.why or {}).get(status, _ERRORS[status]) + f" {shape.name}.",
+                content={"application/json": OpenAPIMediaType(schema=_ref(shape.body))},
                 headers=headers,
             )
         self.responses = responses
@@ -210,13 +225,16 @@ def operation(wire: Wire) -> type[Operation]:
     return type("WireOperation", (_WireOperation,), {"wire": wire})
 
 
-def generation(response: type[Any], request: type[Any], **stream: Any) -> type[Operation]:
+def generation(
+    response: type[Any], request: type[Any], *, error_shape: ErrorShape = OPENAI_ERRORS, **stream: Any
+) -> type[Operation]:
     """The operation of an endpoint that runs a request through the pipeline (api/endpoints.py)."""
     return operation(
         Wire(
             response,
             request=request,
             errors=COMPLETION_ERRORS,
+            error_shape=error_shape,
             parameters=(REQUEST_ID_PARAM, *ROUTING_PARAMS),
             headers={"X-Laneway-Lane": _LANE},
             **stream,
@@ -265,7 +283,7 @@ def route_wire_types(app: Litestar) -> list[type[Any]]:
             kind = getattr(handler, "operation_class", None)
             if isinstance(kind, type) and issubclass(kind, _WireOperation):
                 wire = kind.wire
-                named = (wire.request, wire.response, wire.stream_chunk, *wire.stream_events)
+                named = (wire.request, wire.response, wire.stream_chunk, *wire.stream_events, wire.error_shape.body)
                 found.update(dict.fromkeys(t for t in named if t is not None))
     return list(found)
 

@@ -12,9 +12,12 @@ from __future__ import annotations
 from laneway.api.embeddings import EMBEDDINGS
 from laneway.api.endpoints import Endpoint, Handler
 from laneway.api.handlers import CHAT, COMPLETIONS
+from laneway.api.messages.handler import COUNT_TOKENS, MESSAGES
 from laneway.api.responses.handler import RESPONSES
 
-_ENDPOINTS: dict[str, Endpoint] = {e.path: e for e in (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)}
+_ENDPOINTS: dict[str, Endpoint] = {
+    e.path: e for e in (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES, COUNT_TOKENS)
+}
 
 
 def register(endpoint: Endpoint) -> None:

@@ -38,11 +38,15 @@ class Incoming(Protocol):
     async def body(self) -> bytes: ...
 
 
-async def authenticate(request: Incoming, auth: KeyAuthenticator) -> TenantSnapshot:
+async def authenticate(request: Incoming, auth: KeyAuthenticator, *, key_header: str | None = None) -> TenantSnapshot:
     """The tenant of the request's API key (401/403/503 otherwise); an `auth` span when traced.
-    A batch line carries its tenant on the scope (api/batches/lines.py)."""
+    A batch line carries its tenant on the scope (api/batches/lines.py). `key_header` names a
+    header that may carry the bare key instead of `Authorization: Bearer` (Anthropic's
+    `x-api-key`), for the endpoints whose clients send it there."""
     scope = request.scope
     header = request.headers.get("authorization")
+    if header is None and key_header is not None and (key := request.headers.get(key_header)) is not None:
+        header = "Bearer " + key
     trace: RequestTrace | None = scope.get(TRACE_KEY)
     if header is None and TENANT_KEY in scope:
         return scope[TENANT_KEY]  # type: ignore[no-any-return]

@@ -13,23 +13,27 @@ from typing import Any
 from laneway.settings import Settings
 
 
+async def _on_database(settings: Settings, work: Callable[[Any], Awaitable[Any]]) -> Any:
+    """work(engine) against the configured database, migrated to head first; disposed after."""
+    from laneway.db import migrate
+    from laneway.db.session import make_engine
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(settings.resolved_database_url)
+    try:
+        await migrate.upgrade(engine)
+        return await work(engine)
+    finally:
+        await engine.dispose()
+
+
 def with_db(fn: Callable[..., Awaitable[Any]]) -> Callable[[Settings, argparse.Namespace], Any]:
     """Run fn(sessions, args) against the configured database, migrated to head first."""
 
     def run(settings: Settings, args: argparse.Namespace) -> Any:
-        async def go() -> Any:
-            from laneway.db import migrate
-            from laneway.db.session import make_engine, make_sessionmaker
+        from laneway.db.session import make_sessionmaker
 
-            settings.data_dir.mkdir(parents=True, exist_ok=True)
-            engine = make_engine(settings.resolved_database_url)
-            try:
-                await migrate.upgrade(engine)
-                return await fn(make_sessionmaker(engine), args)
-            finally:
-                await engine.dispose()
-
-        return asyncio.run(go())
+        return asyncio.run(_on_database(settings, lambda engine: fn(make_sessionmaker(engine), args)))
 
     return run
 
@@ -50,23 +54,16 @@ def with_service(fn: Callable[..., Awaitable[Any]]) -> Callable[[Settings, argpa
     errors are 2)."""
 
     def run(settings: Settings, args: argparse.Namespace) -> Any:
-        async def go() -> Any:
-            from laneway.admin.service import AdminService
-            from laneway.contracts.errors import GatewayError
-            from laneway.db import migrate
-            from laneway.db.session import make_engine
+        from laneway.admin.service import AdminService
+        from laneway.contracts.errors import GatewayError
 
-            settings.data_dir.mkdir(parents=True, exist_ok=True)
-            engine = make_engine(settings.resolved_database_url)
-            try:
-                await migrate.upgrade(engine)
-                return await fn(AdminService.not_serving(engine, settings.currency), _actor(), args)
-            except GatewayError as exc:
-                print(f"laneway: {exc.message}", file=sys.stderr)
-                raise SystemExit(1) from None
-            finally:
-                await engine.dispose()
+        def work(engine: Any) -> Awaitable[Any]:
+            return fn(AdminService.not_serving(engine, settings.currency), _actor(), args)
 
-        return asyncio.run(go())
+        try:
+            return asyncio.run(_on_database(settings, work))
+        except GatewayError as exc:
+            print(f"laneway: {exc.message}", file=sys.stderr)
+            raise SystemExit(1) from None
 
     return run

@@ -30,7 +30,7 @@ from typing import Protocol
 
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
-from laneway.core.latency.outlook import Outlook
+from laneway.core.latency.outlook import Outlook as Outlook  # re-exported: the schedulers' admit() names it
 from laneway.core.policy import LanePolicy
 
 

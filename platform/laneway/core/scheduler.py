@@ -6,9 +6,9 @@ so waiting happens here, where it can be ordered, not inside the engine, where i
 
 Choosing the next request for a free slot:
 - lane: the highest-priority lane (lowest number) with waiting work and a free lane slot
-  (each lane caps its own running sequences per deployment); every 1/starvation_share-th
-  dispatch that passes over a waiting lower lane goes to the lane whose head waited longest,
-  so lower lanes are slowed, never starved;
+  (a lane caps its running sequences per deployment; a tenant under its share passes the cap),
+  every 1/starvation_share-th dispatch that passes over a waiting lower lane goes to the lane
+  whose head waited longest, so lower lanes are slowed, never starved;
 - background lanes (LanePolicy.background: batch work) run only in the slots the foreground
   lanes leave: one is chosen only while no foreground lane has a request that could start
   now, whatever the priorities, and the starvation share never lifts one. While foreground
@@ -36,7 +36,6 @@ from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.core import admission
 from laneway.core.lane_queue import LaneQueue
-from laneway.core.latency.outlook import Outlook
 from laneway.core.policy import LanePolicy
 
 
@@ -188,9 +187,8 @@ class DeploymentScheduler:
         return self.running.get(name, 0) < self._lanes[name].max_concurrency
 
     # ---- the slot protocol ----
-    def admit(self, lane: LanePolicy, tenant_id: int, weight: float, outlook: Outlook | None = None) -> None:
-        """Admission control against this scheduler's queues (raises 503 GatewayError); in
-        seconds where `outlook` (the replicas' latency models) predicts."""
+    def admit(self, lane: LanePolicy, tenant_id: int, weight: float, outlook: admission.Outlook | None = None) -> None:
+        """Admission against this scheduler's queues, in seconds where `outlook` predicts (503)."""
         admission.admit(self, lane, tenant_id, weight, outlook)
 
     def set_capacity(self, capacity: int) -> None:
@@ -199,13 +197,12 @@ class DeploymentScheduler:
         self._dispatch()
 
     async def acquire(self, ticket: Ticket) -> None:
-        """Wait for a slot; raise 503 queue_timeout after the lane's queue timeout. Cancelling the
-        waiter (the client left) removes the ticket: it never reaches the engine.
+        """Wait for a slot; 503 queue_timeout past the lane's queue timeout; a cancelled waiter never runs.
 
-        No wait_for(shield(...)) here: on Python 3.11 that can return normally when the waiter
-        is cancelled just after the grant, swallowing the cancellation and leaking the slot. A
-        plain await of the future raises CancelledError whatever the timing, and a ticket that
-        was granted in the same instant hands its slot straight back."""
+        No wait_for(shield(...)) here: on Python 3.11 that can return normally when the waiter is
+        cancelled just after the grant, swallowing the cancellation and leaking the slot. A plain await
+        of the future raises CancelledError whatever the timing; a ticket granted in the same instant
+        hands its slot straight back."""
         lane = ticket.lane
         self._lanes[lane.name] = lane
         ticket.enqueued = self._clock()
@@ -296,7 +293,7 @@ class DeploymentScheduler:
             if self._lanes[lane].background:
                 eligible = _anyone  # the background reserve stands in for the tenants' headroom
             queue = self._queues[lane]
-            under = self._under_share(queue, eligible)
+            under = self._under_share(queue, eligible) if self.lane_open(lane) else self._bent(lane, queue, eligible)
             ticket = queue.pop(self.quantum, under.__contains__ if under else eligible)
             self._place(ticket)
             ticket.granted = self._clock()
@@ -312,10 +309,10 @@ class DeploymentScheduler:
                 ticket.future.set_result(None)
 
     def _under_share(self, queue: LaneQueue[Ticket], eligible: Callable[[int], bool]) -> set[int]:
-        """The lane's waiting tenants running fewer requests than their weight's share of the
-        slots, among every tenant running or waiting here: they get the next slot before the
-        fair order's turn comes round, so a tenant arriving under a flood waits for the next
-        slot that frees, not for its turn behind the flood's queued requests."""
+        """The lane's waiting tenants running fewer requests than their weight's share of the slots,
+        among every tenant running or waiting here: they get the next slot before the fair order's
+        turn comes round, so a tenant arriving under a flood waits for the next slot that frees, not
+        for its turn behind the flood's queued requests (nor, _bent, for the flood's lane cap)."""
         if not self._tenant_running or len(queue.active) + len(self._tenant_running) < 2:
             return set()
         weights = {tid: max(t.weight, 0.01) for tid, t in queue.tenants.items()}
@@ -340,9 +337,8 @@ class DeploymentScheduler:
         return self._foreground_running > 0 or (seen is not None and self._clock() - seen < self.headroom_window_s)
 
     def _preempt_background(self, lane: str) -> None:
-        """A foreground request found no slot while background requests hold some: the most
-        recently started of them (the least work lost) gives its slot back, one per foreground
-        request waiting, so batch work never makes an interactive request wait out a line."""
+        """A foreground request found no slot while background requests hold some: the most recently
+        started (the least work lost) gives its slot back, one per foreground request waiting."""
         if not self.lane_open(lane):
             return  # it waits for its own lane's cap, not for a slot a batch line holds
         waiting = sum(q.size for name, q in self._queues.items() if not self._lanes[name].background)
@@ -355,14 +351,13 @@ class DeploymentScheduler:
             victim.preempt()
 
     def background_held_back(self) -> int:
-        """Slots a background request must leave free: the reserve while foreground traffic is
-        recent (none on an engine of one slot: it would never run batch work), else none."""
+        """Slots a background request leaves free: the reserve while foreground traffic is recent."""
         if self.capacity < 2 or not self.foreground_recent():
             return 0
         return self.background_reserve
 
     def _choose_lane(self, eligible: Callable[[int], bool]) -> str | None:
-        waiting = [name for name, q in self._queues.items() if q.size and self.lane_open(name)]
+        waiting = [n for n, q in self._queues.items() if q.size and (self.lane_open(n) or self._bent(n, q, eligible))]
         foreground = [n for n in waiting if not self._lanes[n].background and self._queues[n].ready(eligible)]
         if foreground:
             return self._foreground_lane(foreground)
@@ -370,6 +365,14 @@ class DeploymentScheduler:
         if not background or self.free_slots() - 1 < self.background_held_back():
             return None
         return min(background, key=lambda n: self._lanes[n].priority)
+
+    def _bent(self, name: str, queue: LaneQueue[Ticket], eligible: Callable[[int], bool]) -> set[int]:
+        """Who a foreground lane at its cap still takes: a tenant under its share whose own streams do
+        not fill the cap (a ceiling for the hog, not a wall for a tenant waiting on the hog's)."""
+        lane = self._lanes[name]
+        cap = 0 if lane.background else lane.max_concurrency  # a background lane never bends
+        mine = [t.tenant_id for t in self._granted if t.lane.name == name]
+        return {tid for tid in self._under_share(queue, eligible) if mine.count(tid) < cap}
 
     def _foreground_lane(self, ready: list[str]) -> str:
         """Strict priority among the foreground lanes ready now, but every starvation_every-th

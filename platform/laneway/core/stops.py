@@ -15,6 +15,7 @@ class StopMatcher:
         self.keep_stop = keep_stop  # include_stop_str_in_output: the stop string is part of the answer
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text (Anthropic's stop_sequence)
 
     def feed(self, text: str) -> str:
         """Return the text that is safe to emit now; sets `stopped` when a stop string appears."""
@@ -27,6 +28,7 @@ class StopMatcher:
         if found:
             cut, stop = min(found, key=lambda f: (f[0], -len(f[1])))  # the first; at a tie, the longest
             self.stopped = True
+            self.matched = stop
             self._held = ""
             return buf[: cut + len(stop)] if self.keep_stop else buf[:cut]
         keep = self._partial_suffix(buf)

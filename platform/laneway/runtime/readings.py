@@ -212,6 +212,11 @@ def latency_readings(deployment: str, learned: LatencyReadings, slots: int) -> l
         ("step_seconds_per_kv_usage", "Learned decode step time added by a full KV cache.", learned.step_s_per_kv),
         ("service_seconds", "Learned mean time a request holds its slot.", learned.service_s),
         ("ttft_prediction_mape", "Decayed mean |predicted - actual| / actual of TTFT.", learned.ttft_error),
+        (
+            "concurrency_limit",
+            "Sequences the replica may run at once: learned against the lanes' TPOT targets, at most its engine's.",
+            learned.concurrency_limit,
+        ),
     )
     out: list[Reading] = [
         (f"laneway_replica_{name}", doc, "gauge", labels, value) for name, doc, value in gauges if value is not None

@@ -56,7 +56,13 @@ if TYPE_CHECKING:
     from laneway.types import TenantSnapshot
 
 # gen_ai.operation.name by Call.endpoint (the Responses API runs on the chat pipeline).
-_OPERATION = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings", "responses": "chat"}
+_OPERATION = {
+    "chat": "chat",
+    "completions": "text_completion",
+    "embeddings": "embeddings",
+    "responses": "chat",
+    "messages": "chat",
+}
 _PROPAGATOR = TraceContextTextMapPropagator()
 log = logging.getLogger("laneway.tracing")
 _TRACE_HEADERS = (b"traceparent", b"tracestate")

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from laneway.core.latency.fit import LN2, DecayedFit
+from laneway.core.latency.limit import ConcurrencyLimit
 from laneway.engines.base import EngineLoad
 
 HALF_LIFE_S = 15.0  # of every fit: the last minute or so of traffic counts
@@ -62,6 +63,7 @@ class LatencyReadings:
     ttft_error: float | None  # decayed mean |predicted - actual| / actual of TTFT
     ttft_weight: float  # observations behind the fits, decayed (about the last 20 s's count)
     step_weight: float
+    concurrency_limit: int | None = None  # the running limit learned against the TPOT targets (limit.py)
 
     def step_at(self, running: float, kv_usage: float = 0.0) -> float | None:
         if self.step_base_s is None or self.step_s_per_seq is None:
@@ -101,6 +103,7 @@ class ReplicaLatencyModel:
         self._area = 0.0
         self._kv_area = 0.0
         self.prefilled = 0.0
+        self.limit: ConcurrencyLimit | None = None  # set once the engine's own limit is known
 
     # ---- what it predicts ----
     def predict_step(self, running: float, kv_usage: float = 0.0) -> float | None:
@@ -148,6 +151,7 @@ class ReplicaLatencyModel:
             ttft_error=self._error_sum / self._error_w if self._error_w > 1e-9 else None,
             ttft_weight=self.ttft.weight(now),
             step_weight=self.step.weight(now),
+            concurrency_limit=None if self.limit is None else self.limit.value,
         )
 
     # ---- what it learns from ----
@@ -197,7 +201,12 @@ class ReplicaLatencyModel:
         return self._area + self._level * dt, self._kv_area + self._kv * dt, self.prefilled
 
     def begin(
-        self, now: float, prompt_tokens: int, cached_tokens: int = 0, reported: Reported | None = None
+        self,
+        now: float,
+        prompt_tokens: int,
+        cached_tokens: int = 0,
+        reported: Reported | None = None,
+        tpot_target_s: float | None = None,
     ) -> Attempt:
         """A request took a slot here (dispatched): counted running until its attempt ends."""
         uncached = max(prompt_tokens - cached_tokens, 0)
@@ -209,7 +218,7 @@ class ReplicaLatencyModel:
         self.prefilling += 1
         self.pending_prefill += uncached
         self._advance(now, load)
-        return Attempt(self, now, cached_tokens, uncached, ahead, batch, predicted, reported)
+        return Attempt(self, now, cached_tokens, uncached, ahead, batch, predicted, reported, tpot_target_s)
 
     def prefilled_now(self, now: float, uncached: int) -> None:
         """An attempt's first token: its prompt is prefilled, it decodes from here."""
@@ -243,6 +252,7 @@ class Attempt:
         "first_at",
         "model",
         "predicted",
+        "tpot_target_s",
         "uncached",
     )
 
@@ -256,6 +266,7 @@ class Attempt:
         batch: float,
         predicted: float | None,
         reported: Reported | None,
+        tpot_target_s: float | None = None,
     ) -> None:
         self.model = model
         self.dispatched = dispatched
@@ -266,6 +277,7 @@ class Attempt:
         self.predicted = predicted  # its TTFT from the slot, as the model saw it then
         self.error: float | None = None  # |predicted - actual| / actual, once it has a first token
         self.first_at: float | None = None
+        self.tpot_target_s = tpot_target_s  # its lane's, which its replica's limit is judged by
         self._reported = reported
         self._mark: tuple[float, float, float] | None = None
         self._ended = False
@@ -299,6 +311,17 @@ class Attempt:
                 batch = (area - self._mark[0]) / span
                 kv = (kv_area - self._mark[1]) / span
                 model.observe_decode(now, gaps, span / gaps, batch, kv, prefilled - self._mark[2])
+                if model.limit is not None:
+                    kv_now = model._kv
+                    model.limit.observe(
+                        self.dispatched,
+                        now,
+                        span / gaps,
+                        self.tpot_target_s,
+                        self.batch,
+                        lambda n: model.predict_step(n, kv_now),
+                        batch,
+                    )
         if finished:
             model.observe_service(now, now - self.dispatched)
         load = self._reported() if self._reported is not None else None

@@ -89,6 +89,7 @@ class Call:
     admission_checked: bool = False  # admission already passed (choosing among fallbacks): not again
     early_rule: EarlyStopRule | None = None  # the task's early stop for its answers (core/early_stops.py)
     early_stop: str | None = None  # the early stop that ended its decoding, if one did
+    stop_sequence: str | None = None  # the stop string that ended its first choice, if one did
     tokens_saved: int = 0  # max_tokens less what the choices it cut had decoded (an estimate)
     price: Price | None = None  # its alias's price when it was prepared: its cost is at this one
     ttft_target_ms: float | None = None  # its TTFT target: the lane's, or tighter as granted (core/slo.py)

@@ -43,7 +43,7 @@ async def generate_deltas(
         matchers, produced, reasons, early = answer.matchers, answer.produced, answer.reasons, answer.early
         unstoppable = answer.unstoppable
         if not answer.continuations:
-            call.early_stop, call.tokens_saved = None, 0
+            call.early_stop, call.tokens_saved, call.stop_sequence = None, 0, None
         request = answer.request
         if call.trace is not None:  # the engine's own spans join the trace (an HTTP engine sends it)
             request.trace_headers = call.trace.engine_started(call)
@@ -74,6 +74,8 @@ async def generate_deltas(
                 finish: FinishReason | None = None
                 if matcher.stopped:
                     finish = "stop"
+                    if i == 0:
+                        call.stop_sequence = matcher.matched
                 elif delta.finish_reason is not None:
                     text += matcher.flush()
                     finish = delta.finish_reason

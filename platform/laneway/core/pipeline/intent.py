@@ -12,13 +12,10 @@ from laneway.types import ChatTurn, SamplingExtensions
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class GenerationIntent:
-    """Chat, completions and Responses: one prompt (or conversation) to generate from."""
+class Addressed:
+    """Who a request is for and how to route it (headers or metadata, beyond the model): what
+    every intent carries."""
 
-    endpoint: str  # "chat", "completions" or "responses": the usage row's endpoint
-    alias: str
-    stream: bool
-    # Who the request is for and how to route it (headers or metadata, beyond the model).
     task: str | None = None
     lane: str | None = None  # asked for explicitly (X-Laneway-Lane): only where the tenant may
     priority: int = 0
@@ -28,6 +25,15 @@ class GenerationIntent:
     user: str | None = None  # the request's `user`: the end user behind the tenant
     client_request_id: str | None = None  # the client's X-Request-Id, when sane
     background: bool = False  # a batch line: runs in the background lane, whatever `lane` says
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GenerationIntent(Addressed):
+    """Chat, completions and Responses: one prompt (or conversation) to generate from."""
+
+    endpoint: str  # "chat", "completions" or "responses": the usage row's endpoint
+    alias: str
+    stream: bool
     # OpenAI's prompt_cache_key (checked by the API): keeps a conversation on the replica that
     # holds its prefix while load allows (core/dispatch/).
     prompt_cache_key: str | None = None
@@ -51,19 +57,9 @@ class GenerationIntent:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class EmbeddingIntent:
+class EmbeddingIntent(Addressed):
     alias: str
     inputs: Sequence[str]
-    # Who the request is for and how to route it (headers or metadata, beyond the model).
-    task: str | None = None
-    lane: str | None = None  # asked for explicitly (X-Laneway-Lane): only where the tenant may
-    priority: int = 0
-    # X-Laneway-TTFT-Target-Ms, checked by the API (a positive finite number of ms); the
-    # pipeline clamps it to the tenant's grant (core/slo.py).
-    ttft_target_ms: float | None = None
-    user: str | None = None  # the request's `user`: the end user behind the tenant
-    client_request_id: str | None = None  # the client's X-Request-Id, when sane
-    background: bool = False  # a batch line: runs in the background lane, whatever `lane` says
 
 
 Intent = GenerationIntent | EmbeddingIntent

@@ -24,8 +24,9 @@ from laneway.types import EmbeddingRequest, GenerationRequest, SamplingExtension
 # Tokens one embeddings request may ask for, all inputs together: OpenAI's own limit, so a
 # client written for OpenAI already batches within it.
 MAX_EMBEDDING_TOKENS = 300_000
-# A request's id is the id of the object it answers with (the Responses API's are resp_...).
-_ID_PREFIX = {"responses": "resp_"}
+# A request's id is the id of the object it answers with (the Responses API's are resp_...,
+# Anthropic's Messages API's msg_...).
+_ID_PREFIX = {"responses": "resp_", "messages": "msg_"}
 
 
 class Preparer:

@@ -63,6 +63,7 @@ class Waiting:
         self.dispatch = Dispatcher(
             registry, self._capacity, routing=routing, params=routing_params, latency=self.latency, **scheduling
         )
+        self.latency.on_limit = self._limit_changed
 
     def _capacity(self, deployment: LiveDeployment) -> int:
         return self.scheduler(deployment).capacity
@@ -81,10 +82,20 @@ class Waiting:
             capacity = deployment.engine.info.max_concurrency
             if self.shared_slots is not None and deployment.shared:
                 s = self.shared_slots.scheduler(deployment.spec.name, capacity, **local)
-            else:
-                s = DeploymentScheduler(capacity, **local)
+            else:  # its room: the running limit learned for it (core/latency/limit.py)
+                s = DeploymentScheduler(self.latency.limit(deployment).value, **local)
             self._schedulers[deployment] = s
         return s
+
+    def _limit_changed(self, name: str, limit: int) -> None:
+        """A replica's learned running limit moved: its scheduler's room follows, and the alias's
+        dispatch, which reads it, tries again. A replica whose slots are shared through Redis
+        keeps the engine's (the learned limit is this gateway's alone so far)."""
+        for deployment in self.registry.deployments():
+            s = self._schedulers.get(deployment) if deployment.spec.name == name else None
+            if isinstance(s, DeploymentScheduler):
+                s.set_capacity(limit)
+                self.dispatch.kick()
 
     def late(self, call: Call) -> bool:
         return self.dispatch.late(call.alias, call.embedding is not None)
@@ -177,7 +188,11 @@ class Waiting:
         """The call holds its replica's slot from `now`: its attempt there starts in the replica's
         latency model (core/latency/), which predicts its first token and learns from it."""
         if call.embedding is None:
-            call.latency = attempt = self.latency.begin(call.deployment, call.prompt_tokens, call.cached_estimate, now)
+            target = call.lane.tpot_target_ms  # its replica's running limit is judged by it
+            target_s = None if target is None else target / 1000
+            call.latency = attempt = self.latency.begin(
+                call.deployment, call.prompt_tokens, call.cached_estimate, now, target_s
+            )
             if attempt.predicted is not None and call.predicted_ttft_s is None:  # the first attempt's
                 call.predicted_ttft_s = now - call.started + attempt.predicted
 

@@ -34,7 +34,9 @@ from laneway.engines.llamacpp.lowlevel import BatchContext
 from laneway.engines.llamacpp.per_slot import SlotDecoding
 from laneway.engines.llamacpp.plan import DecodePlan, TokenBiases, decode_plan
 from laneway.engines.tool_calls import with_tools
+from laneway.types import CAPABILITIES as ALL_CAPABILITIES
 from laneway.types import (
+    EXTENSIONS,
     Delta,
     EmbeddingRequest,
     Embeddings,
@@ -49,22 +51,8 @@ OFF_LOOP_PROMPT_CHARS = 8192
 # What one context does beyond text: tools and JSON through grammars, logprobs from its
 # logits, n choices decoded one after another in the request's slot.
 # Of the sampling extensions, those llama.cpp's sampler has (core/capabilities.py refuses the rest by name).
-CAPABILITIES = frozenset(
-    {
-        "tools",
-        "json_object",
-        "json_schema",
-        "logprobs",
-        "n",
-        "penalties",
-        "logit_bias",
-        "top_k",
-        "min_p",
-        "repetition_penalty",
-        "ignore_eos",
-        "min_tokens",
-    }
-)
+SAMPLER_EXTENSIONS = frozenset({"top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens"})
+CAPABILITIES = (frozenset(ALL_CAPABILITIES) - {"embeddings"} - frozenset(EXTENSIONS)) | SAMPLER_EXTENSIONS
 
 
 class LlamaCppEngine(EngineAdapter[LlamaCppConfig]):
