@@ -298,7 +298,7 @@ async def test_a_waiter_cancelled_at_the_limit_passes_its_turn_on(upstream: Upst
 async def test_a_body_not_read_pauses_the_socket(upstream: Upstream) -> None:
     async with opened(upstream.url, high_water=64 * 1024) as pool:
         r = await pool.request("GET", "/big")
-        await asyncio.sleep(0.3)  # the server writes as fast as it can meanwhile
+        await asyncio.sleep(0.3)  # time passing is the point: the server writes as fast as it can meanwhile
         assert r._buffered < 8 * 1024 * 1024 // 4  # bounded near high_water, not the whole 8 MB
         assert r.conn._paused
         total = sum([len(p) async for p in r.chunks()])
