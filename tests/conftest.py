@@ -19,8 +19,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from support.services import PG_URL, PrivatePostgres, PrivateRedis, require_service, throwaway_database
 
-# Hooks: each test marked by what it needs (markers), and the real vLLM launched early (vllm_early).
-pytest_plugins = ["support.markers", "support.vllm_early"]
+# Hooks: each test marked by what it needs (markers), dealt out to xdist's workers (parallel), and
+# the real vLLM launched early (vllm_early).
+pytest_plugins = ["support.markers", "support.parallel", "support.vllm_early"]
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,7 @@ without anyone remembering to.
 - slow: all of the above but postgres, and the modules that take seconds a test (timed with
   --durations); `scripts/test quick` leaves these out.
 
-Under pytest-xdist the tests of the real vLLM are one group (`xdist_group`), run on one
-worker: they share one vLLM (session-scoped, two minutes to load) and read its counters.
+How a parallel run (pytest-xdist) deals the tests out to its workers: tests/support/parallel.py.
 """
 
 from __future__ import annotations
@@ -26,8 +25,6 @@ DURABILITY_FIXTURES = {"private_pg", "private_redis"}
 DURABILITY_MODULES = {"test_batch_durability", "test_database_outage", "test_failover", "test_shutdown"}
 # Modules whose tests take seconds each on two cores (pytest --durations), real engines aside.
 SLOW_MODULES: set[str] = set()
-
-VLLM_GROUP = "real_vllm"
 
 
 def marks_for(item: pytest.Item) -> list[str]:
@@ -48,41 +45,8 @@ def marks_for(item: pytest.Item) -> list[str]:
     return marks
 
 
-# Under xdist, units of work (a module, or the vLLM group) start longest first: the vLLM group
-# (its worker waits out the load the controller began, tests/support/vllm_early.py), then the
-# other real engines, the browser, the durability tests, then the rest as collected.
-_FIRST = ("real_engine", "browser", "durability", "slow")
-
-
-def _rank(item: pytest.Item) -> int:
-    if "real_vllm" in getattr(item, "fixturenames", ()):
-        return 0
-    for rank, name in enumerate(_FIRST, start=1):
-        if item.get_closest_marker(name) is not None:
-            return rank
-    return len(_FIRST) + 1
-
-
-def _longest_first(items: list[pytest.Item]) -> None:
-    """Modules (whole: their tests keep their order) by the rank of their first-ranked test."""
-    rank: dict[str, int] = {}
-    for item in items:
-        unit = _unit(item)
-        rank[unit] = min(rank.get(unit, len(_FIRST) + 1), _rank(item))
-    items.sort(key=lambda item: rank[_unit(item)])  # stable
-
-
-def _unit(item: pytest.Item) -> str:
-    mark = item.get_closest_marker("xdist_group")
-    return f"@{mark.args[0]}" if mark is not None else item.nodeid.split("::", 1)[0]
-
-
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by these marks, and before xdist reads the groups
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         for name in marks_for(item):
             item.add_marker(name)
-        if "real_vllm" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group(VLLM_GROUP))
-    if hasattr(config, "workerinput"):  # an xdist worker: the controller hands out units in this order
-        _longest_first(items)

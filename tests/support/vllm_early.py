@@ -4,7 +4,7 @@ comes up: it loads for minutes (2-4.5 on two busy cores), and meanwhile the othe
 In one process, the run launches it at the end of collection and the session fixture
 (tests/integration/conftest.py: real_vllm) waits for it. Under pytest-xdist the controller
 launches it once the first worker has collected, and hands it to the worker that runs the vLLM
-tests (one group: tests/support/markers.py) through a file named by LANEWAY_TEST_VLLM_HANDOFF,
+tests (one unit: tests/support/parallel.py) through a file named by LANEWAY_TEST_VLLM_HANDOFF,
 which the controller sets before the workers start; the controller stops it at the end.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from support.engines_real import RealVLLM, _unavailable
-from support.markers import VLLM_GROUP
+from support.parallel import VLLM_UNIT, unit_of
 from support.waiting import wait_for
 
 HANDOFF = "LANEWAY_TEST_VLLM_HANDOFF"
@@ -113,7 +113,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
-    if any(i.endswith("@" + VLLM_GROUP) or "/test_real_vllm" in i for i in ids):  # loadgroup names the group
+    if any(unit_of(i) == VLLM_UNIT for i in ids):
         launch_in_background()
 
 

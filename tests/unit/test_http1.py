@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from laneway.engines.http1 import Http1Pool, UpstreamError, UpstreamTimeout
+from support import until
 
 
 @dataclass
@@ -186,8 +187,7 @@ async def test_closing_a_stream_early_closes_its_connection(upstream: Upstream) 
 async def test_a_request_cancelled_before_its_answer_closes_the_connection(upstream: Upstream) -> None:
     async with opened(upstream.url) as pool:
         task = asyncio.ensure_future(pool.request("POST", "/silent"))
-        while not upstream.requests:
-            await asyncio.sleep(0.001)
+        await until(lambda: upstream.requests, step=0.001, what="the request upstream")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

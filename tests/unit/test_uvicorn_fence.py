@@ -131,10 +131,9 @@ def test_the_protocol_state_the_fence_reads_and_writes() -> None:
             assert isinstance(getattr(state, name), int), name
 
         protocol.data_received(b"GET /v1/x HTTP/1.1\r\nhost: a\r\nx-request-id: r1\r\n\r\n")
-        for _ in range(100):
-            if protocol.cycle is not None and protocol.cycle.response_complete:
-                break
-            await asyncio.sleep(0)
+        await until(
+            lambda: protocol.cycle is not None and protocol.cycle.response_complete, step=0, what="the response"
+        )
         seen = protocol.seen
         assert seen["scope"]["type"] == "http" and isinstance(seen["scope"], dict)
         assert seen["url"] == b"/v1/x" and (b"x-request-id", b"r1") in seen["headers"]
