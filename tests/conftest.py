@@ -20,6 +20,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from support.engine_kinds import engine_kind  # noqa: F401  (a fixture: any test may register a kind)
 from support.services import PG_URL, PrivatePostgres, PrivateRedis, require_service, throwaway_database
 
+# Hooks: each test marked by what it needs (markers), dealt out to xdist's workers (parallel), and
+# the real vLLM launched early (vllm_early).
+pytest_plugins = ["support.markers", "support.parallel", "support.vllm_early"]
+
 
 @pytest.fixture(scope="session")
 def demo_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:

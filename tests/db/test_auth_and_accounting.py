@@ -10,6 +10,7 @@ from laneway.db.repositories import KeyRows, TenantRepository, UsageRepository
 from laneway.db.session import make_sessionmaker
 from laneway.usage import UsageRecorder
 from sqlalchemy.ext.asyncio import AsyncEngine
+from support import until
 
 
 def test_new_keys_are_unique_and_only_the_hash_is_derived() -> None:
@@ -33,17 +34,16 @@ async def test_authenticate_caches_and_sees_revocation_within_the_ttl(db_engine:
 
     async with sessions() as s, s.begin():
         await TenantRepository(s).revoke_key(key_id)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 1.0
-    while loop.time() < deadline:
+
+    async def refused() -> bool:
         try:
             await auth.authenticate(f"Bearer {secret}")
         except GatewayError as exc:
             assert exc.status == 401 and "revoked" in exc.message
-            break
-        await asyncio.sleep(0.02)
-    else:
-        pytest.fail("revoked key still accepted after 1 s")
+            return True
+        return False
+
+    await until(refused, within=1.0, step=0.02, what="the revoked key refused")
 
 
 async def test_key_rows_are_typed_as_the_orm_types_them(db_engine: AsyncEngine) -> None:
@@ -146,11 +146,7 @@ async def test_recorder_writes_in_batches_and_touches_keys(db_engine: AsyncEngin
                 "completion_tokens": 1,
             }
         )
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 5
-    while recorder.written < 20 and loop.time() < deadline:
-        await asyncio.sleep(0.01)
-    assert recorder.written >= 20
+    await until(lambda: recorder.written >= 20, within=5, step=0.01, what="20 rows written")
     await recorder.stop()  # flushes the remainder
     assert recorder.written == 25 and recorder.pending == 0
     async with sessions() as s:
@@ -166,9 +162,10 @@ async def test_an_expiring_entry_under_load_is_looked_up_once(db_engine: AsyncEn
     async with sessions() as s, s.begin():
         await TenantRepository(s).create("acme")
     _, secret = await issue_key(sessions, "acme")
-    auth = KeyAuthenticator(sessions, ttl_s=0.05, keep_warm_s=0)  # not kept fresh by sweeps
+    clock = [1000.0]
+    auth = KeyAuthenticator(sessions, ttl_s=0.05, keep_warm_s=0, clock=lambda: clock[0])  # no sweeps
     await auth.authenticate(f"Bearer {secret}")
-    await asyncio.sleep(0.06)  # expired
+    clock[0] += 0.06  # expired
     tenants = await asyncio.gather(*(auth.authenticate(f"Bearer {secret}") for _ in range(200)))
     assert {t.name for t in tenants} == {"acme"} and auth.lookups == 2
 
@@ -207,8 +204,7 @@ async def _tenant_and_key(sessions: Any, **limits: Any) -> tuple[int, str]:
 
 async def _no_sweep_in_flight(auth: KeyAuthenticator) -> None:
     """A sweep's query counts in lookups when sent, in sweeps when answered: wait for its answer."""
-    while auth._sweeping is not None:
-        await asyncio.sleep(0.005)
+    await until(lambda: auth._sweeping is None, what="the sweep answered")
 
 
 async def _many_keys(sessions: Any, n: int) -> list[str]:
@@ -242,7 +238,7 @@ async def test_keys_in_use_are_confirmed_together_and_their_requests_never_wait(
         while loop.time() < end:
             for secret in secrets:
                 assert (await auth.authenticate(f"Bearer {secret}")).name == "many"
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # time passing is the point: each key used every 0.5 s
         await _no_sweep_in_flight(auth)
         assert auth.sweeps >= 4
         assert auth.lookups - auth.sweeps == 300  # one query a sweep for all 300; none on a request
@@ -261,20 +257,20 @@ async def test_sweeps_stop_when_no_key_is_in_use_and_never_carry_guessed_keys(db
                 await auth.authenticate(f"Bearer lw-guess-{new_api_key()[0]}")
         assert set(auth._used) <= {hash_secret(secret)}
         await auth.authenticate(f"Bearer {secret}")
-        await asyncio.sleep(0.15)
-        assert auth.sweeps >= 1
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 5.0  # idle past keep_warm_s: the key leaves the sweeps, which stop
-        while auth._used or auth._sweep_timer is not None or auth._sweeping is not None:
-            assert loop.time() < deadline, "the sweeps went on with no key in use"
-            await asyncio.sleep(0.05)
+        await until(lambda: auth.sweeps >= 1, within=1, what="a sweep")
+        # idle past keep_warm_s: the key leaves the sweeps, which stop
+        await until(
+            lambda: not (auth._used or auth._sweep_timer is not None or auth._sweeping is not None),
+            within=5,
+            step=0.05,
+            what="the sweeps stopped with no key in use",
+        )
         sweeps, lookups = auth.sweeps, auth.lookups
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # time passing is the point: no sweep while idle
         assert (auth.sweeps, auth.lookups) == (sweeps, lookups)
         await auth.authenticate(f"Bearer {secret}")  # used again: looked up on its request, swept again
         assert auth.lookups == lookups + 1
-        await asyncio.sleep(0.15)
-        assert auth.sweeps > sweeps
+        await until(lambda: auth.sweeps > sweeps, within=1, what="swept again")
     finally:
         await auth.close()
 

@@ -100,7 +100,7 @@ async def test_rows_wait_out_a_database_outage_then_are_written_once(private_pg:
         recorder.record(usage(i))
         if i % 50 == 0:
             await asyncio.sleep(0.1)
-    await asyncio.sleep(1.0)  # the writer tries, fails, keeps the rows and backs off
+    await asyncio.sleep(1.0)  # time passing is the point: the writer tries, fails, keeps the rows and backs off
     assert recorder.pending == 300 and recorder.written == 1
     await asyncio.to_thread(private_pg.start)
     await until(lambda: recorder.pending == 0, within=30)

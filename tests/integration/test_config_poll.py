@@ -28,13 +28,13 @@ def test_an_edit_from_outside_is_reloaded_once_and_nothing_is_reloaded_while_idl
     gw = start_gateway(tmp_path, seed_with={"models": {"chat": sim_model("chat")}}, policy_poll_interval_s=0.05)
     runtime = gw.server.runtime
     try:
-        time.sleep(0.5)  # ten polls
+        time.sleep(0.5)  # time passing is the point: ten polls, no reload
         assert runtime.config_poll.reloads == 0
         asyncio.run(edit(gw.database_url))
         wait_for(lambda: runtime.policies.current.lane("edited") is not None, within=10, what="the lane edit")
         wait_for(lambda: runtime.registry.aliases() == ["chat", "other"], within=10, what="the new alias")
         assert runtime.policies.current.lane("edited").max_concurrency == 3  # type: ignore[union-attr]
-        time.sleep(0.5)
+        time.sleep(0.5)  # time passing is the point: ten more polls, no second reload
         assert runtime.config_poll.reloads == 1
     finally:
         gw.stop()

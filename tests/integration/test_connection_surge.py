@@ -74,7 +74,7 @@ def test_a_surge_of_new_connections_is_accepted_through_more_descriptors_then_fe
                 c = socket.create_connection(("127.0.0.1", port), timeout=30)
                 c.sendall(request)
                 clients.append(c)
-            time.sleep(0.2)  # past the gateway's 50 ms tick
+            time.sleep(0.2)  # time passing is the point: past the gateway's 50 ms tick while it is stopped
         finally:
             os.kill(proc.pid, signal.SIGCONT)
         for c in clients:

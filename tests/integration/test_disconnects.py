@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import socket
 import struct
@@ -20,9 +19,8 @@ from typing import Any
 
 import httpx
 import pytest
-from support import Gateway, require_service, sim_model, start_gateway, wait_for
+from support import REDIS_URL, Gateway, require_service, sim_model, start_gateway, wait_for
 
-REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 LANES = [
     {
         "name": "interactive",

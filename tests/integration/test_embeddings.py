@@ -25,7 +25,7 @@ from laneway.engines.llamacpp import LlamaCppEngine
 from laneway.engines.vllm import VLLMEngine
 from laneway.types import EmbeddingRequest, GenerationRequest
 from standins.vllm_server import VLLMStandIn
-from support import Gateway, sim_model, start_gateway, wait_for
+from support import Gateway, row_of, sim_model, start_gateway, until, wait_for
 
 TEXTS = ["hello world", "the model", "hello world", "what is the time"]
 LANES: list[dict[str, Any]] = [
@@ -75,18 +75,6 @@ def gw(tmp_path_factory: pytest.TempPathFactory, demo_model_path: Path, vllm: VL
 @pytest.fixture
 def client(gw: Gateway) -> openai.OpenAI:
     return openai.OpenAI(base_url=gw.api_url, api_key=gw.keys["acme"], max_retries=0)
-
-
-def row_of(gw: Gateway, request_id: str) -> Any:
-    rows: list[Any] = []
-
-    def written() -> bool:
-        rows[:] = [r for r in gw.usage_rows() if r.request_id == request_id]
-        return bool(rows)
-
-    wait_for(written, within=10, step=0.05, what=f"usage row of {request_id}")
-    assert len(rows) == 1, rows
-    return rows[0]
 
 
 # ---- llama.cpp in embedding mode -------------------------------------------------------------
@@ -333,10 +321,7 @@ async def test_llamacpp_embedding_cancelled_gives_its_context_back(demo_model_pa
     await engine.start()
     try:
         task = asyncio.ensure_future(engine.embed(EmbeddingRequest("long", ("hello world the model",) * 2000, 0)))
-        deadline = asyncio.get_running_loop().time() + 10
-        while engine.active_slots == 0:
-            assert asyncio.get_running_loop().time() < deadline
-            await asyncio.sleep(0.001)
+        await until(lambda: engine.active_slots, step=0.001, what="the embedding under way")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -72,7 +72,7 @@ async def test_a_replica_killed_mid_run_fails_no_request_that_had_not_started(
             return finish
 
         async def kill_soon() -> None:
-            await asyncio.sleep(0.15)  # some requests queued, some mid-generation on every replica
+            await asyncio.sleep(0.15)  # time passing is the point: some requests queued, some mid-generation
             await asyncio.to_thread(victim.kill)
 
         tasks = [whole(i) for i in range(20)] + [streamed(i) for i in range(20)]

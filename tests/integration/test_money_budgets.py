@@ -8,12 +8,10 @@ a request's cost is its tokens. The limiters' wall clock is injected."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -23,9 +21,19 @@ import openai
 import pytest
 from laneway.core.quota import period
 from prometheus_client.parser import text_string_to_metric_families
-from support import Gateway, KeySpec, PrivateRedis, replica_pair, require_service, sim_model, start_gateway, wait_for
+from support import (
+    REDIS_URL,
+    Gateway,
+    KeySpec,
+    PrivateRedis,
+    Wall,
+    replica_pair,
+    require_service,
+    sim_model,
+    start_gateway,
+    wait_for,
+)
 
-REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 PASSWORD = "budget password"
 TENANTS = {
     "daily": {"budget_per_day": 100},
@@ -57,17 +65,6 @@ def webhook() -> Iterator[str]:
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}/budget"
     server.shutdown()
-
-
-class Wall:
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def set(self, at: str) -> None:
-        self.now = datetime.fromisoformat(at).replace(tzinfo=UTC).timestamp()
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +197,7 @@ def test_the_soft_threshold_alerts_once_per_period_across_replicas(replicas: lis
     while refused(replicas[served % 2], "alerted", 9) is None:  # to the budget's end, on both replicas
         served += 1
     wait_for(lambda: len(alerts()) == 1, what="the webhook")
-    time.sleep(0.3)  # a second one would have come by now
+    time.sleep(0.3)  # time passing is the point: a second one would have come by now
     [alert] = alerts()
     assert alert["period"] == "day:2026-06-10" and alert["currency"] == "USD" and alert["threshold"] == 0.8
     assert 80 <= float(alert["spend"]) * 1_000_000 <= 100 and alert["budget"] == "0.0001"

@@ -10,7 +10,7 @@ import pytest
 from laneway.db.models import UsageRecord
 from laneway.db.session import make_engine, make_sessionmaker
 from sqlalchemy import select
-from support import Gateway
+from support import Gateway, until
 
 MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}]
 
@@ -277,14 +277,16 @@ async def test_usage_rows_are_written_for_each_request(gateway: Gateway, aclient
     engine = make_engine(gateway.database_url)
     sessions = make_sessionmaker(engine)
     try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 5
         row = None
-        while row is None and loop.time() < deadline:
+
+        async def written() -> bool:
+            nonlocal row
             async with sessions() as s:
                 row = (await s.execute(select(UsageRecord).where(UsageRecord.request_id == r.id))).scalar_one_or_none()
-            await asyncio.sleep(0.02)
-        assert row is not None, "usage row was not written"
+            return row is not None
+
+        await until(written, within=5, step=0.02, what="the usage row")
+        assert row is not None
         assert (row.model, row.status, row.completion_tokens, row.endpoint) == ("tiny-exact", 200, 7, "chat")
         assert row.prompt_tokens == r.usage.prompt_tokens  # type: ignore[union-attr]
         assert row.end_user == "u-1"

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from support import Gateway, sim_model, start_gateway
+from support import Gateway, row_of, sim_model, start_gateway
 
 PASSWORD = "prices password"
 MSGS: Any = [{"role": "user", "content": "What does it cost?"}]
@@ -50,11 +50,6 @@ def client(gw: Gateway) -> openai.OpenAI:
 def expected(prompt: int, completion: int, input_micros: int, output_micros: int) -> int:
     """Micro-units, rounded half up from the exact figure (per 1M tokens)."""
     return (prompt * input_micros + completion * output_micros + 500_000) // 1_000_000
-
-
-def row_of(gw: Gateway, request_id: str) -> Any:
-    (found,) = [r for r in gw.usage_rows("acme") if r.request_id == request_id]
-    return found
 
 
 def test_each_row_costs_the_price_it_was_admitted_at(gw: Gateway, admin: httpx.Client, client: openai.OpenAI) -> None:

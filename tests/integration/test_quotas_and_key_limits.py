@@ -6,20 +6,17 @@ so crossing midnight or the 1st takes no waiting."""
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from support import Gateway, KeySpec, replica_pair, require_service, sim_model, start_gateway, wait_for
+from support import REDIS_URL, Gateway, KeySpec, Wall, replica_pair, require_service, sim_model, start_gateway, wait_for
 
-REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 PASSWORD = "correct horse battery"
 TENANTS = {
     "daily": {"tokens_per_day": 100},
@@ -34,19 +31,6 @@ KEYS = {
     "keyed-wide": KeySpec("keyed"),
     "edited": KeySpec("edited"),
 }
-
-
-class Wall:
-    """A UTC wall clock the test sets (epoch seconds); both replicas' limiters read it."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def set(self, at: str) -> None:
-        self.now = datetime.fromisoformat(at).replace(tzinfo=UTC).timestamp()
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _seed() -> dict[str, Any]:

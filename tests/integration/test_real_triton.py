@@ -354,9 +354,9 @@ async def test_a_triton_replica_restarted_under_20_streams_costs_no_stream_that_
             return "no finish"
 
         async def restart_soon() -> None:
-            await asyncio.sleep(0.3)  # streams running on both replicas, the rest waiting for slots
+            await asyncio.sleep(0.3)  # time passing is the point: streams running on both, the rest waiting
             await asyncio.to_thread(victim.kill)
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # down for a while: the streams on it cut, the waiting ones elsewhere
             await asyncio.to_thread(victim.start, port=victim.port)
 
         outcomes, _ = await asyncio.gather(asyncio.gather(*(one(i) for i in range(20))), restart_soon())

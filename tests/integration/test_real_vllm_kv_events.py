@@ -11,8 +11,7 @@ Without the install this skips, or fails under CI=true (tests/support/engines_re
 
 from __future__ import annotations
 
-import asyncio
-import time
+import contextlib
 import uuid
 from typing import Any
 
@@ -35,6 +34,14 @@ async def prefix_cache_hits(client: httpx.AsyncClient) -> float:
     return parse_prometheus(r.text).get("vllm:prefix_cache_hits_total", 0.0)
 
 
+async def hits_above(client: httpx.AsyncClient, hits: float) -> bool:
+    return await prefix_cache_hits(client) > hits
+
+
+async def reset_prefix_cache(client: httpx.AsyncClient) -> bool:
+    return bool((await post(client, "/reset_prefix_cache"))["success"])
+
+
 async def subscribed(vllm: httpx.AsyncClient, server: RealVLLM, engine: VLLMEngine) -> None:
     """Until the consumer has seen a batch: ZeroMQ drops what vLLM publishes before the
     subscription reaches it, and a lost last batch has no successor to reveal the gap."""
@@ -42,10 +49,9 @@ async def subscribed(vllm: httpx.AsyncClient, server: RealVLLM, engine: VLLMEngi
     for _ in range(5):
         warm = f"{uuid.uuid4().hex} " + "A warm-up prompt of a whole block. " * 24
         await post(vllm, "/v1/completions", model=server.model, prompt=warm, max_tokens=1)
-        for _ in range(50):
-            if engine.kv_events.seq is not None:
-                return
-            await asyncio.sleep(0.1)
+        with contextlib.suppress(AssertionError):  # not within 5 s: warm up again
+            await until(lambda: engine.kv_events.seq is not None, within=5, step=0.1, what="a KV event batch")  # type: ignore[union-attr]
+            return
     raise AssertionError("the consumer saw no KV event batch")
 
 
@@ -99,16 +105,13 @@ async def test_the_consumer_follows_a_real_vllms_kv_events_and_predicts_its_pref
                 temperature=0,
                 cache_salt="tenant-a",
             )
-            for _ in range(50):  # the counter is updated from the engine's stats, a moment after the answer
-                if await prefix_cache_hits(vllm) > hits:
-                    break
-                await asyncio.sleep(0.1)
+            # the counter is updated from the engine's stats, a moment after the answer
+            with contextlib.suppress(AssertionError):  # the assertion below says what it found
+                await until(lambda: hits_above(vllm, hits), within=5, step=0.1, what="a prefix cache hit")
             assert await prefix_cache_hits(vllm) - hits == BLOCK  # what the index predicted, vLLM reused
 
-            deadline = time.monotonic() + 60  # a reset fails while a request (an earlier test's) holds blocks
-            while not (await post(vllm, "/reset_prefix_cache"))["success"]:
-                assert time.monotonic() < deadline, "vLLM would not reset its prefix cache"
-                await asyncio.sleep(1)
+            # a reset fails while a request (an earlier test's) holds blocks
+            await until(lambda: reset_prefix_cache(vllm), within=60, step=1, what="vLLM resetting its prefix cache")
             # vLLM publishes the events of a step with that step: the reset's AllBlocksCleared
             # goes out with the next request's batch.
             await post(vllm, "/v1/completions", model=real_vllm.model, prompt="The river", max_tokens=1)

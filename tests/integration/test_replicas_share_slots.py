@@ -17,9 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 from standins.vllm_server import VLLMStandIn
-from support import ServerThread, require_service, seed, serve
+from support import REDIS_URL, ServerThread, require_service, seed, serve
 
-REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 CAPACITY = 4
 
 

@@ -5,7 +5,6 @@ laneway must do is place requests; the stand-ins only count what reaches each of
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import uuid
 from collections.abc import Iterator
@@ -15,9 +14,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from support import StandInProcess, require_service, stand_in_deployment, start_gateway
+from support import REDIS_URL, StandInProcess, require_service, stand_in_deployment, start_gateway
 
-REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 SYSTEM = "You are the support assistant of a bicycle shop. Answer briefly and politely. " * 30
 
 

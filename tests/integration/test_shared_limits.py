@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 import httpx
-from support import require_service, seed, serve, stop_all, wait_for
+from support import REDIS_URL, require_service, seed, serve, stop_all, wait_for
 
 
 async def _seed(url: str) -> dict[str, str]:
@@ -30,9 +30,6 @@ def _env(tmp_path: Path, url: str) -> dict[str, str]:
         "LANEWAY_REDIS_URL": REDIS_URL,
         "LANEWAY_REDIS_PREFIX": f"lwtest:{uuid.uuid4().hex}:",
     }
-
-
-REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 def test_two_gateways_on_one_redis_enforce_one_limit(tmp_path: Path) -> None:

@@ -19,9 +19,7 @@ import httpx
 import pytest
 from laneway.db.repositories import UsageRepository
 from laneway.db.session import make_engine, make_sessionmaker
-from support import require_service, seed, serve, sim_model, wait_for
-
-REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+from support import REDIS_URL, require_service, seed, serve, sim_model, wait_for
 
 
 def stream(port: int, key: str, max_tokens: int, out: list[dict[str, Any]]) -> None:
@@ -112,7 +110,7 @@ def test_sigterm_drains_then_exits_and_every_request_keeps_its_row(
             return _gauge(text, "laneway_requests_running") == 8 and _gauge(text, "laneway_requests_waiting") == 12
 
         wait_for(running_and_queued, within=20, what="8 streams running and 12 queued")
-        time.sleep(0.2)  # every running stream has sent a few tokens
+        time.sleep(0.2)  # time passing is the point: every running stream has sent a few tokens
         proc.send_signal(signal.SIGTERM)
         wait_for(lambda: len(results) >= 12, within=10, what="the queued requests refused")
         ready = httpx.get(f"http://127.0.0.1:{port}/health/ready")

@@ -3,12 +3,11 @@ shapes, then 200; /health/live is 200 throughout."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-from support import start_gateway
+from support import start_gateway, wait_for
 
 TOKEN = "warm-up-metrics-token"
 DETAILS = {"Authorization": f"Bearer {TOKEN}"}  # /health/ready's details (names) need the metrics token
@@ -28,16 +27,20 @@ def test_ready_only_after_every_deployment_is_warm(tmp_path: Path, demo_model_pa
         tmp_path, seed_with={"models": _models(demo_model_path)}, wait_ready=False, metrics_token=TOKEN
     ).server
     try:
-        seen = []
-        deadline = time.monotonic() + 30
-        while not seen or seen[-1] != 200:
-            assert time.monotonic() < deadline, "never became ready"
+        seen: list[int] = []
+        answers: list[httpx.Response] = []
+
+        def ready_now() -> bool:
             assert httpx.get(server.base_url + "/health/live").status_code == 200
             ready = httpx.get(server.base_url + "/health/ready", headers=DETAILS)
             if ready.status_code == 503:
                 assert ready.headers["retry-after"] == "1" and ready.json()["status"] == "not_ready"
             seen.append(ready.status_code)
-            time.sleep(0.02)
+            answers.append(ready)
+            return ready.status_code == 200
+
+        wait_for(ready_now, within=30, step=0.02, what="ready")
+        ready = answers[-1]
         assert seen[0] == 503, "ready before the 800 ms warm-up finished"
         assert sorted(ready.json()["warm"]) == ["llama-1", "slow-sim"]
         registry = server.runtime.gateway.registry

@@ -20,7 +20,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -169,21 +168,23 @@ class RealTriton:
         import tritonclient.grpc as grpcclient
 
         client = grpcclient.InferenceServerClient(self.url)
-        deadline = time.monotonic() + within
+
+        def ready() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                pytest.fail(f"tritonserver exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                return bool(
+                    client.is_server_ready(client_timeout=1) and client.is_model_ready(self.model, client_timeout=1)
+                )
+            except Exception:  # not listening yet
+                return False
+
         try:
-            while True:
-                assert self.proc is not None
-                if self.proc.poll() is not None:
-                    pytest.fail(f"tritonserver exited with {self.proc.returncode}:\n{self.log_tail()}")
-                try:
-                    if client.is_server_ready(client_timeout=1) and client.is_model_ready(self.model, client_timeout=1):
-                        return
-                except Exception:  # not listening yet
-                    pass
-                if time.monotonic() > deadline:
-                    self.kill()
-                    pytest.fail(f"tritonserver not ready within {within} s:\n{self.log_tail()}")
-                time.sleep(0.05)
+            wait_for(ready, within=within, step=0.05, what="tritonserver ready")
+        except AssertionError:
+            self.kill()
+            pytest.fail(f"tritonserver not ready within {within} s:\n{self.log_tail()}")
         finally:
             client.close()
 
@@ -279,8 +280,57 @@ class RealVLLM:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @classmethod
+    def attach(cls, found: dict[str, Any]) -> RealVLLM:
+        """A handle on a vLLM another process launched (described()): it reads the log and asks
+        the server, and leaves stopping it to that process."""
+        server = cls.__new__(cls)
+        server.workdir = Path(found["workdir"])
+        server.model = found["model"]
+        server.kv_events = found["kv_events"]
+        server.kv_events_endpoint = found["kv_events_endpoint"]
+        server.kv_events_replay_endpoint = found["kv_events_replay_endpoint"]
+        server.log_path = Path(found["log_path"])
+        server.port = found["port"]
+        server.proc = None
+        return server
+
+    def described(self) -> dict[str, Any]:
+        """What attach() needs, as JSON can carry it to another process."""
+        return {
+            "workdir": str(self.workdir),
+            "model": self.model,
+            "kv_events": self.kv_events,
+            "kv_events_endpoint": self.kv_events_endpoint,
+            "kv_events_replay_endpoint": self.kv_events_replay_endpoint,
+            "log_path": str(self.log_path),
+            "port": self.port,
+        }
+
     def start(self, *, within: float = 420.0) -> RealVLLM:
         """Start it and wait (with a deadline) until /health answers 200."""
+        return self.launch().wait_healthy(within)
+
+    def healthy(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            pytest.fail(f"vLLM exited with {self.proc.returncode}:\n{self.log_tail()}")
+        try:
+            with urllib.request.urlopen(self.base_url + "/health", timeout=2) as r:
+                return bool(r.status == 200)
+        except (urllib.error.URLError, OSError):  # not listening yet
+            return False
+
+    def wait_healthy(self, within: float = 420.0) -> RealVLLM:
+        """Wait until /health answers 200: fail with the log's tail if it exits or takes longer."""
+        try:
+            wait_for(self.healthy, within=within, step=0.5, what="vLLM healthy")
+        except AssertionError:
+            self.stop()
+            pytest.fail(f"vLLM not healthy within {within} s:\n{self.log_tail()}")
+        return self
+
+    def launch(self) -> RealVLLM:
+        """Start the server process and return at once: it loads for minutes (wait_healthy)."""
         self.port = free_port()
         cmd = [
             str(VLLM_VENV / "bin" / "python"),
@@ -326,20 +376,7 @@ class RealVLLM:
         }
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + within
-        while True:
-            if self.proc.poll() is not None:
-                pytest.fail(f"vLLM exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except (urllib.error.URLError, OSError):  # not listening yet
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                pytest.fail(f"vLLM not healthy within {within} s:\n{self.log_tail()}")
-            time.sleep(0.5)
+        return self
 
     def metrics(self) -> str:
         with urllib.request.urlopen(self.base_url + "/metrics", timeout=5) as r:

@@ -21,6 +21,7 @@ from support.ports import free_port
 from support.waiting import wait_for
 
 PG_URL = os.environ.get("LANEWAY_TEST_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 

@@ -7,6 +7,8 @@ from typing import Any
 from laneway.core.pipeline import Gateway
 from laneway.usage import UsageRecorder
 
+from support.waiting import wait_for
+
 
 def usage_rows(gateway: Gateway) -> list[dict[str, Any]]:
     recorder = next(s for s in gateway.sinks if isinstance(s, UsageRecorder))
@@ -25,3 +27,17 @@ def written_rows(server: Any) -> list[Any]:
             return list((await s.execute(select(UsageRecord).order_by(UsageRecord.id))).scalars())
 
     return list(server.call(read()))
+
+
+def row_of(gw: Any, request_id: str) -> Any:
+    """The one usage row a served Gateway (support.servers.Gateway) wrote for request_id,
+    waited for: the recorder writes it after the response has ended."""
+    rows: list[Any] = []
+
+    def written() -> bool:
+        rows[:] = [r for r in gw.usage_rows() if r.request_id == request_id]
+        return bool(rows)
+
+    wait_for(written, within=10, step=0.05, what=f"usage row of {request_id}")
+    assert len(rows) == 1, rows
+    return rows[0]

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from typing import Any
 
 from laneway.api.batches.runner import IDLE_POLL_FACTOR, NO_BATCH_POLL_FACTOR, BatchRunner
+from support import until
 
 
 class Store:
@@ -42,14 +42,6 @@ class Store:
         return 0
 
 
-async def until(check: Any, within: float = 2.0) -> None:
-    for _ in range(int(within / 0.005)):
-        if check():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("not within the time")
-
-
 async def test_with_no_open_batch_it_asks_one_question_and_runs_no_round() -> None:
     store = Store()
     poll_s = 0.01
@@ -57,7 +49,7 @@ async def test_with_no_open_batch_it_asks_one_question_and_runs_no_round() -> No
     await runner.start()
     try:
         await until(lambda: store.calls["any_open"] >= 1)
-        await asyncio.sleep(poll_s * NO_BATCH_POLL_FACTOR * 3)
+        await asyncio.sleep(poll_s * NO_BATCH_POLL_FACTOR * 3)  # time passing is the point: three long polls
         assert store.calls["expire_due"] == store.calls["active_batches"] == store.calls["to_finalize"] == 0
         assert 2 <= store.calls["any_open"] <= 5  # a long poll apart, not every tick
         assert store.calls["counts_by_state"] == 1 and runner.states == {"pending": 0}  # the gauge, read once

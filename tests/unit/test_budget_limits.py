@@ -4,30 +4,15 @@ than a whole budget is request_too_large, the soft threshold's hook is told once
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from laneway.contracts.errors import GatewayError
 from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter, Reservation
 from laneway.types import TenantSnapshot
-from support import require_service
-
-REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-
-class Wall:
-    def __init__(self, at: str) -> None:
-        self.set(at)
-
-    def set(self, at: str) -> None:
-        self.now = datetime.fromisoformat(at).replace(tzinfo=UTC).timestamp()
-
-    def __call__(self) -> float:
-        return self.now
+from support import REDIS_URL, Wall, require_service
 
 
 @pytest.fixture(params=["memory", "redis"])

@@ -70,6 +70,12 @@ async def hold(gw: Gateway, tenant: TenantSnapshot, prompt: str) -> Lease:
     return await gw.admit(await gw.prepare(tenant, chat(prompt)))
 
 
+def queued(gw: Gateway) -> int:
+    """Requests waiting for a slot: in the alias's queue (any replica) or in a replica's own."""
+    replicas = gw.registry.deployments()
+    return gw.waiting.dispatch.alias_scheduler("m").waiting_total + sum(gw.scheduler(d).waiting_total for d in replicas)
+
+
 async def test_a_conversations_next_turn_goes_back_to_the_replica_holding_its_prefix(replicas: EngineRegistry) -> None:
     gw = gateway(replicas)
     first, _ = await served_by(gw, ACME, chat(SYSTEM + "Q: my invoice?"))
@@ -124,7 +130,7 @@ async def test_a_request_waits_for_any_replica_and_takes_the_first_that_frees(re
     lease = gw.lease(call)
     waiter = asyncio.ensure_future(gw.acquire(lease))
     try:
-        await asyncio.sleep(0.02)
+        await until(lambda: queued(gw) == 1, what="the waiter queued")
         assert not waiter.done() and lease.placement is not None and lease.placement.replica is None
         assert sum(d.outstanding for d in replicas.deployments()) == 6  # it is bound to none of them
         freed = held.pop(4)
@@ -146,7 +152,7 @@ async def test_a_client_leaving_while_waiting_for_any_replica_leaks_nothing(repl
         call = await gw.prepare(BETA, chat(f"leaver {i}"))
         lease = gw.lease(call)
         waiters.append((lease, asyncio.ensure_future(gw.acquire(lease))))
-    await asyncio.sleep(0.01)
+    await until(lambda: queued(gw) == 3, what="three waiters queued")
     waiters[1][1].cancel()  # one leaves while waiting
     held[0].release()  # and a slot frees in the same instant
     waiters[2][1].cancel()
@@ -170,12 +176,12 @@ async def test_a_tenant_under_its_share_gets_the_next_free_slot_ahead_of_a_flood
         call = await gw.prepare(ACME, chat(f"flood {i}"))
         lease = gw.lease(call)
         flood.append((lease, asyncio.ensure_future(gw.acquire(lease))))
-    await asyncio.sleep(0.02)
+    await until(lambda: queued(gw) == 14, what="the flood queued past its six slots")
     running = [lease for lease, task in flood if task.done()]
     assert len(running) == 6  # alone, a tenant may use every slot of the alias
     newcomer = gw.lease(await gw.prepare(BETA, chat("hello")))
     waiter = asyncio.ensure_future(gw.acquire(newcomer))
-    await asyncio.sleep(0.01)
+    await until(lambda: queued(gw) == 15, what="the newcomer queued")
     assert not waiter.done()
     running[0].release()  # the first slot that frees goes to beta, not to acme's next in line
     await asyncio.wait_for(waiter, 1)
@@ -227,7 +233,7 @@ async def test_the_alias_queue_holds_as_many_as_its_replicas_queues_would(replic
     for i in range(6):  # 3 replicas x a depth of 2
         lease = gw.lease(await gw.prepare(ACME, chat(f"queued {i}")))
         waiting.append((lease, asyncio.ensure_future(gw.acquire(lease))))
-    await asyncio.sleep(0.01)
+    await until(lambda: queued(gw) == 6, what="six waiters queued")
     assert not any(task.done() for _, task in waiting)
     with pytest.raises(GatewayError) as refused:
         await gw.admit(await gw.prepare(ACME, chat("one too many")))
@@ -279,7 +285,7 @@ async def test_a_shutdown_refuses_requests_waiting_for_any_replica_and_leaks_not
     for i in range(3):
         lease = gw.lease(await gw.prepare(BETA, chat(f"waiting {i}")))
         waiting.append((lease, asyncio.ensure_future(gw.acquire(lease))))
-    await asyncio.sleep(0.01)
+    await until(lambda: queued(gw) == 3, what="three waiters queued")
     drain = asyncio.ensure_future(gw.drain(5.0))
     for lease, task in waiting:
         with pytest.raises(GatewayError) as refused:

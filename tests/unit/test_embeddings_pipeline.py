@@ -18,7 +18,7 @@ from laneway.db.repositories import DeploymentSpec
 from laneway.engines.registry import EngineRegistry
 from laneway.types import TenantSnapshot
 from laneway.usage import UsageRecorder
-from support import usage_rows
+from support import until, usage_rows
 
 TENANT = TenantSnapshot(id=1, name="acme", api_key_id=11, tpm=1000)
 LANES = (LanePolicy("embed", match_tasks=frozenset({"embeddings"})), LanePolicy("standard"))
@@ -71,10 +71,7 @@ async def test_cancelled_while_embedding_frees_the_slot_and_is_recorded_as_clien
     engine.embed_ms = 60_000
     lease = await gateway.admit(call)
     task = asyncio.ensure_future(gateway.embed(lease))
-    for _ in range(1000):  # a few loop turns: the sim's counter, no event to wait on
-        if engine.active_slots:
-            break
-        await asyncio.sleep(0)
+    await until(lambda: engine.active_slots, step=0, what="the embedding under way")  # the sim's counter
     assert engine.active_slots == 1 and ("embed", 0, 1) in gateway.scheduler(call.deployment).lane_stats()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -61,7 +61,7 @@ async def test_a_client_leaving_while_its_request_waits_on_the_second_replica_le
 
         run = asyncio.ensure_future(collect())
         await until(lambda: call.deployment is second, what="the request moved to m-1")
-        await asyncio.sleep(0.02)  # waiting there for the held slot
+        await until(lambda: gw.scheduler(second).waiting_total == 1, what="waiting there for the held slot")
         assert not run.done()
         run.cancel()  # the client left
         with contextlib.suppress(asyncio.CancelledError):

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from laneway.engines.http1 import Http1Pool, UpstreamError, UpstreamTimeout
+from support import until
 
 
 @dataclass
@@ -186,8 +187,7 @@ async def test_closing_a_stream_early_closes_its_connection(upstream: Upstream) 
 async def test_a_request_cancelled_before_its_answer_closes_the_connection(upstream: Upstream) -> None:
     async with opened(upstream.url) as pool:
         task = asyncio.ensure_future(pool.request("POST", "/silent"))
-        while not upstream.requests:
-            await asyncio.sleep(0.001)
+        await until(lambda: upstream.requests, step=0.001, what="the request upstream")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -298,7 +298,7 @@ async def test_a_waiter_cancelled_at_the_limit_passes_its_turn_on(upstream: Upst
 async def test_a_body_not_read_pauses_the_socket(upstream: Upstream) -> None:
     async with opened(upstream.url, high_water=64 * 1024) as pool:
         r = await pool.request("GET", "/big")
-        await asyncio.sleep(0.3)  # the server writes as fast as it can meanwhile
+        await asyncio.sleep(0.3)  # time passing is the point: the server writes as fast as it can meanwhile
         assert r._buffered < 8 * 1024 * 1024 // 4  # bounded near high_water, not the whole 8 MB
         assert r.conn._paused
         total = sum([len(p) async for p in r.chunks()])

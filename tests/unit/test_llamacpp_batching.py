@@ -18,6 +18,7 @@ from laneway.engines.llamacpp import LlamaCppEngine
 from laneway.engines.llamacpp.batch_decoder import MIN_STEP_PROMPT_TOKENS as FLOOR
 from laneway.engines.llamacpp.batch_decoder import WHOLE_PROMPT_TOKENS, step_prompt_tokens
 from laneway.types import ChatTurn, Delta, GenerationRequest
+from support import until
 
 
 def engine(path: Path, **config: Any) -> LlamaCppEngine:
@@ -45,11 +46,7 @@ async def run(e: LlamaCppEngine, r: GenerationRequest) -> list[Delta]:
 
 
 async def idle(e: LlamaCppEngine) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 5
-    while e.active_slots and loop.time() < deadline:
-        await asyncio.sleep(0.001)
-    assert e.active_slots == 0
+    await until(lambda: not e.active_slots, within=5, step=0.001, what="every slot free")
 
 
 def text(deltas: list[Delta]) -> str:
@@ -85,8 +82,7 @@ async def test_a_long_prompt_is_fed_in_chunks_between_the_others_decode_steps(ba
     decoder = batched._decoder
     assert decoder is not None
     short = asyncio.ensure_future(run(batched, await request(batched, max_tokens=200)))
-    while decoder.steps < 3:  # the short one is decoding
-        await asyncio.sleep(0.001)
+    await until(lambda: decoder.steps >= 3, step=0.001, what="the short one decoding")
     long = await request(batched, prompt="word " * 150, max_tokens=4)
     assert long.prompt_tokens > 100
     before = decoder.mixed_steps
@@ -104,8 +100,7 @@ async def test_a_short_prompt_behind_a_long_one_is_fed_first(batched: LlamaCppEn
     assert 400 < long.prompt_tokens < 500  # 16 tokens a step: 30 steps of prefill, in a sequence's 512 cells
     start = decoder.steps
     task = asyncio.ensure_future(run(batched, long))
-    while decoder.steps < start + 2:  # the long one is prefilling
-        await asyncio.sleep(0.0005)
+    await until(lambda: decoder.steps >= start + 2, step=0.0005, what="the long one prefilling")
     stream = batched.generate(await request(batched, prompt="hello", max_tokens=2))
     first = await stream.__anext__()
     assert first.tokens == 1 and not task.done()  # its first token came before the long prompt was in

@@ -6,6 +6,7 @@ from laneway.engines.base import EngineError
 from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN
 from laneway.engines.llamacpp import LlamaCppEngine
 from laneway.types import ChatTurn, GenerationRequest
+from support import until
 
 
 @pytest.fixture
@@ -34,11 +35,7 @@ async def req(
 
 
 async def wait_idle(engine: LlamaCppEngine) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 2
-    while engine.active_slots and loop.time() < deadline:
-        await asyncio.sleep(0.001)
-    assert engine.active_slots == 0
+    await until(lambda: not engine.active_slots, within=2, step=0.001, what="every slot free")
 
 
 async def collect(engine: LlamaCppEngine, r: GenerationRequest) -> tuple[str, int, str | None]:

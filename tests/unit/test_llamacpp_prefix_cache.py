@@ -21,6 +21,7 @@ from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN
 from laneway.engines.llamacpp import LlamaCppEngine
 from laneway.engines.llamacpp.prefix_cache import MIN_PREFIX_REUSE, Prefix, SlotCache, Start, shared_tokens
 from laneway.types import ChatTurn, Delta, GenerationRequest
+from support import until
 
 SYSTEM = "you are the model that can answer each user with what is true and not what is said " * 2
 PROMPTS = {  # no two share MIN_PREFIX_REUSE leading tokens
@@ -82,11 +83,7 @@ async def reused_by(e: LlamaCppEngine, r: GenerationRequest) -> tuple[int, list[
 
 
 async def idle(e: LlamaCppEngine) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 5
-    while e.active_slots and loop.time() < deadline:
-        await asyncio.sleep(0.001)
-    assert e.active_slots == 0
+    await until(lambda: not e.active_slots, within=5, step=0.001, what="every slot free")
 
 
 def text(out: list[tuple[int, str, str | None]]) -> str:
@@ -183,8 +180,7 @@ async def test_a_prefill_cancelled_part_way_leaves_only_the_cells_it_computed(de
         long = await prompt_request(e, "the cat sat on the mat " * 40, cache_salt="t")
         assert 300 < long.prompt_tokens < 500
         task = asyncio.ensure_future(run(e, long))
-        while steps[0] < 4:
-            await asyncio.sleep(0.0005)
+        await until(lambda: steps[0] >= 4, step=0.0005, what="four prefill steps")
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task

@@ -8,6 +8,7 @@ import time
 
 from laneway.core.load_shedding import LoadShedder
 from laneway.core.loop_lag import LoopLagMonitor
+from support import until
 
 
 async def test_idle_ticks_are_long_and_the_first_request_brings_the_short_ones_back() -> None:
@@ -18,19 +19,18 @@ async def test_idle_ticks_are_long_and_the_first_request_brings_the_short_ones_b
     shedder.on_wake = monitor.wake
     await monitor.start()
     try:
-        await asyncio.sleep(0.05)
-        assert monitor.idle and len(ticks) == 1  # no request: one tick, then the long wait
-        await asyncio.sleep(0.2)
+        await until(lambda: monitor.idle, within=1, what="idle after the first tick")
+        assert len(ticks) == 1  # no request: one tick, then the long wait
+        await asyncio.sleep(0.2)  # time passing is the point: no tick during the long wait
         assert len(ticks) == 1
         woken_at = time.perf_counter()
         shedder.arrived()  # a request after the quiet spell
         assert not monitor.idle
-        await asyncio.sleep(0.1)
-        assert len(ticks) >= 4 and ticks[1] - woken_at < 0.1  # short ticks from the request on
-        while not monitor.idle:  # two quiet windows (0.2 s) later: long again
-            await asyncio.sleep(0.01)
+        await until(lambda: len(ticks) >= 4, within=0.4, what="short ticks")  # before the long wait's end
+        assert ticks[1] - woken_at < 0.1  # short ticks from the request on
+        await until(lambda: monitor.idle, what="idle again")  # two quiet windows (0.2 s) later: long again
         settled = len(ticks)
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # time passing is the point: at most the tick under way
         assert len(ticks) <= settled + 1
     finally:
         await monitor.stop()
@@ -41,8 +41,8 @@ async def test_without_a_busy_signal_it_always_ticks_short() -> None:
     monitor = LoopLagMonitor(interval_s=0.01, on_sample=ticks.append)
     await monitor.start()
     try:
-        await asyncio.sleep(0.15)
-        assert not monitor.idle and len(ticks) >= 5
+        await until(lambda: len(ticks) >= 5, what="five short ticks")
+        assert not monitor.idle
     finally:
         await monitor.stop()
 
@@ -72,10 +72,9 @@ async def test_an_idle_gateway_is_woken_once_a_second_by_default() -> None:
     monitor = LoopLagMonitor(interval_s=0.01, busy=lambda: False, on_sample=ticks.append)
     await monitor.start()
     try:
-        await asyncio.sleep(0.8)
+        await asyncio.sleep(0.8)  # time passing is the point: no second tick within the idle second
         assert monitor.idle and len(ticks) == 1  # the first tick, then one long wait
         monitor.wake()
-        await asyncio.sleep(0.05)
-        assert len(ticks) >= 2
+        await until(lambda: len(ticks) >= 2, within=0.15, what="a tick at the wake")  # not the idle tick at 1 s
     finally:
         await monitor.stop()

@@ -3,7 +3,6 @@ real Redis (the same contract). The limiters' wall clock is injected: no test wa
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -13,22 +12,7 @@ from laneway.contracts.errors import GatewayError
 from laneway.core.quota import period
 from laneway.core.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter, Reservation
 from laneway.types import TenantSnapshot
-from support import require_service
-
-REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-
-class Wall:
-    """A settable UTC wall clock (epoch seconds)."""
-
-    def __init__(self, at: str) -> None:
-        self.set(at)
-
-    def set(self, at: str) -> None:
-        self.now = datetime.fromisoformat(at).replace(tzinfo=UTC).timestamp()
-
-    def __call__(self) -> float:
-        return self.now
+from support import REDIS_URL, Wall, require_service
 
 
 def tenant(**kw: object) -> TenantSnapshot:

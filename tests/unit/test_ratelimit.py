@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import AsyncIterator
 
@@ -18,9 +17,7 @@ from laneway.core.ratelimit import (
     TokenBucket,
 )
 from laneway.types import TenantSnapshot
-from support import PrivateRedis, require_service
-
-REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+from support import REDIS_URL, PrivateRedis, require_service
 
 
 class Clock:

@@ -17,9 +17,8 @@ import pytest
 from laneway.core.redis_hub import LuaScript, RedisHub, parse_redis_url
 from redis.exceptions import AuthenticationError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from support import PrivateRedis, require_service
+from support import REDIS_URL, PrivateRedis, require_service
 
-REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 ECHO = LuaScript("echo", "return ARGV[1]")
 FAIL = LuaScript("fail", "return redis.error_reply('nope')")
 SLOW = LuaScript("slow", "local n = 0 for i = 1, 3000000 do n = n + 1 end return ARGV[1]")  # tens of ms of Redis' time
@@ -37,7 +36,7 @@ async def test_a_lingering_call_rides_with_the_next_call_someone_waits_on(hub: R
     assert await hub.call(ECHO, [], ["load"]) == b"load"
     before = hub.round_trips
     lingering = hub.call(ECHO, [], ["settle"], linger=5.0)
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # time passing is the point: nothing sent while it lingers
     assert not lingering.done() and hub.round_trips == before  # it waits for company
     assert await hub.call(ECHO, [], ["reserve"]) == b"reserve"
     assert lingering.done() and lingering.result() == b"settle"

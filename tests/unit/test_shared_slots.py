@@ -6,7 +6,6 @@ lease expiry, and the local fallback share when Redis is gone."""
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,9 +15,8 @@ from laneway.contracts.errors import GatewayError
 from laneway.core.policy import LanePolicy
 from laneway.core.scheduler import Ticket
 from laneway.core.shared_slots import SharedScheduler, SharedSlots, fallback_share
-from support import PrivateRedis, require_service
+from support import REDIS_URL, PrivateRedis, require_service, until
 
-REDIS_URL = os.environ.get("LANEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 FAST = LanePolicy(name="interactive", priority=0, max_concurrency=8, max_queue_depth=100, queue_timeout_s=10)
 SLOW = LanePolicy(name="standard", priority=1, max_concurrency=8, max_queue_depth=100, queue_timeout_s=10)
 
@@ -73,9 +71,9 @@ async def test_one_fair_order_across_replicas(replicas: list[SharedSlots]) -> No
         s.release(t)
 
     flood = [asyncio.create_task(one(a, ticket(n, tenant=1))) for n in range(10)]
-    await asyncio.sleep(0.1)
+    await until(lambda: len(a.members()[1]) == 10, what="the flood queued in Redis")
     victim = asyncio.create_task(one(b, ticket(99, tenant=2)))
-    await asyncio.sleep(0.1)
+    await until(lambda: len(b.members()[1]) == 1, what="tenant 2 queued in Redis")
     a.release(holder)
     await asyncio.gather(*flood, victim)
     assert order.index(2) <= 1, order  # FIFO across replicas would serve it 11th
@@ -93,9 +91,9 @@ async def test_a_more_urgent_lane_on_another_replica_gets_the_next_slot(replicas
         s.release(t)
 
     slow = [asyncio.create_task(one(a, ticket(n, lane=SLOW))) for n in range(5)]
-    await asyncio.sleep(0.1)
+    await until(lambda: len(a.members()[1]) == 5, what="the slow lane queued in Redis")
     fast = asyncio.create_task(one(b, ticket(9, tenant=2, lane=FAST)))
-    await asyncio.sleep(0.1)
+    await until(lambda: len(b.members()[1]) == 1, what="the fast one queued in Redis")
     a.release(holder)
     await asyncio.gather(*slow, fast)
     assert order[0] == "interactive", order
@@ -106,7 +104,7 @@ async def test_global_admission_refuses_a_tenant_over_its_share(replicas: list[S
     a, b = (r.scheduler("engine-d", 1) for r in replicas)
     await a.acquire(ticket(0, lane=lane))
     queued = [asyncio.create_task(a.acquire(ticket(n, tenant=1, lane=lane))) for n in range(4)]
-    await asyncio.sleep(0.1)
+    await until(lambda: len(a.members()[1]) == 4, what="four queued in Redis")
     with pytest.raises(GatewayError) as info:  # tenant 1 alone filled the lane: full
         await b.acquire(ticket(5, tenant=1, lane=lane))
     assert info.value.code == "queue_full"
@@ -137,7 +135,7 @@ async def test_a_second_notice_of_a_grant_does_not_give_the_running_slot_back(re
     first, waiter = ticket(1), ticket(2)
     await a.acquire(first)
     waiting = asyncio.ensure_future(b.acquire(waiter))
-    await asyncio.sleep(0.05)  # queued in Redis
+    await until(lambda: len(b.members()[1]) == 1, what="the waiter queued in Redis")
     a.release(first)
     await asyncio.wait_for(waiting, 5)  # granted through pub/sub
     replicas[1]._route_grant("engine-g", b._member(waiter))  # ... and again, as a heartbeat reports it
@@ -156,7 +154,6 @@ async def test_a_waiter_cancelled_at_every_await_leaves_nothing_behind(replicas:
     a, b = (r.scheduler("engine-k", 1) for r in replicas)
     held, wait = replicas[0].keys("engine-k")[:2]
     client = aioredis.from_url(REDIS_URL)
-    loop = asyncio.get_running_loop()
     try:
         for k in range(40):
             holder, waiter = ticket(100 + k), ticket(k)
@@ -172,10 +169,11 @@ async def test_a_waiter_cancelled_at_every_await_leaves_nothing_behind(replicas:
                 a.release(holder)
             if outcome is None:  # granted before the cancel landed: the client releases it
                 b.release(waiter)
-            deadline = loop.time() + 0.5
-            while await client.zcard(held) or await client.zcard(wait):
-                assert loop.time() < deadline, f"k={k}: left in Redis"
-                await asyncio.sleep(0.005)
+
+            async def gone() -> bool:
+                return not (await client.zcard(held) or await client.zcard(wait))
+
+            await until(gone, within=0.5, what=f"k={k}: nothing left in Redis")
             assert not (b._waiting or b._held or b._queued or replicas[1].owners), f"k={k}"
     finally:
         await client.aclose()
@@ -191,7 +189,6 @@ async def test_a_release_made_while_a_heartbeat_is_on_its_way_is_not_undone_by_i
     s = replicas[0].scheduler("engine-h", 2)
     held = replicas[0].keys("engine-h")[0]
     client = aioredis.from_url(REDIS_URL)
-    loop = asyncio.get_running_loop()
     try:
         for _ in range(5):
             t = ticket(1)
@@ -200,10 +197,12 @@ async def test_a_release_made_while_a_heartbeat_is_on_its_way_is_not_undone_by_i
             await asyncio.sleep(0)  # the heartbeat has listed the lease and is on its way ...
             s.release(t)  # ... and the leave follows it
             await beat
-            deadline = loop.time() + 0.5  # well before the lease (1 s) would expire by itself
-            while await client.zcard(held):
-                assert loop.time() < deadline, "the heartbeat renewed a released lease"
-                await asyncio.sleep(0.005)
+
+            async def ended() -> bool:
+                return await client.zcard(held) == 0
+
+            # well before the lease (1 s) would expire by itself
+            await until(ended, within=0.5, what="the released lease gone (not renewed by the heartbeat)")
     finally:
         await client.aclose()
 

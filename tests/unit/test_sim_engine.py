@@ -3,6 +3,7 @@ import asyncio
 import pytest
 from laneway.engines.sim import SimEngine
 from laneway.types import GenerationRequest
+from support import until
 
 
 def req(i: int, *, max_tokens: int = 5, prompt_tokens: int = 10, seed: int | None = 1) -> GenerationRequest:
@@ -69,8 +70,7 @@ async def test_a_waiting_request_that_is_cancelled_never_runs(sim: SimEngine) ->
         await anext(h)
     queued = sim.generate(req(9))
     task = asyncio.create_task(anext(queued))
-    await asyncio.sleep(0.01)
-    assert sim.waiting == 1
+    await until(lambda: sim.waiting == 1, what="the request queued")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

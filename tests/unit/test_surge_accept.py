@@ -14,6 +14,7 @@ import time
 import pytest
 from laneway.core.loop_lag import LoopLagMonitor
 from laneway.server import SurgeAcceptors
+from support import until
 
 uvloop = pytest.importorskip("uvloop")
 
@@ -65,8 +66,7 @@ async def accept_burst(surge: bool) -> tuple[int, SurgeAcceptors | None]:
                 loop.call_soon(count_turn)
 
         loop.call_soon(count_turn)
-        while len(Busy.made) < CONNECTIONS:
-            await asyncio.sleep(0.001)
+        await until(lambda: len(Busy.made) >= CONNECTIONS, step=0.001, what="every connection made")
         return Busy.made[-1] - Busy.made[0] + 1, acceptors
     finally:
         if monitor is not None:
@@ -95,10 +95,8 @@ def test_a_queue_of_connections_is_accepted_several_a_turn_then_the_copies_close
             assert turns < CONNECTIONS // 2, turns  # one a turn until the first tick, then up to 8
             assert acceptors.surges == 1
             assert acceptors.queued() == 0
-            deadline = time.monotonic() + 5
-            while acceptors.active:  # the queue stays empty past calm_s: back to one watcher
-                assert time.monotonic() < deadline, "the copies stayed open"
-                await asyncio.sleep(0.01)
+            # the queue stays empty past calm_s: back to one watcher
+            await until(lambda: not acceptors.active, within=5, step=0.01, what="the copies closed")
         finally:
             await monitor.stop()
             acceptors.close()

@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 from laneway.usage import UsageRecorder
+from support import until
 
 
 class HeldWrites(UsageRecorder):
@@ -86,16 +87,13 @@ async def test_the_writer_sleeps_while_nothing_is_pending_and_wakes_on_the_first
     recorder = CountedFlushes(interval_s=0.02)
     await recorder.start()
     try:
-        await asyncio.sleep(0.3)  # fifteen intervals with nothing to write
+        await asyncio.sleep(0.3)  # time passing is the point: fifteen intervals with nothing to write
         assert recorder.flushes == 0
         for i in range(3):
             recorder.record(row(i))
-        for _ in range(100):
-            if recorder.rows:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: recorder.rows, within=1, what="the first write")
         assert recorder.rows == ["r0", "r1", "r2"] and recorder.flushes == 1  # one write for the three
-        await asyncio.sleep(0.3)  # idle again
+        await asyncio.sleep(0.3)  # time passing is the point: idle again, no flush
         assert recorder.flushes == 1
     finally:
         await recorder.stop()

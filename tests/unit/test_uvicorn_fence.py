@@ -20,6 +20,7 @@ from laneway.server import uvicorn_fence
 from laneway.server.uvicorn_fence import FencedServer, GuardedHttpProtocol, ProtocolFactory, protocol_for
 from laneway.settings import Settings
 from packaging.requirements import Requirement
+from support import until
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
@@ -130,10 +131,9 @@ def test_the_protocol_state_the_fence_reads_and_writes() -> None:
             assert isinstance(getattr(state, name), int), name
 
         protocol.data_received(b"GET /v1/x HTTP/1.1\r\nhost: a\r\nx-request-id: r1\r\n\r\n")
-        for _ in range(100):
-            if protocol.cycle is not None and protocol.cycle.response_complete:
-                break
-            await asyncio.sleep(0)
+        await until(
+            lambda: protocol.cycle is not None and protocol.cycle.response_complete, step=0, what="the response"
+        )
         seen = protocol.seen
         assert seen["scope"]["type"] == "http" and isinstance(seen["scope"], dict)
         assert seen["url"] == b"/v1/x" and (b"x-request-id", b"r1") in seen["headers"]
@@ -215,9 +215,8 @@ def test_the_main_loop_ticks_once_a_second_and_an_exit_from_another_thread_ends_
 
     async def scenario() -> float:
         serving = asyncio.ensure_future(server.serve(sockets=[sock]))
-        while not uvicorn_fence.server_started(server):
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.7)
+        await until(lambda: uvicorn_fence.server_started(server), step=0.01, what="uvicorn started")
+        await asyncio.sleep(0.7)  # time passing is the point: an idle server ticks no more
         assert ticks == [0]  # the first tick only, the Date header's refresh with it
         assert any(name == b"date" for name, _ in server.server_state.default_headers)
         asked = time.monotonic()

@@ -275,7 +275,7 @@ async def test_a_replay_endpoint_that_does_not_answer_is_no_history_and_a_gap_fo
     )
     try:
         await publisher.joined()
-        await asyncio.sleep(0.4)  # past the start-up replay's timeout
+        await asyncio.sleep(0.4)  # time passing is the point: past the start-up replay's timeout
         assert consumer.cached_prefix_tokens(A, None) is None  # no answer is not "nothing published"
         await publisher.send(0, batch(stored(A)))
         await publisher.send(2, batch(stored(B)))  # 1 lost, and nobody to ask for it
