@@ -35,7 +35,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         "lanes": LANES,
         "tenants": {"acme": {}},
     }
-    gateway = start_gateway(tmp_path_factory.mktemp("predicted"), seed_with=seed)
+    gateway = start_gateway(tmp_path_factory.mktemp("predicted"), seed_with=seed, admit_by_predicted_ttft=True)
     yield gateway
     gateway.stop()
 

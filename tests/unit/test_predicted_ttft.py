@@ -17,6 +17,7 @@ from laneway.contracts.errors import GatewayError
 from laneway.core.dispatch import Dispatcher
 from laneway.core.latency import LatencyModels
 from laneway.core.pipeline import Gateway, GenerationIntent
+from laneway.core.pipeline.config import GatewayConfig
 from laneway.core.pipeline.lease import Lease
 from laneway.core.policy import LanePolicy, PolicySnapshot, PolicyStore
 from laneway.engines.registry import EngineRegistry, LiveDeployment
@@ -50,7 +51,9 @@ async def slow_one() -> EngineRegistry:
 
 
 def gateway(registry: EngineRegistry) -> Gateway:
-    return Gateway(registry, PolicyStore(None, PolicySnapshot(lanes=(LANE,))))  # type: ignore[arg-type]
+    return Gateway(
+        registry, PolicyStore(None, PolicySnapshot(lanes=(LANE,))), config=GatewayConfig(admit_by_prediction=True)
+    )  # type: ignore[arg-type]
 
 
 def ask(prompt: str, max_tokens: int = 4) -> GenerationIntent:

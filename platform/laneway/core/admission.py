@@ -119,7 +119,7 @@ def admit(
                 weights[hog] / total_weight,
             ),
         )
-    if outlook is not None:  # in seconds: its place in the fair order, the replicas' learned speed
+    if outlook is not None and outlook.refuses:  # in seconds: its place in the fair order, the learned speed
         ahead = scheduler.ahead_of(lane, tenant_id, weight)
         ttft = outlook.ttft(ahead)
         if ttft > lane.queue_timeout_s:  # before refusing: the prefill a replica's cache saves it

@@ -78,6 +78,7 @@ class Outlook:
     ) -> None:
         self.replicas = replicas
         self.uncached = uncached
+        self.refuses = True  # admission refuses at once on it (else it only prices Retry-After)
         self._cache = cache
         self.rate = sum(1.0 / max(p, 1e-6) for p in periods)  # slots freed per second, all full
         self.free = sum(r.capacity - r.outstanding for r in replicas)  # below 0: queued on replicas

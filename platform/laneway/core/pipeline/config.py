@@ -27,6 +27,7 @@ class GatewayConfig:
     # Dispatch across an alias's replicas (core/dispatch/): its routing and the scorers' weights.
     routing: str = "cache_aware"
     routing_params: RoutingParams | None = None
+    admit_by_prediction: bool = False  # refuse at once what the latency model says cannot meet its bound
     # Failover before the first byte (core/pipeline/failover.py): tries per request, and each
     # deployment's retry budget (a share of its requests over a window, never under a minimum).
     max_tries: int = 2
@@ -44,6 +45,7 @@ class GatewayConfig:
             background_reserve=settings.background_reserve_slots,
             routing=settings.routing,
             routing_params=RoutingParams.from_settings(settings),
+            admit_by_prediction=settings.admit_by_predicted_ttft,
             max_tries=settings.failover_max_tries,
             retry_ratio=settings.retry_budget_ratio,
             retry_minimum=settings.retry_budget_min,

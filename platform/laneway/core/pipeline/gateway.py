@@ -79,6 +79,7 @@ class Gateway:
             shared_slots=shared_slots,
             routing=config.routing,
             routing_params=config.routing_params,
+            admit_by_prediction=config.admit_by_prediction,
             quantum=config.quantum,
             starvation_share=config.starvation_share,
             headroom=config.headroom,

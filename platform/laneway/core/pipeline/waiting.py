@@ -51,9 +51,11 @@ class Waiting:
         shared_slots: SharedSlots | None,
         routing: str,
         routing_params: RoutingParams | None,
+        admit_by_prediction: bool = False,
         **scheduling: Any,
     ) -> None:
         self.registry = registry
+        self.admit_by_prediction = admit_by_prediction
         self.shared_slots = shared_slots
         self._scheduling = scheduling
         # Keyed by the live deployment itself: a swapped-in replacement gets its own scheduler,
@@ -106,7 +108,10 @@ class Waiting:
         if isinstance(queue, SharedScheduler):  # admission runs in Redis, on every gateway's counts
             queue.admit(call.lane, call.tenant.id, call.tenant.weight)
         else:
-            queue.admit(call.lane, call.tenant.id, call.tenant.weight, self.outlook(call, late))
+            outlook = self.outlook(call, late)
+            if outlook is not None:  # Retry-After from the model either way; refusals only when set
+                outlook.refuses = self.admit_by_prediction
+            queue.admit(call.lane, call.tenant.id, call.tenant.weight, outlook)
 
     def outlook(self, call: Call, late: bool) -> Outlook | None:
         """The call's predicted TTFT over the replicas that could serve it (core/latency/
