@@ -24,6 +24,7 @@ from laneway.db.repositories import PolicyRepository
 from laneway.db.session import make_engine, make_sessionmaker
 from laneway.engines.registry import EngineRegistry
 from laneway.types import DeploymentSpec, TenantSnapshot
+from support.specs import sim_replica
 
 INTERACTIVE = LanePolicy("interactive", priority=0, max_concurrency=8, queue_timeout_s=30)
 STANDARD = LanePolicy("standard", priority=1, max_concurrency=8, queue_timeout_s=30)
@@ -201,16 +202,7 @@ BETA = TenantSnapshot(id=2, name="beta", api_key_id=22)
 
 
 def spec(i: int) -> DeploymentSpec:
-    return DeploymentSpec(
-        id=i,
-        name=f"m-{i}",
-        alias="m",
-        engine_kind="sim",
-        quantization="q8",
-        gpu_type="sim",
-        max_model_len=8192,
-        config={"decode_ms_base": 2.0, "prefill_ms_per_token": 0.0, "max_concurrency": 2},
-    )
+    return sim_replica(i, decode_ms_base=2.0, prefill_ms_per_token=0.0, max_concurrency=2)
 
 
 @pytest.fixture

@@ -19,21 +19,15 @@ from laneway.metrics import GatewayMetrics as Metrics
 from laneway.types import Delta, DeploymentSpec, TenantSnapshot
 from laneway.usage import UsageRecorder
 from support import until, usage_rows
+from support.specs import sim_replica
 
 TENANT = TenantSnapshot(id=1, name="acme", api_key_id=11)
 DIES_AFTER = 6
 
 
 def spec(i: int, **config: object) -> DeploymentSpec:
-    return DeploymentSpec(
-        id=i,
-        name=f"m-{i}",
-        alias="m",
-        engine_kind="sim",
-        quantization="q8",
-        gpu_type="sim",
-        max_model_len=4096,
-        config={"decode_ms_base": 1.0, "prefill_ms_per_token": 0.0, "max_concurrency": 2, **config},
+    return sim_replica(
+        i, max_model_len=4096, **{"decode_ms_base": 1.0, "prefill_ms_per_token": 0.0, "max_concurrency": 2, **config}
     )
 
 

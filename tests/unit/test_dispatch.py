@@ -17,6 +17,7 @@ from laneway.core.policy import LanePolicy, PolicySnapshot, PolicyStore
 from laneway.engines.registry import EngineRegistry, LiveDeployment
 from laneway.types import DeploymentSpec, TenantSnapshot
 from support import until
+from support.specs import sim_replica
 
 ACME = TenantSnapshot(id=1, name="acme", api_key_id=11)
 BETA = TenantSnapshot(id=2, name="beta", api_key_id=22)
@@ -24,16 +25,7 @@ SYSTEM = "You are a careful assistant for the billing team. " * 40  # about 2 KB
 
 
 def spec(i: int, slots: int = 2, **config: object) -> DeploymentSpec:
-    return DeploymentSpec(
-        id=i,
-        name=f"m-{i}",
-        alias="m",
-        engine_kind="sim",
-        quantization="q8",
-        gpu_type="sim",
-        max_model_len=8192,
-        config={"decode_ms_base": 2.0, "prefill_ms_per_token": 0.0, "max_concurrency": slots, **config},
-    )
+    return sim_replica(i, **{"decode_ms_base": 2.0, "prefill_ms_per_token": 0.0, "max_concurrency": slots, **config})
 
 
 @pytest.fixture

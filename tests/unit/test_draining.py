@@ -11,22 +11,13 @@ from laneway.core.pipeline import Gateway, GatewayConfig, GenerationIntent
 from laneway.core.policy import PolicyStore
 from laneway.engines.registry import EngineRegistry
 from laneway.types import DeploymentSpec, TenantSnapshot
+from support.specs import sim_replica
 
 ACME = TenantSnapshot(id=1, name="acme", api_key_id=11)
 
 
 def spec(i: int, *, draining: bool = False) -> DeploymentSpec:
-    return DeploymentSpec(
-        id=i,
-        name=f"m-{i}",
-        alias="m",
-        engine_kind="sim",
-        quantization="q8",
-        gpu_type="sim",
-        max_model_len=8192,
-        config={"decode_ms_base": 1.0, "max_concurrency": 2},
-        draining=draining,
-    )
+    return sim_replica(i, draining=draining, decode_ms_base=1.0, max_concurrency=2)
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from laneway.core.pipeline.lease import Lease
 from laneway.core.policy import LanePolicy, PolicySnapshot, PolicyStore
 from laneway.engines.registry import EngineRegistry, LiveDeployment
 from laneway.types import DeploymentSpec, TenantSnapshot
+from support.specs import sim_replica
 
 ACME = TenantSnapshot(id=1, name="acme", api_key_id=11)
 BOUND_S = 1.0  # the lane's queue timeout: its hard bound
@@ -29,16 +30,7 @@ LANE = LanePolicy("standard", max_queue_depth=100, max_concurrency=8, queue_time
 
 
 def spec(i: int, decode_ms: float, slots: int = 2) -> DeploymentSpec:
-    return DeploymentSpec(
-        id=i,
-        name=f"m-{i}",
-        alias="m",
-        engine_kind="sim",
-        quantization="q8",
-        gpu_type="sim",
-        max_model_len=8192,
-        config={"decode_ms_base": decode_ms, "prefill_ms_per_token": 0.0, "max_concurrency": slots},
-    )
+    return sim_replica(i, decode_ms_base=decode_ms, prefill_ms_per_token=0.0, max_concurrency=slots)
 
 
 @pytest.fixture

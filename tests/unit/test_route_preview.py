@@ -14,6 +14,7 @@ from laneway.core.policy import LanePolicy, PolicySnapshot, PolicyStore, TaskPol
 from laneway.engines.registry import EngineRegistry
 from laneway.runtime.route_preview import RoutePlanner
 from laneway.types import ChatTurn, DeploymentSpec, TenantSnapshot
+from support.specs import sim_replica
 
 ACME = TenantSnapshot(id=1, name="acme", api_key_id=11)
 SYSTEM = "You are a careful assistant for the billing team. " * 40  # several prefix blocks
@@ -26,16 +27,7 @@ POLICIES = PolicySnapshot(
 
 
 def spec(i: int) -> DeploymentSpec:
-    return DeploymentSpec(
-        id=i,
-        name=f"m-{i}",
-        alias="m",
-        engine_kind="sim",
-        quantization="q8",
-        gpu_type="sim",
-        max_model_len=8192,
-        config={"decode_ms_base": 1.0, "max_concurrency": 2},
-    )
+    return sim_replica(i, decode_ms_base=1.0, max_concurrency=2)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from laneway.core.policy import PolicyStore
 from laneway.engines.registry import EngineRegistry
 from laneway.settings import Settings
 from laneway.types import DeploymentSpec, TenantSnapshot
+from support.specs import sim_replica
 
 ACME = TenantSnapshot(id=1, name="acme", api_key_id=11)
 SYSTEM = "You are a careful assistant for the billing team. " * 40  # several prefix blocks
@@ -44,16 +45,7 @@ register_scorer("favourite", Favourite)  # the one place a newcomer touches
 
 
 def spec(i: int) -> DeploymentSpec:
-    return DeploymentSpec(
-        id=i,
-        name=f"m-{i}",
-        alias="m",
-        engine_kind="sim",
-        quantization="q8",
-        gpu_type="sim",
-        max_model_len=8192,
-        config={"decode_ms_base": 1.0, "prefill_ms_per_token": 0.0, "max_concurrency": 2},
-    )
+    return sim_replica(i, decode_ms_base=1.0, prefill_ms_per_token=0.0, max_concurrency=2)
 
 
 @pytest.fixture
