@@ -14,7 +14,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from support import Gateway, sim_model, start_gateway, wait_for
+from support import Gateway, wait_for
+from support.surfaces import surface_gateway, usage_row
 
 STOP = " the "  # sim-stop's stop sequence: the simulator's filler words soon contain it
 MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}]
@@ -22,35 +23,7 @@ MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, demo_model_path: Path) -> Iterator[Gateway]:
-    def tiny(name: str, **config: Any) -> list[dict[str, Any]]:
-        return [
-            {
-                "name": name,
-                "engine_kind": "llamacpp",
-                "quantization": "f32",
-                "gpu_type": "cpu",
-                "max_model_len": 1024,
-                "config": {"model_path": str(demo_model_path), "parallel": 2, "demo": True, **config},
-            }
-        ]
-
-    from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN
-
-    g = start_gateway(
-        tmp_path_factory.mktemp("responses"),
-        seed_with={
-            "models": {
-                "tiny": tiny("tiny-llamacpp"),
-                # End-of-generation banned: always exactly max_output_tokens tokens.
-                "tiny-exact": tiny("tiny-exact-llamacpp", ban_tokens=[EOS_TOKEN, IM_END_TOKEN]),
-                "sim": sim_model("sim", max_concurrency=4, decode_ms_base=0.5, decode_ms_per_seq=0.0),
-                "sim-stop": sim_model("sim-stop", max_concurrency=4, decode_ms_base=0.1, stop=[STOP]),
-            },
-            "tenants": {"acme": {"max_concurrency": 1000}, "limited": {"rpm": 1}},
-        },
-        default_max_tokens=4000,
-        usage_flush_interval_s=0.05,
-    )
+    g = surface_gateway(tmp_path_factory.mktemp("responses"), demo_model_path, stop=STOP, sim_decode_ms=0.5)
     yield g
     g.stop()
 
@@ -58,18 +31,6 @@ def gw(tmp_path_factory: pytest.TempPathFactory, demo_model_path: Path) -> Itera
 @pytest.fixture
 def client(gw: Gateway) -> openai.OpenAI:
     return openai.OpenAI(base_url=gw.api_url, api_key=gw.keys["acme"], max_retries=0)
-
-
-def usage_row(gw: Gateway, request_id: str) -> Any:
-    found: list[Any] = []
-
-    def written() -> bool:
-        found[:] = [r for r in gw.usage_rows("acme") if r.request_id == request_id]
-        return bool(found)
-
-    wait_for(written, within=10, step=0.02, what=f"the usage row of {request_id}")
-    [row] = found
-    return row
 
 
 # ---- the Response object -------------------------------------------------------------------------
