@@ -11,6 +11,7 @@ from laneway.db.session import make_sessionmaker
 from laneway.usage import UsageRecorder
 from sqlalchemy.ext.asyncio import AsyncEngine
 from support import until
+from support.usage import usage_record
 
 
 def test_new_keys_are_unique_and_only_the_hash_is_derived() -> None:
@@ -133,19 +134,7 @@ async def test_recorder_writes_in_batches_and_touches_keys(db_engine: AsyncEngin
     recorder = UsageRecorder(sessions, interval_s=60, batch_size=10)  # only a full batch wakes it
     await recorder.start()
     for i in range(25):
-        recorder.record(
-            {
-                "request_id": f"r{i}",
-                "tenant_id": 1,
-                "api_key_id": key_id,
-                "model": "m",
-                "endpoint": "chat",
-                "stream": False,
-                "status": 200,
-                "prompt_tokens": 1,
-                "completion_tokens": 1,
-            }
-        )
+        recorder.record(usage_record(i, key_id))
     await until(lambda: recorder.written >= 20, within=5, step=0.01, what="20 rows written")
     await recorder.stop()  # flushes the remainder
     assert recorder.written == 25 and recorder.pending == 0

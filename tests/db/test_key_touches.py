@@ -4,7 +4,6 @@ batch of usage rows that names it."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from laneway.bootstrap import issue_key
 from laneway.core.auth import hash_secret
@@ -13,20 +12,7 @@ from laneway.db.session import make_sessionmaker
 from laneway.usage import UsageRecorder
 from laneway.usage.recorder import KEY_TOUCH_EVERY_S
 from sqlalchemy.ext.asyncio import AsyncEngine
-
-
-def usage(i: int, key_id: int) -> dict[str, Any]:
-    return {
-        "request_id": f"r{i}",
-        "tenant_id": 1,
-        "api_key_id": key_id,
-        "model": "m",
-        "endpoint": "chat",
-        "stream": False,
-        "status": 200,
-        "prompt_tokens": 1,
-        "completion_tokens": 1,
-    }
+from support.usage import usage_record
 
 
 async def test_a_key_used_twice_within_a_minute_is_touched_once(db_engine: AsyncEngine) -> None:
@@ -44,20 +30,20 @@ async def test_a_key_used_twice_within_a_minute_is_touched_once(db_engine: Async
             assert key is not None
             return key.last_used_at
 
-    recorder.record(usage(0, key_id))
+    recorder.record(usage_record(0, key_id))
     assert await recorder.flush()
     first = await last_used(hash_secret(secret))
     assert first is not None
 
     now[0] += KEY_TOUCH_EVERY_S - 1  # within the minute: the rows are written, the key not touched
-    recorder.record(usage(1, key_id))
-    recorder.record(usage(2, other_id))  # a key not touched yet is, at once
+    recorder.record(usage_record(1, key_id))
+    recorder.record(usage_record(2, other_id))  # a key not touched yet is, at once
     assert await recorder.flush()
     assert await last_used(hash_secret(secret)) == first
     assert await last_used(hash_secret(other)) is not None
 
     now[0] += 1  # a minute after the first touch
-    recorder.record(usage(3, key_id))
+    recorder.record(usage_record(3, key_id))
     assert await recorder.flush()
     later = await last_used(hash_secret(secret))
     assert later is not None and later > first

@@ -10,6 +10,21 @@ from laneway.usage import UsageRecorder
 from support.waiting import wait_for
 
 
+def usage_record(i: int, key_id: int) -> dict[str, Any]:
+    """A minimal usage row for tenant 1 (request id r{i}), as the recorder takes one."""
+    return {
+        "request_id": f"r{i}",
+        "tenant_id": 1,
+        "api_key_id": key_id,
+        "model": "m",
+        "endpoint": "chat",
+        "stream": False,
+        "status": 200,
+        "prompt_tokens": 1,
+        "completion_tokens": 1,
+    }
+
+
 def usage_rows(gateway: Gateway) -> list[dict[str, Any]]:
     recorder = next(s for s in gateway.sinks if isinstance(s, UsageRecorder))
     return recorder.queued_rows()

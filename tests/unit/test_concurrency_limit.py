@@ -17,6 +17,7 @@ from laneway.core.policy import LanePolicy, PolicySnapshot, PolicyStore
 from laneway.core.scheduler import DeploymentScheduler, Ticket
 from laneway.engines.registry import EngineRegistry
 from laneway.types import DeploymentSpec, TenantSnapshot
+from support.specs import sim_replica
 
 TARGET_S = 0.110  # the lane's TPOT target
 TOKENS = 20
@@ -173,17 +174,7 @@ async def test_behind_an_alias_a_tenant_under_its_share_is_bound_while_the_hog_h
     of the hog's ends."""
 
     def spec(i: int) -> DeploymentSpec:
-        config = {"decode_ms_base": 2.0, "prefill_ms_per_token": 0.0, "max_concurrency": 4}
-        return DeploymentSpec(
-            id=i,
-            name=f"m-{i}",
-            alias="m",
-            engine_kind="sim",
-            config=config,
-            quantization="q8",
-            gpu_type="sim",
-            max_model_len=8192,
-        )
+        return sim_replica(i, decode_ms_base=2.0, prefill_ms_per_token=0.0, max_concurrency=4)
 
     def chat(prompt: str) -> GenerationIntent:
         return GenerationIntent(endpoint="completions", alias="m", stream=False, prompt=prompt, max_tokens=2)

@@ -5,20 +5,11 @@ from __future__ import annotations
 
 from laneway.engines.registry import EJECT_AFTER_FAILURES, EngineRegistry
 from laneway.types import DeploymentSpec
+from support.specs import sim_replica
 
 
 def spec(i: int) -> DeploymentSpec:
-    config = {"decode_ms_base": 0.1, "prefill_ms_per_token": 0.0}
-    return DeploymentSpec(
-        id=i,
-        name=f"m-{i}",
-        alias="m",
-        engine_kind="sim",
-        config=config,
-        quantization="q8",
-        gpu_type="sim",
-        max_model_len=4096,
-    )
+    return sim_replica(i, max_model_len=4096, decode_ms_base=0.1, prefill_ms_per_token=0.0)
 
 
 async def test_a_readmitted_replica_takes_one_request_at_a_time_until_one_succeeds() -> None:
