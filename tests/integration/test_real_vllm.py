@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -162,6 +163,29 @@ def test_chat_streamed_and_not_say_the_same_and_count_what_vllm_counted(
     usage = chunks[-1].usage  # the usage chunk: last, with no choices
     assert not chunks[-1].choices and usage is not None
     assert (usage.prompt_tokens, usage.completion_tokens) == (len(prompt), 12)
+
+
+def test_anthropics_messages_api_through_laneway_says_what_chat_says(
+    gw: Gateway, client: openai.OpenAI, real_vllm: RealVLLM
+) -> None:
+    """Issue 43 against real vLLM: laneway translates a Messages request into the chat intent
+    (docs/decisions/0011-messages-translated.md), so one message and one stream through the
+    official `anthropic` SDK say what chat completions says at temperature 0, and bill the
+    tokens vLLM counted."""
+    chat = client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=12, temperature=0)  # type: ignore[arg-type]
+    said = chat.choices[0].message.content
+    ant = anthropic.Anthropic(base_url=gw.base_url, api_key=gw.keys["acme"], max_retries=0, timeout=60)
+    m = ant.messages.create(model="tiny", max_tokens=12, messages=HELLO, extra_body={"temperature": 0})  # type: ignore[arg-type]
+    assert m.stop_reason == "max_tokens" and [b.type for b in m.content] == ["text"]
+    assert m.content[0].text == said  # type: ignore[union-attr]
+    prompt = tokenized(real_vllm, messages=HELLO, add_generation_prompt=True)
+    assert (m.usage.input_tokens, m.usage.output_tokens) == (len(prompt), 12)
+
+    with ant.messages.stream(model="tiny", max_tokens=12, messages=HELLO, extra_body={"temperature": 0}) as stream:  # type: ignore[arg-type]
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert streamed == said and final.stop_reason == "max_tokens"
+    assert (final.usage.input_tokens, final.usage.output_tokens) == (len(prompt), 12)
 
 
 def test_completions_streamed_and_not_and_a_stop_string(client: openai.OpenAI, real_vllm: RealVLLM) -> None:

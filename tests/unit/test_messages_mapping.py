@@ -14,8 +14,9 @@ import pydantic
 import pytest
 from anthropic.types import Message, RawMessageStreamEvent
 from laneway.api.messages import protocol as mp
-from laneway.api.messages.stream import MessageAssembler
+from laneway.api.messages.stream import MessageAssembler, text_delta_event
 from laneway.api.messages.translate import chat_tool_choice, chat_tools, chat_turns
+from laneway.api.sse import named_event
 from laneway.contracts.errors import GatewayError
 from laneway.core.pipeline import Call
 from laneway.types import ChatTurn, Delta, ToolCall
@@ -176,3 +177,10 @@ def test_a_cut_tool_call_has_an_empty_input() -> None:
     a.feed(Delta("", tokens=0, finish_reason="length"))
     [block] = final(a).content
     assert block.type == "tool_use" and block.input == {}
+
+
+@pytest.mark.parametrize("text", ["hi", "", 'quote " back\\slash', "line\nbreak\x00nul", "ünï 😀 \u2028"])
+@pytest.mark.parametrize("index", [0, 7, 12345])
+def test_the_framed_text_delta_is_byte_for_byte_the_structs_event(index: int, text: str) -> None:
+    event = mp.ContentBlockDelta(index=index, delta=mp.TextDelta(text=text))
+    assert text_delta_event(index, text) == named_event("content_block_delta", event)

@@ -51,6 +51,17 @@ def tool_input(arguments: str) -> dict[str, object]:
     return value if isinstance(value, dict) else {}
 
 
+_TEXT_DELTA_HEAD = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
+_TEXT_DELTA_MID = b',"delta":{"type":"text_delta","text":'
+
+
+def text_delta_event(index: int, text: str) -> bytes:
+    """`ContentBlockDelta(index, TextDelta(text))` framed as its event, byte for byte what
+    `named_event` makes of it (a test holds them equal), for a fraction of its CPU: this is the
+    one event a stream sends per token."""
+    return b"".join((_TEXT_DELTA_HEAD, str(index).encode(), _TEXT_DELTA_MID, msgspec.json.encode(text), b"}}\n\n"))
+
+
 class _Block:
     """A content block being generated: its place in `content`, its text or arguments so far."""
 
@@ -109,7 +120,8 @@ class MessageAssembler:
             if delta.text:
                 block = self._open if self._open is not None and self._open.tool is None else self._add(None)
                 block.pieces.append(delta.text)
-                self._emit(mp.ContentBlockDelta(index=block.index, delta=mp.TextDelta(text=delta.text)))
+                if self.stream:  # the per-token event: framed around the text, no structs built
+                    self._frames.append(text_delta_event(block.index, delta.text))
             for fragment in delta.tool_calls:
                 self._tool_call(fragment)
             if delta.finish_reason is not None:
