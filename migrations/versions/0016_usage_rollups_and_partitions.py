@@ -60,15 +60,28 @@ def backfill(width: int, dialect: str) -> str:
         else "CAST(strftime('%s', created_at) AS INTEGER)"
     )
     bucket = f"({epoch} - {epoch} % {width})"
-    dims = "COALESCE(tenant_id, 0), COALESCE(api_key_id, 0), model, COALESCE(lane, ''), COALESCE(deployment, ''), status, COALESCE(error_code, '')"
+    dims = (
+        "COALESCE(tenant_id, 0), COALESCE(api_key_id, 0), model, COALESCE(lane, ''), COALESCE(deployment, ''), "
+        "status, COALESCE(error_code, '')"
+    )
     columns = ", ".join(
-        [*KEY_COLUMNS, "requests", "prompt_tokens", "completion_tokens", "cost_micros", "ttft_n", "ttft_sum_ms", *HIST_COLUMNS]
+        [
+            *KEY_COLUMNS,
+            "requests",
+            "prompt_tokens",
+            "completion_tokens",
+            "cost_micros",
+            "ttft_n",
+            "ttft_sum_ms",
+            *HIST_COLUMNS,
+        ]
     )
     return (
         f"INSERT INTO usage_rollups ({columns}) "
         f"SELECT {width}, COALESCE(tenant_id, 0), {bucket}, COALESCE(api_key_id, 0), model, COALESCE(lane, ''), "
         "COALESCE(deployment, ''), status, COALESCE(error_code, ''), COUNT(*), COALESCE(SUM(prompt_tokens), 0), "
-        "COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cost_micros), 0), COUNT(ttft_ms), COALESCE(SUM(ttft_ms), 0), "
+        "COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cost_micros), 0), COUNT(ttft_ms), "
+        "COALESCE(SUM(ttft_ms), 0), "
         f"{', '.join(_hist_sql())} FROM usage_records GROUP BY {dims}, {bucket}"
     )
 
@@ -85,13 +98,21 @@ def partition(bind: sa.Connection) -> None:
     op.execute("ALTER TABLE usage_records RENAME TO usage_records_plain")
     op.execute("ALTER INDEX ix_usage_tenant_created_id RENAME TO ix_usage_plain_tenant_created_id")
     op.execute("ALTER TABLE usage_records_plain RENAME CONSTRAINT usage_records_pkey TO usage_records_plain_pkey")
-    op.execute("CREATE TABLE usage_records (LIKE usage_records_plain INCLUDING DEFAULTS) PARTITION BY RANGE (created_at)")
+    op.execute(
+        "CREATE TABLE usage_records (LIKE usage_records_plain INCLUDING DEFAULTS) PARTITION BY RANGE (created_at)"
+    )
     op.execute("ALTER SEQUENCE usage_records_id_seq OWNED BY usage_records.id")
     op.execute("ALTER TABLE usage_records ADD CONSTRAINT usage_records_pkey PRIMARY KEY (id, created_at)")
-    op.create_index("ix_usage_tenant_created_id", "usage_records", ["tenant_id", "created_at", "id"], postgresql_include=INCLUDED)
+    op.create_index(
+        "ix_usage_tenant_created_id", "usage_records", ["tenant_id", "created_at", "id"], postgresql_include=INCLUDED
+    )
     oldest = bind.execute(sa.text("SELECT min(created_at) FROM usage_records_plain")).scalar()
     today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    day = today if oldest is None else min(today, oldest.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0))
+    day = (
+        today
+        if oldest is None
+        else min(today, oldest.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0))
+    )
     while day <= today + timedelta(days=AHEAD_DAYS):
         op.execute(day_partition(day))
         day += timedelta(days=1)
@@ -108,7 +129,9 @@ def unpartition() -> None:
     op.execute("ALTER SEQUENCE usage_records_id_seq OWNED BY usage_records.id")
     op.execute("INSERT INTO usage_records SELECT * FROM usage_records_parted")
     op.execute("ALTER TABLE usage_records ADD CONSTRAINT usage_records_pkey PRIMARY KEY (id)")
-    op.create_index("ix_usage_tenant_created_id", "usage_records", ["tenant_id", "created_at", "id"], postgresql_include=INCLUDED)
+    op.create_index(
+        "ix_usage_tenant_created_id", "usage_records", ["tenant_id", "created_at", "id"], postgresql_include=INCLUDED
+    )
     op.execute("DROP TABLE usage_records_parted")  # its partitions with it
 
 

@@ -62,7 +62,9 @@ async def _raw_by_tenant_day(session: AsyncSession) -> dict[tuple[int, str], tup
     return out
 
 
-async def _rolled_by_tenant_day(session: AsyncSession, tenants: int, days: int) -> dict[tuple[int, str], tuple[int, int, int, int]]:
+async def _rolled_by_tenant_day(
+    session: AsyncSession, tenants: int, days: int
+) -> dict[tuple[int, str], tuple[int, int, int, int]]:
     out = {}
     for tenant in range(1, tenants + 1):
         for width in (timedelta(days=1), timedelta(hours=1), timedelta(minutes=1)):
@@ -89,7 +91,9 @@ async def test_rollup_totals_equal_raw_totals_per_tenant_and_day(db_engine: Asyn
     async with sessions() as s:
         raw = await _raw_by_tenant_day(s)
         assert await _rolled_by_tenant_day(s, 3, 6) == raw
-        errors = await usage_series(s, 1, NOW - timedelta(days=7), NOW + timedelta(days=1), timedelta(days=7), ["status", "error_code"])
+        errors = await usage_series(
+            s, 1, NOW - timedelta(days=7), NOW + timedelta(days=1), timedelta(days=7), ["status", "error_code"]
+        )
         by_code: dict[tuple[int, str | None], int] = {}
         for found in errors:  # two 7-day buckets: add them up
             slot = (found.group["status"], found.group["error_code"])
@@ -131,7 +135,10 @@ async def test_exact_totals_match_the_rows_at_any_cut(db_engine: AsyncEngine) ->
 async def test_two_recorders_adding_to_the_same_buckets_lose_no_count(db_engine: AsyncEngine) -> None:
     """Two replicas (two engines, two pools) write rows of the same tenant, key, model and
     minute at once: every bucket's counts are the sum of both."""
-    second = make_engine(db_engine.url.render_as_string(hide_password=False), connect_args={"server_settings": {"search_path": await _schema(db_engine)}})
+    second = make_engine(
+        db_engine.url.render_as_string(hide_password=False),
+        connect_args={"server_settings": {"search_path": await _schema(db_engine)}},
+    )
     recorders = [UsageRecorder(make_sessionmaker(e), interval_s=0.01, batch_size=50) for e in (db_engine, second)]
     try:
         rows = [_rows(random.Random(seed), 2000, days=0, tenants=1) for seed in (1, 2)]
@@ -143,7 +150,9 @@ async def test_two_recorders_adding_to_the_same_buckets_lose_no_count(db_engine:
         await asyncio.gather(*(r.flush() for r in recorders))
         assert all(r.pending == 0 for r in recorders)
         async with make_sessionmaker(db_engine)() as s:
-            series = await usage_series(s, 1, NOW - timedelta(minutes=1), NOW + timedelta(minutes=1), timedelta(minutes=1))
+            series = await usage_series(
+                s, 1, NOW - timedelta(minutes=1), NOW + timedelta(minutes=1), timedelta(minutes=1)
+            )
             raw = (await s.execute(select(func.count(), func.sum(UsageRecord.prompt_tokens)))).one()
         assert sum(r.totals.requests for r in series) == 4000 == raw[0]
         assert sum(r.totals.prompt_tokens for r in series) == raw[1]
@@ -190,7 +199,9 @@ async def test_retention_drops_expired_days_and_the_rollups_remain(db_engine: As
         before = await usage_series(s, None, NOW - timedelta(days=210), NOW + timedelta(days=1), timedelta(days=30))
     async with sessions() as s, s.begin():
         assert await ensure_partitions(s, ahead_days=9) == (
-            [f"usage_records_p{NOW + timedelta(days=n):%Y%m%d}" for n in (8, 9)] if db_engine.dialect.name == "postgresql" else []
+            [f"usage_records_p{NOW + timedelta(days=n):%Y%m%d}" for n in (8, 9)]
+            if db_engine.dialect.name == "postgresql"
+            else []
         )
         result = await drop_expired(s, raw_days=90, rollup_days=730)
     cut = (NOW - timedelta(days=90)).replace(hour=0, minute=0, second=0)

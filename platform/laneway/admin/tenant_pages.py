@@ -10,6 +10,7 @@ from litestar import Controller, get, post
 from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath, SkipValidation
 from litestar.response import Redirect, Template
+
 from laneway.admin import keys, tenants
 from laneway.admin.api import MAX_PAGE, MAX_PER_PAGE, tenant_page
 from laneway.admin.dependencies import Limiter

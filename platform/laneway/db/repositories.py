@@ -6,10 +6,11 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Column, func, insert, select, update
+from sqlalchemy import Column, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import selectinload
 
+from laneway.db import rollups
 from laneway.db.models import (
     Admin,
     AdminSession,
@@ -23,8 +24,6 @@ from laneway.db.models import (
     UsageRecord,
     utcnow,
 )
-
-from laneway.db import rollups
 from laneway.db.usage_series import exact_totals
 
 # DeploymentSpec lives in laneway.types (engines build from it without importing the database layer);

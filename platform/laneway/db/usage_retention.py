@@ -43,7 +43,10 @@ async def is_partitioned(session: AsyncSession) -> bool:
     if _dialect(session) != "postgresql":
         return False
     found = await session.execute(
-        text("SELECT 1 FROM pg_partitioned_table p JOIN pg_class c ON c.oid = p.partrelid WHERE c.oid = to_regclass('usage_records')")
+        text(
+            "SELECT 1 FROM pg_partitioned_table p JOIN pg_class c ON c.oid = p.partrelid "
+            "WHERE c.oid = to_regclass('usage_records')"
+        )
     )
     return found.first() is not None
 
@@ -51,7 +54,10 @@ async def is_partitioned(session: AsyncSession) -> bool:
 async def partitions(session: AsyncSession) -> list[str]:
     """The names of usage_records' partitions (the DEFAULT one included)."""
     rows = await session.execute(
-        text("SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass('usage_records') ORDER BY 1")
+        text(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = to_regclass('usage_records') ORDER BY 1"
+        )
     )
     return [str(name) for (name,) in rows.all()]
 
@@ -74,7 +80,9 @@ async def ensure_partitions(session: AsyncSession, *, now: datetime | None = Non
             {"lo": day, "hi": day + timedelta(days=1)},
         )
         if strays.first() is None:
-            await session.execute(text(f"CREATE TABLE {name} PARTITION OF usage_records FOR VALUES FROM ('{lo}') TO ('{hi}')"))
+            await session.execute(
+                text(f"CREATE TABLE {name} PARTITION OF usage_records FOR VALUES FROM ('{lo}') TO ('{hi}')")
+            )
         else:  # rows of that day wait in the default partition: move them into the new day
             await session.execute(text(f"CREATE TABLE {name} (LIKE usage_records INCLUDING DEFAULTS)"))
             await session.execute(
@@ -84,7 +92,9 @@ async def ensure_partitions(session: AsyncSession, *, now: datetime | None = Non
                 ),
                 {"lo": day, "hi": day + timedelta(days=1)},
             )
-            await session.execute(text(f"ALTER TABLE usage_records ATTACH PARTITION {name} FOR VALUES FROM ('{lo}') TO ('{hi}')"))
+            await session.execute(
+                text(f"ALTER TABLE usage_records ATTACH PARTITION {name} FOR VALUES FROM ('{lo}') TO ('{hi}')")
+            )
         made.append(name)
     return made
 

@@ -78,7 +78,12 @@ def _sums() -> list[ColumnElement[Any]]:
     c = usage_rollups.c
     failed = func.sum(case((c.status >= 400, c.requests), else_=0))
     columns = [c.requests, c.prompt_tokens, c.completion_tokens, c.cost_micros, c.ttft_n, c.ttft_sum_ms]
-    return [func.sum(c.requests), failed, *(func.sum(col) for col in columns[1:]), *(func.sum(c[h]) for h in HIST_COLUMNS)]
+    return [
+        func.sum(c.requests),
+        failed,
+        *(func.sum(col) for col in columns[1:]),
+        *(func.sum(c[h]) for h in HIST_COLUMNS),
+    ]
 
 
 def _totals(values: Sequence[Any]) -> Totals:
@@ -167,7 +172,7 @@ async def exact_totals(
     for width, lo, to in cover(since.timestamp(), hi):
         if width:
             r = usage_rollups.c
-            where = [r.width_s == width, r.bucket_s >= int(lo), r.bucket_s < int(to)]
+            where: list[ColumnElement[bool]] = [r.width_s == width, r.bucket_s >= int(lo), r.bucket_s < int(to)]
             by: list[Any] = [r.tenant_id, r.api_key_id]
             tokens: Any = func.sum(r.prompt_tokens + r.completion_tokens)
             cost: Any = func.sum(r.cost_micros)
@@ -175,7 +180,6 @@ async def exact_totals(
             u = UsageRecord
             lo_at, to_at = datetime.fromtimestamp(lo, UTC), datetime.fromtimestamp(to, UTC)
             where = [u.created_at >= lo_at, u.created_at < to_at]
-            r = u.__table__.c
             by = [u.tenant_id, u.api_key_id]
             tokens = func.sum(u.prompt_tokens + u.completion_tokens)
             cost = func.sum(u.cost_micros)
@@ -183,8 +187,8 @@ async def exact_totals(
             where.append(by[0] == tenant_id)
         if key_id is not None:
             where.append(by[1] == key_id)
-        for tenant, key, t, m in (await session.execute(select(*by, tokens, cost).where(and_(*where)).group_by(*by))).all():
-            take(tenant, key, t, m)
+        for found in (await session.execute(select(*by, tokens, cost).where(and_(*where)).group_by(*by))).all():
+            take(found[0], found[1], found[2], found[3])
     return out
 
 

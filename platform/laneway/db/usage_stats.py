@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from laneway.db.models import UsageRecord
@@ -155,7 +155,9 @@ class UsageStatsRepository:
         """The TOP_GROUPS keys (or models) that spent most, then most tokens."""
         found = await top_groups(self.session, tenant_id, start, end, (by,), limit=TOP_GROUPS)
         return [
-            Spend("-" if g[by] is None else str(g[by]), t.requests, t.prompt_tokens + t.completion_tokens, t.cost_micros)
+            Spend(
+                "-" if g[by] is None else str(g[by]), t.requests, t.prompt_tokens + t.completion_tokens, t.cost_micros
+            )
             for g, t in found
         ]
 

@@ -45,8 +45,8 @@ from laneway.runtime.lifecycle import Lifecycle, Start, Stop, cancelled
 from laneway.runtime.readings import runtime_readings
 from laneway.settings import Settings
 from laneway.usage import UsageRecorder
-from laneway.usage.maintenance import UsageMaintenance
 from laneway.usage.budget_alerts import BudgetAlerts
+from laneway.usage.maintenance import UsageMaintenance
 
 if TYPE_CHECKING:
     from laneway.tracing.otel import Tracing

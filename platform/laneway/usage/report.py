@@ -56,9 +56,7 @@ def _time(param: str, raw: str | None) -> int | None:
     return value
 
 
-def parse_query(
-    params: dict[str, list[str]], *, now: datetime | None = None, tenant_param: bool = True
-) -> UsageQuery:
+def parse_query(params: dict[str, list[str]], *, now: datetime | None = None, tenant_param: bool = True) -> UsageQuery:
     """The query from the request's parameters (each name -> its values, in order)."""
 
     def one(name: str) -> str | None:
@@ -67,7 +65,15 @@ def parse_query(
             raise _bad(name, f"{name} may be given once.")
         return values[0] if values else None
 
-    known = {"start_time", "end_time", "bucket_width", "group_by", "limit", "page", *(("tenant_id",) if tenant_param else ())}
+    known = {
+        "start_time",
+        "end_time",
+        "bucket_width",
+        "group_by",
+        "limit",
+        "page",
+        *(("tenant_id",) if tenant_param else ()),
+    }
     for name in params:
         if name not in known:
             raise _bad(name, f"unknown parameter {name}; the usage API takes {', '.join(sorted(known))}.")
