@@ -1,8 +1,9 @@
-"""A tenant's usage in the admin UI: the page (figures and SVG charts for the last hour, day or
-30 days, its panel refreshed by htmx) and the CSV export of the same rows, streamed.
+"""A tenant's usage in the admin UI: the page (figures and SVG charts for the last hour, day,
+30 days or 12 months, its panel refreshed by htmx) and the CSV export of the raw rows, streamed.
 
-Everything is read from the usage table with aggregate SQL (laneway.db.usage_stats): these
-pages are for operators, off the request path, and never load the rows into Python.
+The page sums the usage rollups (laneway.db.usage_stats over db/usage_series.py): its cost grows
+with the buckets shown, never with the rows. The export reads the raw rows from a server-side
+cursor at constant memory; rows past the raw retention are gone (their rollups remain).
 """
 
 from __future__ import annotations

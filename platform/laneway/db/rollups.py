@@ -59,9 +59,6 @@ usage_rollups = Table(
     Index("ix_usage_rollups_width_bucket", "width_s", "bucket_s"),
 )
 
-# Upserts per statement: ~50 bind parameters a bucket stays under both drivers' limits.
-_CHUNK = 400
-
 
 def epoch_s(at: datetime) -> int:
     at = at.replace(tzinfo=UTC) if at.tzinfo is None else at
@@ -75,16 +72,12 @@ def ttft_bucket(ttft_ms: float) -> int:
     return len(TTFT_BOUNDS_MS)
 
 
-def percentile(hist: Sequence[int], q: float) -> float | None:
-    """The q-quantile of a histogram: the bucket holding rank q(n-1), interpolated geometrically
-    inside it (the buckets are geometric; the first from 0, linearly)."""
-    n = sum(hist)
-    if n == 0:
-        return None
-    rank = q * (n - 1)
+def _value_at(hist: Sequence[int], rank: int) -> float:
+    """The rank-th smallest value (0-based), placed inside its bucket: the bucket's values
+    spread evenly (geometrically; the first bucket, from 0, linearly)."""
     seen = 0
     for i, count in enumerate(hist):
-        if count and rank < seen + count:
+        if rank < seen + count:
             frac = (rank - seen + 0.5) / count
             hi = TTFT_BOUNDS_MS[i] if i < len(TTFT_BOUNDS_MS) else TTFT_BOUNDS_MS[-1] * 1.35
             if i == 0:
@@ -93,6 +86,21 @@ def percentile(hist: Sequence[int], q: float) -> float | None:
             return float(lo * (hi / lo) ** frac)
         seen += count
     return TTFT_BOUNDS_MS[-1]
+
+
+def percentile(hist: Sequence[int], q: float) -> float | None:
+    """The q-quantile of a histogram as percentile_cont computes it over the values (linear
+    between the ranks floor(q(n-1)) and the next), each rank's value read from its bucket:
+    within one bucket's width of the exact figure."""
+    n = sum(hist)
+    if n == 0:
+        return None
+    pos = q * (n - 1)
+    lo = int(pos)
+    low = _value_at(hist, lo)
+    if lo + 1 >= n:
+        return low
+    return low + (pos - lo) * (_value_at(hist, lo + 1) - low)
 
 
 def _key(row: dict[str, Any], width: int, at_s: int) -> tuple[Any, ...]:
@@ -142,11 +150,13 @@ async def add(session: AsyncSession, rows: Iterable[dict[str, Any]]) -> None:
     bind = session.bind
     assert bind is not None, "the session must be bound to an engine"
     dialect = postgresql if bind.dialect.name == "postgresql" else sqlite
-    for i in range(0, len(buckets), _CHUNK):
-        stmt = dialect.insert(usage_rollups).values(buckets[i : i + _CHUNK])
-        excluded = stmt.excluded
-        stmt = stmt.on_conflict_do_update(
-            index_elements=list(KEY_COLUMNS),
-            set_={name: usage_rollups.c[name] + excluded[name] for name in SUM_COLUMNS},
-        )
-        await session.execute(stmt)
+    stmt = dialect.insert(usage_rollups)
+    excluded = stmt.excluded
+    stmt = stmt.on_conflict_do_update(
+        index_elements=list(KEY_COLUMNS),
+        set_={name: usage_rollups.c[name] + excluded[name] for name in SUM_COLUMNS},
+    )
+    # An executemany of one cached statement: SQLAlchemy sends it as multi-row VALUES pages
+    # (insertmanyvalues). Building a VALUES list per batch instead compiled a new statement of
+    # ~20,000 parameters every time (1.6 s for 500 rows' buckets, measured).
+    await session.execute(stmt, buckets)

@@ -74,16 +74,13 @@ def source_width(bucket_s: int, start_s: int) -> int:
     raise ValueError(f"a bucket of {bucket_s} s from {start_s} is not whole minutes")
 
 
-def _sums() -> list[ColumnElement[Any]]:
+def _sums(*, histogram: bool = True) -> list[ColumnElement[Any]]:
+    """The summed figures; without the histogram (32 columns), a third of the work."""
     c = usage_rollups.c
     failed = func.sum(case((c.status >= 400, c.requests), else_=0))
     columns = [c.requests, c.prompt_tokens, c.completion_tokens, c.cost_micros, c.ttft_n, c.ttft_sum_ms]
-    return [
-        func.sum(c.requests),
-        failed,
-        *(func.sum(col) for col in columns[1:]),
-        *(func.sum(c[h]) for h in HIST_COLUMNS),
-    ]
+    hist = [func.sum(c[h]) for h in HIST_COLUMNS] if histogram else []
+    return [func.sum(c.requests), failed, *(func.sum(col) for col in columns[1:]), *hist]
 
 
 def _totals(values: Sequence[Any]) -> Totals:
@@ -96,7 +93,7 @@ def _totals(values: Sequence[Any]) -> Totals:
         int(cost or 0),
         int(ttft_n or 0),
         float(ttft_sum or 0.0),
-        [int(h or 0) for h in hist],
+        [int(h or 0) for h in hist] if hist else [0] * len(HIST_COLUMNS),
     )
 
 
@@ -214,7 +211,8 @@ async def top_groups(
     failed: bool = False,
 ) -> list[tuple[dict[str, Any], Totals]]:
     """Totals over [start, end) per distinct `group_by` values, most spent (then most tokens)
-    first, at most `limit` of them; `failed`: only requests that failed (status >= 400)."""
+    first, at most `limit` of them; `failed`: only requests that failed (status >= 400).
+    Without TTFT histograms (the totals' ttft() is None)."""
     c = usage_rollups.c
     groups = [c[GROUP_COLUMNS[name]] for name in group_by]
     where = [_covered(start, end)]
@@ -222,7 +220,7 @@ async def top_groups(
         where.append(c.tenant_id == tenant_id)
     if failed:
         where.append(c.status >= 400)
-    sums = _sums()
+    sums = _sums(histogram=False)  # totals per group, no percentiles: a third of the work
     order = [sums[4].desc(), (sums[2] + sums[3]).desc(), *groups]
     stmt = select(*groups, *sums).where(*where).group_by(*groups).order_by(*order)
     if limit is not None:
