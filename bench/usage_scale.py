@@ -167,7 +167,7 @@ async def p95(call: Callable[[], Awaitable[Any]], loads: int) -> tuple[float, fl
         await call()
         times.append((time.perf_counter() - t0) * 1000)
     times.sort()
-    return statistics.median(times), times[max(0, int(round(0.95 * len(times))) - 1)]
+    return statistics.median(times), times[max(0, round(0.95 * len(times)) - 1)]
 
 
 async def time_views(engine: AsyncEngine, loads: int, now: datetime) -> list[tuple[str, float, float]]:
@@ -240,6 +240,7 @@ async def time_views(engine: AsyncEngine, loads: int, now: datetime) -> list[tup
     return out
 
 
+TOTALS = "SELECT width_s, sum(requests), sum(cost_micros) FROM usage_rollups WHERE width_s > 60 GROUP BY 1 ORDER BY 1"
 CHECK = """
 WITH raw AS (
     SELECT tenant_id, CAST(floor(extract(epoch FROM created_at) / 86400) AS BIGINT) * 86400 AS day,
@@ -327,7 +328,7 @@ async def main(args: argparse.Namespace) -> None:
         before = (
             await _sql(
                 engine,
-                "SELECT width_s, sum(requests), sum(cost_micros) FROM usage_rollups WHERE width_s > 60 GROUP BY 1 ORDER BY 1",
+                TOTALS,
             )
         ).all()
         async with make_sessionmaker(engine)() as s, s.begin():
@@ -337,7 +338,7 @@ async def main(args: argparse.Namespace) -> None:
         after = (
             await _sql(
                 engine,
-                "SELECT width_s, sum(requests), sum(cost_micros) FROM usage_rollups WHERE width_s > 60 GROUP BY 1 ORDER BY 1",
+                TOTALS,
             )
         ).all()
         left = (await _sql(engine, "SELECT count(*) FROM usage_records")).scalar()
