@@ -119,7 +119,8 @@ async def seed(engine: AsyncEngine, args: argparse.Namespace, now: datetime) -> 
         await _sql(engine, migration.backfill(width, "postgresql"))
     took["rollups of the raw rows"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    await seed_history(engine, args, today - timedelta(days=args.days))
+    if args.history:
+        await seed_history(engine, args, today - timedelta(days=args.days))
     took["12 months of older rollups"] = time.perf_counter() - t0
     await _sql(engine, "ANALYZE")
     return took
@@ -295,6 +296,28 @@ async def recorder_rate(engine: AsyncEngine, rows: int, rollups_on: bool, keys: 
         rollups.add = original
 
 
+async def migrate_round_trip(engine: AsyncEngine) -> None:
+    """`laneway migrate --downgrade 0015` then `laneway migrate` on the seeded rows: the raw
+    table back to one plain table, then partitioned again with its rollups rebuilt."""
+    count = "SELECT count(*), sum(prompt_tokens) FROM usage_records"
+    rows = (await _sql(engine, count)).one()
+    t0 = time.perf_counter()
+    await migrate.downgrade(engine, "0015")
+    down = time.perf_counter() - t0
+    kept = (await _sql(engine, count)).one()
+    t0 = time.perf_counter()
+    await migrate.upgrade(engine)
+    up = time.perf_counter() - t0
+    again = (await _sql(engine, count)).one()
+    n, raw_only, rolled_only = (await _sql(engine, CHECK)).one()
+    print(
+        f"\n## migrate on {rows[0]:,} raw rows: downgrade (to one plain table) {down:.1f} s, rows "
+        f"{'kept' if kept == rows else 'CHANGED'}; upgrade (partitions by day, rollups rebuilt) {up:.1f} s, rows "
+        f"{'kept' if again == rows else 'CHANGED'}; rollups = raw for {n:,} (tenant, day) pairs: "
+        f"{'OK' if raw_only == rolled_only == 0 else 'MISMATCH'}"
+    )
+
+
 async def main(args: argparse.Namespace) -> None:
     admin = make_engine(args.pg_url, isolation_level="AUTOCOMMIT")
     name = f"lw_bench_{uuid.uuid4().hex[:10]}"
@@ -360,6 +383,8 @@ async def main(args: argparse.Namespace) -> None:
             f"| median | {statistics.median(offs):,.0f} | {statistics.median(ons):,.0f} | "
             f"{statistics.median(ons) / statistics.median(offs):.2f} |"
         )
+        if args.migrate:
+            await migrate_round_trip(engine)
     finally:
         await engine.dispose()
         async with admin.connect() as conn:
@@ -378,4 +403,6 @@ if __name__ == "__main__":
     parser.add_argument("--loads", type=int, default=20)
     parser.add_argument("--recorder-rows", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-history", dest="history", action="store_false", help="no rollups before the raw rows")
+    parser.add_argument("--migrate", action="store_true", help="time migrate --downgrade 0015 and migrate at the end")
     asyncio.run(main(parser.parse_args()))

@@ -116,7 +116,7 @@ async def usage_series(
     start_s -= start_s % min(bucket_s, DAY)
     width = source_width(bucket_s, start_s)
     c = usage_rollups.c
-    index = ((c.bucket_s - start_s) / bucket_s).label("bucket_index")
+    index = ((c.bucket_s - start_s) // bucket_s).label("bucket_index")  # whole buckets, on both databases
     groups = [c[GROUP_COLUMNS[name]] for name in group_by]
     where = [c.width_s == width, c.bucket_s >= start_s, c.bucket_s < epoch_s(end)]
     if tenant_id is not None:
