@@ -121,6 +121,8 @@ async def seed(engine: AsyncEngine, args: argparse.Namespace, now: datetime) -> 
     t0 = time.perf_counter()
     if args.history:
         await seed_history(engine, args, today - timedelta(days=args.days))
+    for width in rollups.WIDTHS:  # the tenant-totals tier, of both
+        await _sql(engine, migration.totals(width))
     took["12 months of older rollups"] = time.perf_counter() - t0
     await _sql(engine, "ANALYZE")
     return took
@@ -241,7 +243,9 @@ async def time_views(engine: AsyncEngine, loads: int, now: datetime) -> list[tup
     return out
 
 
-TOTALS = "SELECT width_s, sum(requests), sum(cost_micros) FROM usage_rollups WHERE width_s > 60 GROUP BY 1 ORDER BY 1"
+TOTALS = (
+    "SELECT width_s, sum(requests), sum(cost_micros) FROM usage_rollups WHERE abs(width_s) > 60 GROUP BY 1 ORDER BY 1"
+)
 CHECK = """
 WITH raw AS (
     SELECT tenant_id, CAST(floor(extract(epoch FROM created_at) / 86400) AS BIGINT) * 86400 AS day,
@@ -343,11 +347,12 @@ async def main(args: argparse.Namespace) -> None:
         print("| view | median | p95 |\n|---|---:|---:|")
         for label, median, high in await time_views(engine, args.loads, now):
             print(f"| {label} | {median:.1f} | {high:.1f} |")
-        n, raw_only, rolled_only = (await _sql(engine, CHECK)).one()
-        print(
-            f"\n## rollups = raw per tenant and day: {n:,} (tenant, day) pairs, {raw_only} differ one way, "
-            f"{rolled_only} the other: {'OK' if raw_only == rolled_only == 0 else 'MISMATCH'}"
-        )
+        for tier in (86400, -86400):  # the detail tier, then the tenant totals
+            n, raw_only, rolled_only = (await _sql(engine, CHECK.replace("width_s = 86400", f"width_s = {tier}"))).one()
+            print(
+                f"\n## rollups (width_s {tier}) = raw per tenant and day: {n:,} (tenant, day) pairs, {raw_only} "
+                f"differ one way, {rolled_only} the other: {'OK' if raw_only == rolled_only == 0 else 'MISMATCH'}"
+            )
         before = (
             await _sql(
                 engine,

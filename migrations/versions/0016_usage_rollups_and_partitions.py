@@ -3,7 +3,8 @@ on PostgreSQL usage_records becomes a table partitioned by day on created_at; ap
 (tenant_id, id) index for its pages
 
 Rollups: one row per (width, tenant, bucket, key, model, lane, deployment, status, error code)
-with the sums and a fixed-bucket TTFT histogram (laneway.db.rollups,
+with the sums and a fixed-bucket TTFT histogram, and a tenant-totals tier (width_s negative:
+tenant, status and error code only) (laneway.db.rollups,
 docs/decisions/0011-usage-rollups.md). The backfill is one INSERT ... SELECT ... GROUP BY per
 width, run by the database: no row passes through Python.
 
@@ -86,6 +87,39 @@ def backfill(width: int, dialect: str) -> str:
     )
 
 
+def totals(width: int) -> str:
+    """The tenant-totals tier (width_s = -width) of the detail buckets of one width."""
+    sums = ", ".join(
+        f"SUM({name})"
+        for name in (
+            "requests",
+            "prompt_tokens",
+            "completion_tokens",
+            "cost_micros",
+            "ttft_n",
+            "ttft_sum_ms",
+            *HIST_COLUMNS,
+        )
+    )
+    columns = ", ".join(
+        [
+            *KEY_COLUMNS,
+            "requests",
+            "prompt_tokens",
+            "completion_tokens",
+            "cost_micros",
+            "ttft_n",
+            "ttft_sum_ms",
+            *HIST_COLUMNS,
+        ]
+    )
+    return (
+        f"INSERT INTO usage_rollups ({columns}) "
+        f"SELECT {-width}, tenant_id, bucket_s, 0, '', '', '', status, error_code, {sums} "
+        f"FROM usage_rollups WHERE width_s = {width} GROUP BY tenant_id, bucket_s, status, error_code"
+    )
+
+
 def day_partition(day: datetime) -> str:
     following = day + timedelta(days=1)
     return (
@@ -161,6 +195,7 @@ def upgrade() -> None:
     bind = op.get_bind()
     for width in WIDTHS:
         op.execute(backfill(width, bind.dialect.name))
+        op.execute(totals(width))
     if bind.dialect.name == "postgresql":
         partition(bind)
 

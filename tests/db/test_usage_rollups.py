@@ -67,18 +67,26 @@ async def _rolled_by_tenant_day(
 ) -> dict[tuple[int, str], tuple[int, int, int, int]]:
     out = {}
     for tenant in range(1, tenants + 1):
-        for width in (timedelta(days=1), timedelta(hours=1), timedelta(minutes=1)):
+        # Both tiers: the tenant totals (no group) and the detail (by model, added up).
+        for width, group_by in (
+            (timedelta(days=1), ()),
+            (timedelta(days=1), ("model",)),
+            (timedelta(hours=1), ("lane",)),
+            (timedelta(hours=1), ()),
+            (timedelta(minutes=1), ()),
+            (timedelta(minutes=1), ("key",)),
+        ):
             per_day: dict[str, tuple[int, int, int, int]] = {}
             start = NOW - timedelta(days=days + 1)
-            for row in await usage_series(session, tenant, start, NOW + timedelta(days=1), width):
+            for row in await usage_series(session, tenant, start, NOW + timedelta(days=1), width, group_by):
                 day = f"{row.start:%Y-%m-%d}"
                 n, p, c, m = per_day.get(day, (0, 0, 0, 0))
                 t = row.totals
                 per_day[day] = (n + t.requests, p + t.prompt_tokens, c + t.completion_tokens, m + t.cost_micros)
-            if width == timedelta(days=1):
+            if width == timedelta(days=1) and not group_by:
                 out.update({(tenant, day): v for day, v in per_day.items()})
             else:  # the finer widths add up to the same days
-                assert per_day == {day: v for (t, day), v in out.items() if t == tenant}, (tenant, width)
+                assert per_day == {day: v for (t, day), v in out.items() if t == tenant}, (tenant, width, group_by)
     return out
 
 

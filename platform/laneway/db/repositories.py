@@ -299,7 +299,7 @@ class UsageRepository:
     ) -> dict[int, int]:
         """Prompt + completion tokens per tenant of the usage created at or after `since` (and
         before `before`, when given): from the rollups, exact to the row (db/usage_series.py)."""
-        found = await exact_totals(self.session, since, before, tenant_id=tenant_id)
+        found = await exact_totals(self.session, since, before, tenant_id=tenant_id, by_key=False)
         out: dict[int, int] = {}
         for (tenant, _), (tokens, _) in found.items():
             out[tenant] = out.get(tenant, 0) + tokens

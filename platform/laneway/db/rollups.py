@@ -11,6 +11,13 @@ in the same order and never deadlock each other.
 Unset dimensions are stored as 0 or '' (a NULL never conflicts with itself, so it cannot be part
 of the conflict target); readers turn them back into None.
 
+Two tiers in one table, told apart by the sign of width_s:
+- detail (width_s > 0): every dimension, for the views grouped by key, model, lane, deployment;
+- tenant totals (width_s = -width): only tenant, status and error code (key 0, model, lane and
+  deployment ''), for the series and totals of a tenant: a 30-day page reads 30 days x a few
+  statuses, not 30 days x every key, model and lane the tenant used.
+Each reader names its tier by width, so no row is ever counted twice.
+
 TTFT is kept as a fixed-bucket histogram (TTFT_BOUNDS_MS, geometric, x1.35 from 4 ms): merging
 two is adding columns, which the upsert already does, and percentiles read from it are within
 one bucket's width (about +-15%) of the exact value.
@@ -29,7 +36,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from laneway.db.models import Base
 
 MINUTE, HOUR, DAY = 60, 3600, 86400
-WIDTHS = (MINUTE, HOUR, DAY)  # every row is added to one bucket of each
+WIDTHS = (MINUTE, HOUR, DAY)  # every row is added to one bucket of each, in both tiers
+
+
+def totals_tier(width: int) -> int:
+    """The width_s of the tenant-totals tier of a width."""
+    return -width
+
+
 TTFT_BOUNDS_MS = tuple(round(4.0 * 1.35**i, 3) for i in range(31))  # 4 ms .. ~32 s
 HIST_COLUMNS = tuple(f"ttft_b{i:02d}" for i in range(len(TTFT_BOUNDS_MS) + 1))
 KEY_COLUMNS = ("width_s", "tenant_id", "bucket_s", "api_key_id", "model", "lane", "deployment", "status", "error_code")
@@ -103,18 +117,22 @@ def percentile(hist: Sequence[int], q: float) -> float | None:
     return low + (pos - lo) * (_value_at(hist, lo + 1) - low)
 
 
-def _key(row: dict[str, Any], width: int, at_s: int) -> tuple[Any, ...]:
-    return (
+def _keys(row: dict[str, Any], width: int, at_s: int) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The row's bucket in the detail tier and in the tenant-totals tier."""
+    tenant, bucket = row.get("tenant_id") or 0, at_s - at_s % width
+    status, code = int(row.get("status") or 0), row.get("error_code") or ""
+    detail = (
         width,
-        row.get("tenant_id") or 0,
-        at_s - at_s % width,
+        tenant,
+        bucket,
         row.get("api_key_id") or 0,
         row.get("model") or "",
         row.get("lane") or "",
         row.get("deployment") or "",
-        int(row.get("status") or 0),
-        row.get("error_code") or "",
+        status,
+        code,
     )
+    return detail, (totals_tier(width), tenant, bucket, 0, "", "", "", status, code)
 
 
 def aggregate(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -126,16 +144,20 @@ def aggregate(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         created = row.get("created_at") or datetime.now(UTC)
         at_s = epoch_s(created)
         ttft = row.get("ttft_ms")
+        slot = None if ttft is None else width_hist + ttft_bucket(float(ttft))
+        prompt, completion = int(row.get("prompt_tokens") or 0), int(row.get("completion_tokens") or 0)
+        cost = int(row.get("cost_micros") or 0)
         for width in WIDTHS:
-            sums = buckets.setdefault(_key(row, width, at_s), [0] * width_hist + [0] * len(HIST_COLUMNS))
-            sums[0] += 1
-            sums[1] += int(row.get("prompt_tokens") or 0)
-            sums[2] += int(row.get("completion_tokens") or 0)
-            sums[3] += int(row.get("cost_micros") or 0)
-            if ttft is not None:
-                sums[4] += 1
-                sums[5] += float(ttft)
-                sums[width_hist + ttft_bucket(float(ttft))] += 1
+            for key in _keys(row, width, at_s):
+                sums = buckets.setdefault(key, [0] * width_hist + [0] * len(HIST_COLUMNS))
+                sums[0] += 1
+                sums[1] += prompt
+                sums[2] += completion
+                sums[3] += cost
+                if slot is not None:
+                    sums[4] += 1
+                    sums[5] += float(ttft)  # type: ignore[arg-type]
+                    sums[slot] += 1
     return [
         dict(zip(KEY_COLUMNS, key, strict=True)) | dict(zip(SUM_COLUMNS, sums, strict=True))
         for key, sums in sorted(buckets.items())

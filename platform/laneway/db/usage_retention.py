@@ -22,7 +22,7 @@ from sqlalchemy import delete, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from laneway.db.models import UsageRecord
-from laneway.db.rollups import DAY, HOUR, MINUTE, epoch_s, usage_rollups
+from laneway.db.rollups import DAY, HOUR, MINUTE, epoch_s, totals_tier, usage_rollups
 
 PARTITION = re.compile(r"^usage_records_p(\d{8})$")
 DEFAULT_PARTITION = "usage_records_pdefault"
@@ -122,7 +122,8 @@ async def drop_expired(
     c = usage_rollups.c
     removed = 0
     for width, cut in ((MINUTE, epoch_s(raw_cut)), (HOUR, rollup_cut), (DAY, rollup_cut)):
-        result = await session.execute(delete(usage_rollups).where(c.width_s == width, c.bucket_s < cut))
+        both_tiers = c.width_s.in_((width, totals_tier(width)))
+        result = await session.execute(delete(usage_rollups).where(both_tiers, c.bucket_s < cut))
         removed += int(result.rowcount or 0)  # type: ignore[attr-defined]
     return RetentionResult(dropped, deleted, removed)
 

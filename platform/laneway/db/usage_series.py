@@ -18,7 +18,7 @@ from sqlalchemy import ColumnElement, and_, case, false, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from laneway.db.models import UsageRecord
-from laneway.db.rollups import DAY, HIST_COLUMNS, HOUR, MINUTE, epoch_s, percentile, usage_rollups
+from laneway.db.rollups import DAY, HIST_COLUMNS, HOUR, MINUTE, epoch_s, percentile, totals_tier, usage_rollups
 
 # group_by names (the usage API's and the pages') -> rollup columns.
 GROUP_COLUMNS = {
@@ -64,6 +64,16 @@ class SeriesRow:
     start: datetime  # the bucket's start
     group: dict[str, Any]  # group_by name -> value (None: unset)
     totals: Totals
+
+
+# group_by names the tenant-totals tier holds (db/rollups.py): a view grouped by nothing else
+# reads it, a few rows a bucket instead of one per key, model, lane and deployment.
+_TOTALS_GROUPS = {"tenant", "status", "error_code"}
+
+
+def tier(width: int, group_by: Sequence[str], key_id: int | None = None) -> int:
+    """The width_s to read: the tenant-totals tier where it holds what is asked."""
+    return totals_tier(width) if key_id is None and set(group_by) <= _TOTALS_GROUPS else width
 
 
 def source_width(bucket_s: int, start_s: int) -> int:
@@ -118,7 +128,7 @@ async def usage_series(
     c = usage_rollups.c
     index = ((c.bucket_s - start_s) // bucket_s).label("bucket_index")  # whole buckets, on both databases
     groups = [c[GROUP_COLUMNS[name]] for name in group_by]
-    where = [c.width_s == width, c.bucket_s >= start_s, c.bucket_s < epoch_s(end)]
+    where = [c.width_s == tier(width, group_by, key_id), c.bucket_s >= start_s, c.bucket_s < epoch_s(end)]
     if tenant_id is not None:
         where.append(c.tenant_id == tenant_id)
     if key_id is not None:
@@ -153,23 +163,26 @@ async def exact_totals(
     *,
     tenant_id: int | None = None,
     key_id: int | None = None,
+    by_key: bool = True,
 ) -> dict[tuple[int, int | None], tuple[int, int]]:
     """(tokens, cost micros) per (tenant, key) of the usage created in [since, before) (before
-    None: up to now), exact to the row."""
+    None: up to now), exact to the row. `by_key` False: per tenant only (key None), from the
+    tenant-totals tier."""
     hi = before.timestamp() if before is not None else (epoch_s(datetime.now(UTC)) // DAY + 1) * DAY
     out: dict[tuple[int, int | None], tuple[int, int]] = {}
 
     def take(tenant: Any, key: Any, tokens: Any, cost: Any) -> None:
         if not tenant:  # usage of no tenant: nobody's quota
             return
-        slot = (int(tenant), int(key) if key else None)
+        slot = (int(tenant), int(key) if key and (by_key or key_id is not None) else None)
         t, m = out.get(slot, (0, 0))
         out[slot] = (t + int(tokens or 0), m + int(cost or 0))
 
     for width, lo, to in cover(since.timestamp(), hi):
         if width:
             r = usage_rollups.c
-            where: list[ColumnElement[bool]] = [r.width_s == width, r.bucket_s >= int(lo), r.bucket_s < int(to)]
+            read = width if by_key or key_id is not None else totals_tier(width)
+            where: list[ColumnElement[bool]] = [r.width_s == read, r.bucket_s >= int(lo), r.bucket_s < int(to)]
             by: list[Any] = [r.tenant_id, r.api_key_id]
             tokens: Any = func.sum(r.prompt_tokens + r.completion_tokens)
             cost: Any = func.sum(r.cost_micros)
@@ -189,11 +202,12 @@ async def exact_totals(
     return out
 
 
-def _covered(start: datetime, end: datetime) -> ColumnElement[bool]:
-    """Rollup rows that tile [start, end) exactly (whole minutes; the coarsest widths that fit)."""
+def _covered(start: datetime, end: datetime, group_by: Sequence[str]) -> ColumnElement[bool]:
+    """Rollup rows that tile [start, end) exactly (whole minutes; the coarsest widths that fit),
+    in the tier that holds group_by."""
     c = usage_rollups.c
     parts = [
-        and_(c.width_s == width, c.bucket_s >= int(lo), c.bucket_s < int(hi))
+        and_(c.width_s == tier(width, group_by), c.bucket_s >= int(lo), c.bucket_s < int(hi))
         for width, lo, hi in cover(float(epoch_s(start)), float(epoch_s(end)))
         if width
     ]
@@ -215,7 +229,7 @@ async def top_groups(
     Without TTFT histograms (the totals' ttft() is None)."""
     c = usage_rollups.c
     groups = [c[GROUP_COLUMNS[name]] for name in group_by]
-    where = [_covered(start, end)]
+    where = [_covered(start, end, group_by)]
     if tenant_id is not None:
         where.append(c.tenant_id == tenant_id)
     if failed:
