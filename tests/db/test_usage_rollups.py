@@ -17,7 +17,7 @@ from laneway.db.models import UsageRecord
 from laneway.db.repositories import UsageRepository
 from laneway.db.session import make_engine, make_sessionmaker
 from laneway.db.usage_retention import drop_expired, ensure_partitions, is_partitioned, partitions
-from laneway.db.usage_series import exact_totals, usage_series
+from laneway.db.usage_series import exact_totals, raw_gone_before, usage_series
 from laneway.usage import UsageRecorder
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
@@ -205,6 +205,8 @@ async def test_retention_drops_expired_days_and_the_rollups_remain(db_engine: As
     sessions = make_sessionmaker(db_engine)
     async with sessions() as s:
         before = await usage_series(s, None, NOW - timedelta(days=210), NOW + timedelta(days=1), timedelta(days=30))
+    async with sessions() as s:
+        assert await raw_gone_before(s, 1, NOW - timedelta(days=210)) is None  # every row still there
     async with sessions() as s, s.begin():
         assert await ensure_partitions(s, ahead_days=9) == (
             [f"usage_records_p{NOW + timedelta(days=n):%Y%m%d}" for n in (8, 9)]
@@ -217,6 +219,8 @@ async def test_retention_drops_expired_days_and_the_rollups_remain(db_engine: As
     async with sessions() as s:
         assert (await s.execute(select(func.count()).select_from(UsageRecord))).scalar() == len(kept)
         after = await usage_series(s, None, NOW - timedelta(days=210), NOW + timedelta(days=1), timedelta(days=30))
+        gone = await raw_gone_before(s, 1, NOW - timedelta(days=210))
+    assert gone is not None and gone >= cut  # the export can say the raw rows before are gone
     assert [(r.start, r.totals.requests, r.totals.cost_micros) for r in after] == [
         (r.start, r.totals.requests, r.totals.cost_micros) for r in before
     ]

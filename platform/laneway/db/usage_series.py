@@ -251,3 +251,24 @@ def _group(group_by: Sequence[str], values: Sequence[Any]) -> dict[str, Any]:
         name: (None if value == _UNSET.get(GROUP_COLUMNS[name], object()) else value)
         for name, value in zip(group_by, values, strict=True)
     }
+
+
+async def raw_gone_before(session: AsyncSession, tenant_id: int, start: datetime) -> datetime | None:
+    """Where the tenant's raw rows since `start` now begin, when the rollups hold usage from
+    before it (the raw rows past retention were dropped; their rollups remain); None when
+    every row of the period is still there."""
+    oldest = (
+        await session.execute(
+            select(func.min(UsageRecord.created_at)).where(
+                UsageRecord.tenant_id == tenant_id, UsageRecord.created_at >= start
+            )
+        )
+    ).scalar()
+    upto = epoch_s(oldest if oldest is not None else datetime.now(UTC))
+    upto -= upto % MINUTE  # whole minutes: the rollups' finest
+    if upto <= epoch_s(start):
+        return None
+    earlier = await top_groups(session, tenant_id, start, datetime.fromtimestamp(upto, UTC), ("tenant",))
+    if not any(totals.requests for _, totals in earlier):
+        return None
+    return datetime.fromtimestamp(upto, UTC) if oldest is None else oldest.replace(tzinfo=oldest.tzinfo or UTC)
