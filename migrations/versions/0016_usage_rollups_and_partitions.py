@@ -4,7 +4,7 @@ on PostgreSQL usage_records becomes a table partitioned by day on created_at; ap
 
 Rollups: one row per (width, tenant, bucket, key, model, lane, deployment, status, error code)
 with the sums and a fixed-bucket TTFT histogram, and a tenant-totals tier (width_s negative:
-tenant, status and error code only) (laneway.db.rollups,
+tenant, model, status and error code only) (laneway.db.rollups,
 docs/decisions/0011-usage-rollups.md). The backfill is one INSERT ... SELECT ... GROUP BY per
 width, run by the database: no row passes through Python.
 
@@ -88,7 +88,8 @@ def backfill(width: int, dialect: str) -> str:
 
 
 def totals(width: int) -> str:
-    """The tenant-totals tier (width_s = -width) of the detail buckets of one width."""
+    """The tenant-totals tier (width_s = -width: tenant, model, status, code) of the detail
+    buckets of one width."""
     sums = ", ".join(
         f"SUM({name})"
         for name in (
@@ -115,8 +116,8 @@ def totals(width: int) -> str:
     )
     return (
         f"INSERT INTO usage_rollups ({columns}) "
-        f"SELECT {-width}, tenant_id, bucket_s, 0, '', '', '', status, error_code, {sums} "
-        f"FROM usage_rollups WHERE width_s = {width} GROUP BY tenant_id, bucket_s, status, error_code"
+        f"SELECT {-width}, tenant_id, bucket_s, 0, model, '', '', status, error_code, {sums} "
+        f"FROM usage_rollups WHERE width_s = {width} GROUP BY tenant_id, bucket_s, model, status, error_code"
     )
 
 

@@ -13,9 +13,9 @@ of the conflict target); readers turn them back into None.
 
 Two tiers in one table, told apart by the sign of width_s:
 - detail (width_s > 0): every dimension, for the views grouped by key, model, lane, deployment;
-- tenant totals (width_s = -width): only tenant, status and error code (key 0, model, lane and
-  deployment ''), for the series and totals of a tenant: a 30-day page reads 30 days x a few
-  statuses, not 30 days x every key, model and lane the tenant used.
+- tenant totals (width_s = -width): only tenant, model, status and error code (key 0, lane and
+  deployment ''), for the series, totals and per-model figures of a tenant: a 30-day page reads
+  30 days x a few models and statuses, not 30 days x every key, lane and deployment it used.
 Each reader names its tier by width, so no row is ever counted twice.
 
 TTFT is kept as a fixed-bucket histogram (TTFT_BOUNDS_MS, geometric, x1.35 from 4 ms): merging
@@ -132,7 +132,7 @@ def _keys(row: dict[str, Any], width: int, at_s: int) -> tuple[tuple[Any, ...], 
         status,
         code,
     )
-    return detail, (totals_tier(width), tenant, bucket, 0, "", "", "", status, code)
+    return detail, (totals_tier(width), tenant, bucket, 0, detail[4], "", "", status, code)
 
 
 def aggregate(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -68,7 +68,7 @@ class SeriesRow:
 
 # group_by names the tenant-totals tier holds (db/rollups.py): a view grouped by nothing else
 # reads it, a few rows a bucket instead of one per key, model, lane and deployment.
-_TOTALS_GROUPS = {"tenant", "status", "error_code"}
+_TOTALS_GROUPS = {"tenant", "model", "status", "error_code"}
 
 
 def tier(width: int, group_by: Sequence[str], key_id: int | None = None) -> int:
