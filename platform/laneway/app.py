@@ -27,6 +27,7 @@ from laneway.admin.replica_pages import ReplicaPages
 from laneway.admin.route_pages import RoutePages
 from laneway.admin.tenant_pages import TenantPages
 from laneway.admin.ui import AdminUI
+from laneway.admin.usage_api import UsageAPI
 from laneway.admin.usage_ui import UsagePages
 from laneway.api import registry
 from laneway.api.batches.batches import BatchesController
@@ -72,7 +73,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             BatchesController,
             # The admin session, then the CSRF token of a change: in a header for the JSON API,
             # in the form for the pages (which redirect to the login page without a session).
-            Router("/", route_handlers=[AdminAPI], guards=[admin.session, csrf_header]),
+            Router("/", route_handlers=[AdminAPI, UsageAPI], guards=[admin.session, csrf_header]),
             Router("/", route_handlers=ADMIN_PAGES, guards=[admin.session, csrf_form]),
             create_static_files_router(path="/admin/static", directories=[package_dir(ADMIN_STATIC)]),
             live,

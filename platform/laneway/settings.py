@@ -55,6 +55,10 @@ class Settings:
     # Rows kept in memory while the database is unreachable (the oldest are dropped beyond,
     # and counted); what is left at shutdown is spooled to data_dir and written next start.
     usage_max_pending: int = 100_000
+    # Raw usage rows (and the minute rollups) are kept this many days, hour and day rollups
+    # usage_rollup_retention_days; on PostgreSQL by dropping day partitions (db/usage_retention.py).
+    usage_retention_days: int = 90
+    usage_rollup_retention_days: int = 730
     # The currency model prices (per 1M tokens) and request costs are in (core/prices.py): a
     # label, shown beside the figures; nothing is converted.
     currency: str = "USD"

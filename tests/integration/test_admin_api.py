@@ -54,7 +54,9 @@ def test_edits_apply_to_the_running_gateway_and_are_audited(server: ServerThread
     tenant = admin.post("/tenants", json={"name": "acme", "rpm": 100}).json()
     assert admin.post("/tenants", json={"name": "acme"}).status_code == 409
     key = admin.post(f"/tenants/{tenant['id']}/keys", json={"name": "ci"}).json()
-    assert key["secret"].startswith("lw-") and "secret" not in admin.get(f"/tenants/{tenant['id']}/keys").json()[0]
+    assert (
+        key["secret"].startswith("lw-") and "secret" not in admin.get(f"/tenants/{tenant['id']}/keys").json()["data"][0]
+    )
     client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=key["secret"], max_retries=0)
 
     def ask(**kw: Any) -> Any:

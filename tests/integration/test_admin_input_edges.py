@@ -172,7 +172,7 @@ def test_expires_days_must_be_a_number_of_days_above_zero(
     admin: httpx.Client, ui: tuple[httpx.Client, str], raw: bytes
 ) -> None:
     tid = tenant(admin)["id"]
-    keys = len(admin.get(f"/tenants/{tid}/keys").json())
+    keys = len(admin.get(f"/tenants/{tid}/keys").json()["data"])
     r = admin.post(f"/tenants/{tid}/keys", content=b'{"name": "k", "expires_days": ' + raw + b"}")
     message = refused(r, "expires_days")
     assert message.startswith("expires_days must be a number of days greater than 0")
@@ -181,7 +181,7 @@ def test_expires_days_must_be_a_number_of_days_above_zero(
         f"/admin/tenants/{tid}/keys", data={"csrf_token": csrf, "name": "k", "expires_days": raw.decode().strip('"')}
     )
     assert r.status_code == 400 and 'id="key-error"' in r.text and "greater than 0" in r.text
-    assert len(admin.get(f"/tenants/{tid}/keys").json()) == keys  # nothing issued
+    assert len(admin.get(f"/tenants/{tid}/keys").json()["data"]) == keys  # nothing issued
 
 
 def test_key_names_and_a_valid_expiry(admin: httpx.Client) -> None:

@@ -176,7 +176,7 @@ def test_a_keys_monthly_budget(replicas: list[Gateway], wall: Wall) -> None:
     wall.set("2026-05-31T12:00:00")
     admin = admin_client(replicas[0])
     tenant_id = next(t["id"] for t in admin.get("/tenants", params={"q": "keyed"}).json()["data"])
-    key_id = next(k["id"] for k in admin.get(f"/tenants/{tenant_id}/keys").json() if k["name"] == "keyed")
+    key_id = next(k["id"] for k in admin.get(f"/tenants/{tenant_id}/keys").json()["data"] if k["name"] == "keyed")
     r = admin.patch(f"/keys/{key_id}", json={"budget_per_month": 30})
     assert r.status_code == 200 and r.json()["budget_per_month"] == 30
     wait_for(lambda: refused(replicas[1], "keyed", 40) == "request_too_large", what="b applying the key's budget")

@@ -285,9 +285,9 @@ def test_admin_edits_quotas_and_key_limits_with_plain_word_errors(replicas: list
         assert r.json()["error"]["param"] == param and words in r.json()["error"]["message"], r.json()
     assert admin.patch(f"/keys/{key_id}", json={"rpm": 5}).json()["rpm"] == 5
     # Issuing a key with limits validates them first: nothing issued when refused.
-    before = len(admin.get(f"/tenants/{tenant_id}/keys").json())
+    before = len(admin.get(f"/tenants/{tenant_id}/keys").json()["data"])
     r = admin.post(f"/tenants/{tenant_id}/keys", json={"name": "too-wide", "rpm": 50})
-    assert r.status_code == 400 and len(admin.get(f"/tenants/{tenant_id}/keys").json()) == before
+    assert r.status_code == 400 and len(admin.get(f"/tenants/{tenant_id}/keys").json()["data"]) == before
     issued = admin.post(f"/tenants/{tenant_id}/keys", json={"name": "narrow", "tpm": 40, "allowed_models": ["sim"]})
     assert issued.status_code == 201 and issued.json()["tpm"] == 40 and issued.json()["allowed_models"] == ["sim"]
 
@@ -337,5 +337,5 @@ def tenant_named(admin: httpx.Client, name: str) -> int:
 
 
 def key_named(admin: httpx.Client, tenant: str, key: str) -> int:
-    keys = admin.get(f"/tenants/{tenant_named(admin, tenant)}/keys").json()
+    keys = admin.get(f"/tenants/{tenant_named(admin, tenant)}/keys").json()["data"]
     return int(next(k["id"] for k in keys if k["name"] == key))

@@ -37,7 +37,8 @@ from laneway.admin.throttle import LoginGuard
 from laneway.admin.validation import Username, check_text, decode, decode_object, int_query
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
-from laneway.db.models import ApiKey, Tenant
+from laneway.db.key_pages import key_page
+from laneway.db.models import Tenant
 from laneway.db.repositories import AdminRepository, AuditRepository, PolicyRepository
 
 SESSION_TTL = timedelta(hours=12)
@@ -127,10 +128,25 @@ class AdminAPI(Controller):
         return await tenants.edit_tenant(admin_service, actor, tenant_id, _decode(body, TenantIn), sent)
 
     @get("/tenants/{tenant_id:int}/keys", security=ADMIN_SESSION)
-    async def keys(self, admin_service: Service, tenant_id: FromPath[int]) -> list[dict[str, Any]]:
+    async def keys(self, request: AdminRequest, admin_service: Service, tenant_id: FromPath[int]) -> dict[str, Any]:
+        """Cursor pages, as the Files API: ?q= (name or prefix contains), ?after= (the page
+        before's last_id), ?limit= (1..200, default 50): {"object": "list", "data", "first_id",
+        "last_id", "has_more"}, by id."""
+        params = request.query_params
+        q = check_text("q", params.get("q", ""), max_length=120, allow_empty=True)
+        after = int_query("after", params.get("after"), default=0, lo=0, hi=2**31 - 1)
+        limit = int_query("limit", params.get("limit"), default=50, lo=1, hi=MAX_PER_PAGE)
         async with admin_service.sessions() as session:
-            rows = await session.execute(select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.id))
-            return [row(k, KEY_FIELDS) for k in rows.scalars()]
+            await get_or_404(session, Tenant, tenant_id)
+            found = await key_page(session, tenant_id, q=q, after=after or None, limit=limit + 1)
+        page = [row(k, KEY_FIELDS) for k in found[:limit]]
+        return {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(found) > limit,
+        }
 
     @post("/tenants/{tenant_id:int}/keys", status_code=201, security=ADMIN_CHANGE)
     async def issue(self, request: AdminRequest, admin_service: Service, tenant_id: FromPath[int]) -> dict[str, Any]:

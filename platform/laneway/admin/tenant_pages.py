@@ -10,7 +10,6 @@ from litestar import Controller, get, post
 from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath, SkipValidation
 from litestar.response import Redirect, Template
-from sqlalchemy import select
 
 from laneway.admin import keys, tenants
 from laneway.admin.api import MAX_PAGE, MAX_PER_PAGE, tenant_page
@@ -26,9 +25,11 @@ from laneway.admin.ui import Page, to_login
 from laneway.admin.validation import check_text, convert, int_query
 from laneway.contracts.errors import GatewayError
 from laneway.core.ratelimit import RateLimiter
+from laneway.db.key_pages import key_page
 from laneway.db.models import ApiKey, Tenant
 
 PER_PAGE = 25
+KEYS_PER_PAGE = 50  # a tenant's keys a page: 100,000 keys are 2,000 pages, never one
 
 
 @dataclass(frozen=True)
@@ -127,12 +128,16 @@ class TenantPages(Controller):
         svc, limiter = view.svc, view.limiter
         async with svc.sessions() as session:
             tenant = await get_or_404(session, Tenant, tenant_id)
-            rows = await session.execute(select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.id))
+            keys_q, keys_after = extra.pop("keys_q", ""), extra.pop("keys_after", None)
+            found = await key_page(session, tenant_id, q=keys_q, after=keys_after, limit=KEYS_PER_PAGE + 1)
             context = {
                 "admin": current.username,
                 "csrf": current.csrf,
                 "tenant": row(tenant, TENANT_FIELDS),
-                "keys": [row(k, KEY_FIELDS) for k in rows.scalars()],
+                "keys": [row(k, KEY_FIELDS) for k in found[:KEYS_PER_PAGE]],
+                "keys_q": keys_q,
+                "keys_after": keys_after,
+                "keys_more": len(found) > KEYS_PER_PAGE,
                 "usage": await tenant_usage(limiter, session, tenant),
                 **extra,
             }
@@ -149,7 +154,15 @@ class TenantPages(Controller):
         view: SkipValidation[TenantView],
         tenant_id: FromPath[int],
     ) -> Page:
-        return await self._tenant_page(view, request.user, tenant_id)
+        """?keys_q= (a key's name or prefix contains) and ?keys_after= (the last key id shown):
+        the keys come KEYS_PER_PAGE at a time, searched in the database."""
+        params = request.query_params
+        try:
+            keys_q = check_text("keys_q", params.get("keys_q", ""), max_length=120, allow_empty=True)
+            after = int_query("keys_after", params.get("keys_after"), default=0, lo=0, hi=2**31 - 1)
+        except GatewayError as exc:
+            return await self._tenant_page(view, request.user, tenant_id, key_error=exc.message, status=400)
+        return await self._tenant_page(view, request.user, tenant_id, keys_q=keys_q, keys_after=after or None)
 
     @post("/tenants/{tenant_id:int}")
     async def edit_tenant(

@@ -1,8 +1,9 @@
-"""A tenant's usage in the admin UI: the page (figures and SVG charts for the last hour, day or
-30 days, its panel refreshed by htmx) and the CSV export of the same rows, streamed.
+"""A tenant's usage in the admin UI: the page (figures and SVG charts for the last hour, day,
+30 days or 12 months, its panel refreshed by htmx) and the CSV export of the raw rows, streamed.
 
-Everything is read from the usage table with aggregate SQL (laneway.db.usage_stats): these
-pages are for operators, off the request path, and never load the rows into Python.
+The page sums the usage rollups (laneway.db.usage_stats over db/usage_series.py): its cost grows
+with the buckets shown, never with the rows. The export reads the raw rows from a server-side
+cursor at constant memory; rows past the raw retention are gone (their rollups remain).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.core.prices import from_micros
 from laneway.db.models import Tenant
+from laneway.db.usage_series import raw_gone_before
 from laneway.db.usage_stats import (
     DEFAULT_PERIOD,
     EXPORT_COLUMNS,
@@ -180,10 +182,11 @@ class UsagePages(Controller):
         self, request: AdminRequest, admin_service: NamedDependency[AdminService], tenant_id: FromPath[int]
     ) -> Stream:
         period = _period(request.query_params.get("period"))
-        async with admin_service.sessions() as session:
-            tenant = await service.get_or_404(session, Tenant, tenant_id)
         end = datetime.now(UTC)
         start = end - period.length
+        async with admin_service.sessions() as session:
+            tenant = await service.get_or_404(session, Tenant, tenant_id)
+            gone_before = await raw_gone_before(session, tenant_id, start)
         name = _UNSAFE_FILENAME.sub("_", tenant.name).strip("._") or f"tenant-{tenant.id}"
         filename = f"usage-{name}-{period.key}-{end:%Y%m%dT%H%M%SZ}.csv"
         return Stream(
@@ -194,5 +197,7 @@ class UsagePages(Controller):
                 "Cache-Control": "no-store",
                 "X-Laneway-Usage-From": iso_utc(start),
                 "X-Laneway-Usage-To": iso_utc(end),
+                # Raw rows before this are past retention, dropped; the usage page's rollups keep them.
+                **({"X-Laneway-Raw-Rows-Gone-Before": iso_utc(gone_before)} if gone_before else {}),
             },
         )

@@ -6,10 +6,11 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Column, func, insert, select, update
+from sqlalchemy import Column, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import selectinload
 
+from laneway.db import rollups
 from laneway.db.models import (
     Admin,
     AdminSession,
@@ -23,6 +24,7 @@ from laneway.db.models import (
     UsageRecord,
     utcnow,
 )
+from laneway.db.usage_series import exact_totals
 
 # DeploymentSpec lives in laneway.types (engines build from it without importing the database layer);
 # re-exported here for the importers that take it from the repositories.
@@ -284,24 +286,24 @@ class UsageRepository:
         # the statement from the first row's keys, so rows are grouped by the keys they carry
         # (the gateway's rows all carry the same: one group).
         groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        now = utcnow()
         for r in rows:
+            r.setdefault("created_at", now)  # set here, so the row and its buckets agree
             groups.setdefault(tuple(r), []).append(r)
         for group in groups.values():
             await self.session.execute(insert(UsageRecord.__table__), group)  # type: ignore[arg-type]
+        await rollups.add(self.session, rows)  # the same transaction: rows and buckets agree
 
     async def tokens_since(
         self, since: datetime, tenant_id: int | None = None, *, before: datetime | None = None
     ) -> dict[int, int]:
-        """Prompt + completion tokens per tenant in rows created at or after `since` (and
-        before `before`, when given): one aggregate on the (tenant_id, created_at) index."""
-        total = func.sum(UsageRecord.prompt_tokens + UsageRecord.completion_tokens)
-        stmt = select(UsageRecord.tenant_id, total).where(UsageRecord.created_at >= since)
-        if before is not None:
-            stmt = stmt.where(UsageRecord.created_at < before)
-        if tenant_id is not None:
-            stmt = stmt.where(UsageRecord.tenant_id == tenant_id)
-        rows = await self.session.execute(stmt.group_by(UsageRecord.tenant_id))
-        return {int(t): int(n or 0) for t, n in rows.all() if t is not None}
+        """Prompt + completion tokens per tenant of the usage created at or after `since` (and
+        before `before`, when given): from the rollups, exact to the row (db/usage_series.py)."""
+        found = await exact_totals(self.session, since, before, tenant_id=tenant_id, by_key=False)
+        out: dict[int, int] = {}
+        for (tenant, _), (tokens, _) in found.items():
+            out[tenant] = out.get(tenant, 0) + tokens
+        return out
 
     async def cost_since(
         self,
@@ -311,18 +313,10 @@ class UsageRepository:
         key_id: int | None = None,
         before: datetime | None = None,
     ) -> dict[tuple[int, int | None], int]:
-        """Cost (micro-units) per (tenant, API key) in rows created at or after `since` (and
-        before `before`), optionally of one tenant or key: the money budgets' counters."""
-        by = (UsageRecord.tenant_id, UsageRecord.api_key_id)
-        stmt = select(*by, func.sum(UsageRecord.cost_micros)).where(UsageRecord.created_at >= since)
-        if before is not None:
-            stmt = stmt.where(UsageRecord.created_at < before)
-        if tenant_id is not None:
-            stmt = stmt.where(UsageRecord.tenant_id == tenant_id)
-        if key_id is not None:
-            stmt = stmt.where(UsageRecord.api_key_id == key_id)
-        rows = await self.session.execute(stmt.group_by(*by))
-        return {(int(t), k): int(n or 0) for t, k, n in rows.all() if t is not None}
+        """Cost (micro-units) per (tenant, API key) of the usage created at or after `since`
+        (and before `before`), optionally of one tenant or key: the money budgets' counters."""
+        found = await exact_totals(self.session, since, before, tenant_id=tenant_id, key_id=key_id)
+        return {slot: cost for slot, (_, cost) in found.items()}
 
     async def for_tenant(self, tenant_id: int) -> list[UsageRecord]:
         stmt = select(UsageRecord).where(UsageRecord.tenant_id == tenant_id).order_by(UsageRecord.id)

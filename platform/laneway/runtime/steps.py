@@ -46,6 +46,7 @@ from laneway.runtime.readings import runtime_readings
 from laneway.settings import Settings
 from laneway.usage import UsageRecorder
 from laneway.usage.budget_alerts import BudgetAlerts
+from laneway.usage.maintenance import UsageMaintenance
 
 if TYPE_CHECKING:
     from laneway.tracing.otel import Tracing
@@ -228,7 +229,18 @@ class StartSteps:
             spool_dir=settings.data_dir / "usage-spool",
         )
         await recorder.start()
-        return recorder.stop  # flushes what it holds
+        upkeep = UsageMaintenance(
+            self.sessions,
+            raw_days=settings.usage_retention_days,
+            rollup_days=settings.usage_rollup_retention_days,
+        )
+        await upkeep.start()
+
+        async def stop() -> None:
+            await upkeep.stop()
+            await recorder.stop()  # flushes what it holds
+
+        return stop
 
     async def _start_auth_sweeps(self) -> Stop:
         settings = self.settings
