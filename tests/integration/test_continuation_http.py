@@ -152,3 +152,52 @@ async def test_an_answer_that_cannot_continue_ends_with_an_error_event(
         assert gw.gateway.in_flight == 0
     finally:
         await asyncio.to_thread(gw.stop)
+
+
+WEATHER = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
+
+
+@pytest.mark.parametrize(
+    ("asked", "why"),
+    [
+        ({"tools": [WEATHER], "tool_choice": "required"}, "a tool call was under way"),
+        ({"response_format": {"type": "json_object"}}, "a JSON grammar cannot be resumed"),
+    ],
+    ids=["tool_call", "json_object"],
+)
+async def test_a_stream_cut_mid_envelope_ends_with_an_error_never_a_corrupted_envelope(
+    tmp_path: Path, pair: tuple[VLLMStandIn, VLLMStandIn], asked: dict[str, Any], why: str
+) -> None:
+    """A tool call's arguments, or a JSON answer, cut half-sent: the engine's grammar (its tool
+    parser, its JSON mode) starts at the answer's start and cannot resume mid-value, so the
+    stream is not continued: it ends with an error event saying why, never a clean [DONE]
+    after a half envelope glued to a second one. Not streamed, nothing was sent: the answer
+    starts again on the other replica and the client gets one whole, valid envelope."""
+    failing = pair[0]
+    gw = await asyncio.to_thread(gateway, tmp_path, pair)
+    failing.die_after_tokens = 2  # after the call's name and the start of its arguments / `{"answer"`
+    body = {"messages": [{"role": "user", "content": "weather in Paris?"}], "max_tokens": 16, **asked}
+    try:
+        events, last = await stream(gw, "/chat/completions", body)
+        assert last != "[DONE]" and events[-1]["error"]["code"] == "engine_error"
+        assert why in events[-1]["error"]["message"]
+        assert not any(c.get("finish_reason") for e in events for c in e.get("choices", []))
+        headers = {"Authorization": f"Bearer {gw.keys['acme']}"}
+        async with httpx.AsyncClient(base_url=gw.api_url, headers=headers, timeout=30) as client:
+            r = await client.post("/chat/completions", json={"model": "m", "seed": 3, **body})
+        assert r.status_code == 200
+        message = r.json()["choices"][0]["message"]
+        if "tools" in asked:
+            [call] = message["tool_calls"]
+            assert call["function"]["name"] == "get_weather" and json.loads(call["function"]["arguments"])["city"]
+        else:
+            assert isinstance(json.loads(message["content"]), dict)
+        rows = sorted(await asyncio.to_thread(gw.usage_rows, "acme"), key=lambda r: r.id)
+        assert [(row.status, row.continuations) for row in rows] == [(503, 0), (200, 0)]
+        assert (rows[1].deployment, rows[1].failed_deployments) == ("m-b", "m-a")
+        assert gw.gateway.in_flight == 0
+    finally:
+        await asyncio.to_thread(gw.stop)
