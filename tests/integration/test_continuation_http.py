@@ -8,6 +8,7 @@ the prompt followed by it). An answer that cannot continue (n > 1) ends with an 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,8 +38,16 @@ def pair() -> Iterator[tuple[VLLMStandIn, VLLMStandIn]]:
         server.stop()
 
 
-def gateway(tmp_path: Path, pair: tuple[VLLMStandIn, VLLMStandIn], **first_config: Any) -> Any:
-    models = {"m": [deployment("m-a", pair[0].base_url, **first_config), deployment("m-b", pair[1].base_url)]}
+def gateway(
+    tmp_path: Path, pair: tuple[VLLMStandIn, VLLMStandIn], *, both: dict[str, Any] | None = None, **first_config: Any
+) -> Any:
+    both = both or {}
+    models = {
+        "m": [
+            deployment("m-a", pair[0].base_url, **both, **first_config),
+            deployment("m-b", pair[1].base_url, **both),
+        ]
+    }
     # Bound at arrival to the replica with the fewest requests, the first listed on a tie: the
     # stream goes to the failing m-a on purpose.
     return start_gateway(
@@ -177,7 +186,7 @@ async def test_a_stream_cut_mid_envelope_ends_with_an_error_never_a_corrupted_en
     after a half envelope glued to a second one. Not streamed, nothing was sent: the answer
     starts again on the other replica and the client gets one whole, valid envelope."""
     failing = pair[0]
-    gw = await asyncio.to_thread(gateway, tmp_path, pair)
+    gw = await asyncio.to_thread(functools.partial(gateway, tmp_path, pair, both={"tool_calling": True}))
     failing.die_after_tokens = 2  # after the call's name and the start of its arguments / `{"answer"`
     body = {"messages": [{"role": "user", "content": "weather in Paris?"}], "max_tokens": 16, **asked}
     try:
