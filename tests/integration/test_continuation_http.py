@@ -22,6 +22,7 @@ from support import stand_in_deployment as deployment
 from support import start_gateway
 
 DIES_AFTER = 5
+ADMIN_PASSWORD = "correct horse battery"
 
 
 @pytest.fixture
@@ -55,7 +56,15 @@ def gateway(
         seed_with={"models": models, "tenants": {"acme": {}}},
         usage_flush_interval_s=0.05,
         routing="least_outstanding",
+        admin_password=ADMIN_PASSWORD,
     )
+
+
+def replicas_panel(gw: Any) -> str:
+    """The alias page's replicas panel, as an admin sees it."""
+    with httpx.Client(base_url=gw.base_url + "/admin", timeout=60) as admin:
+        admin.post("/api/login", json={"username": "admin", "password": ADMIN_PASSWORD}).raise_for_status()
+        return admin.get("/models/replicas/panel", params={"name": "m"}).text
 
 
 def metric(gw: Any, name: str, **labels: str) -> float:
@@ -140,6 +149,13 @@ async def test_a_stream_cut_mid_answer_is_continued_into_the_same_response(
         assert metric(gw, "laneway_continuations_total", alias="m", reason=reason) == 1
         assert metric(gw, "laneway_continuation_seam_seconds_count", alias="m") == 1
         assert gw.gateway.in_flight == 0
+        if chat and fault == "die_after_tokens":  # the alias page counts it against the replica that failed
+            panel = await asyncio.to_thread(replicas_panel, gw)
+            failed_row = panel.split('id="replica-m-a"', 1)[1].split("</tr>", 1)[0]
+            assert (
+                "1 continued elsewhere" in failed_row
+                and "continued elsewhere" not in panel.split('id="replica-m-b"')[1]
+            )
     finally:
         await asyncio.to_thread(gw.stop)
 

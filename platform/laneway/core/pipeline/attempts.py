@@ -76,6 +76,7 @@ async def run_attempts(
                 registry.record(call.deployment, ok=False)
                 if why is None:
                     _moving(call.deployment, target, call.generation.request_id, failure.reason, "mid-answer")
+                    call.deployment.continued += 1
                     answer.continue_on(call)
                 else:
                     _moving(call.deployment, target, call.generation.request_id, failure.reason, "mid-answer, again")
