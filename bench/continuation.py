@@ -276,6 +276,7 @@ class Kind:
     ready: Callable[[list[Stream]], bool]  # when the replica to break is chosen, by the clients' streams
     fault: Callable[[Any, int], None]  # (that replica, the signal): send it, now or armed
     inter_token_timeout_s: float
+    max_model_len: int = 4096
 
 
 def standin_kind(n: int, tokens: int) -> Kind:
@@ -313,9 +314,10 @@ def run_row(
         for i, r in enumerate(replicas):
             d = deployment(f"{ALIAS}-{i}", r)
             d["config"].update(inter_token_timeout_s=kind.inter_token_timeout_s, max_concurrency=64)
+            d["max_model_len"] = kind.max_model_len
             deployments.append(d)
         env_settings = {"LANEWAY_RETRY_BUDGET_MIN": "50", **settings}
-        with gateway(pg, work, models={ALIAS: deployments}, lanes=LANES, **env_settings) as env:
+        with gateway(pg, work, models={ALIAS: deployments}, lanes=LANES, ready_within=300, **env_settings) as env:
             streams = kind.streams()
             broken, fault_at = asyncio.run(drive(env, replicas, signum, streams, kind))
             for r in replicas:  # a frozen replica thawed: its sockets close, nothing more reaches a client
@@ -437,6 +439,7 @@ def smollm2_kind(model: Path, n: int, tokens: int, reference: list[Stream] | Non
         lambda streams: max(s.chunks for s in streams) >= tokens // 2,  # the first answers half done
         signal_now,
         2.0,
+        max_model_len=384,  # the warm-up prefills half of it on each replica, one at a time: under 60 s loaded
     )
 
 

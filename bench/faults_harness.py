@@ -179,9 +179,11 @@ def gateway(
     work: Path,
     models: dict[str, list[dict[str, Any]]] | None = None,
     lanes: list[dict[str, Any]] | None = None,
+    ready_within: float = 60.0,
     **env_extra: str,
 ) -> Iterator[Env]:
-    """`models`: alias -> deployments (default: the sim as alias "sim"); `lanes`: default LANES."""
+    """`models`: alias -> deployments (default: the sim as alias "sim"); `lanes`: default LANES;
+    `ready_within`: seconds its deployments may take to warm up."""
     url = new_database(pg, work)
     if models is None:
         models = {"sim": sim_model("sim", max_concurrency=8, decode_ms_base=2.0, decode_ms_per_seq=0.05)}
@@ -201,7 +203,7 @@ def gateway(
         "LANEWAY_LOG_LEVEL": "error",
         **env_extra,
     }
-    proc, port = serve(env)
+    proc, port = serve(env, within=ready_within)
     e = Env(proc, port, keys, url, r, prefix, pg)
     try:
         yield e
