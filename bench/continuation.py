@@ -88,6 +88,7 @@ class Stream:
     last: str = ""
     chunks: int = 0
     arrivals: list[float] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)
     error: str = ""
 
     @property
@@ -105,6 +106,12 @@ class Stream:
     @property
     def cut(self) -> bool:
         return '"error"' in self.last and not self.finishes and self.expected.startswith(self.text)
+
+    def seam_at(self) -> int:
+        """Where the stream's longest wait fell, as a character offset: a continued stream's seam."""
+        gaps = [b - a for a, b in zip(self.arrivals, self.arrivals[1:], strict=False)]
+        at = max(range(len(gaps)), key=gaps.__getitem__, default=-1) + 1
+        return sum(len(p) for p in self.pieces[:at])
 
     def longest_gap(self) -> float:
         gaps = [b - a for a, b in zip(self.arrivals, self.arrivals[1:], strict=False)]
@@ -152,6 +159,7 @@ async def one_stream(client: httpx.AsyncClient, s: Stream, body: dict[str, Any])
                     piece = (c.get("delta") or {}).get("content") or ""
                     if piece:
                         s.text += piece
+                        s.pieces.append(piece)
                         s.chunks += 1
                         s.arrivals.append(time.perf_counter())
                     if c.get("finish_reason"):
@@ -277,6 +285,9 @@ class Kind:
     fault: Callable[[Any, int], None]  # (that replica, the signal): send it, now or armed
     inter_token_timeout_s: float
     max_model_len: int = 4096
+    # A frozen replica's queued requests never see a first token: without this they wait for
+    # it as long as their clients do.
+    first_token_timeout_s: float | None = None
 
 
 def standin_kind(n: int, tokens: int) -> Kind:
@@ -315,6 +326,8 @@ def run_row(
             d = deployment(f"{ALIAS}-{i}", r)
             d["config"].update(inter_token_timeout_s=kind.inter_token_timeout_s, max_concurrency=64)
             d["max_model_len"] = kind.max_model_len
+            if kind.first_token_timeout_s is not None:
+                d["config"]["first_token_timeout_s"] = kind.first_token_timeout_s
             deployments.append(d)
         env_settings = {"LANEWAY_RETRY_BUDGET_MIN": "50", **settings}
         with gateway(pg, work, models={ALIAS: deployments}, lanes=LANES, ready_within=300, **env_settings) as env:
@@ -439,7 +452,8 @@ def smollm2_kind(model: Path, n: int, tokens: int, reference: list[Stream] | Non
         lambda streams: max(s.chunks for s in streams) >= tokens // 2,  # the first answers half done
         signal_now,
         2.0,
-        max_model_len=384,  # the warm-up prefills half of it on each replica, one at a time: under 60 s loaded
+        max_model_len=384,  # the warm-up prefills half of it on each replica, one at a time
+        first_token_timeout_s=60.0,  # one at a time: a stream queued behind five others waits for them
     )
 
 
@@ -506,7 +520,7 @@ def print_table(results: list[Result]) -> None:
         refused = sum(s.status != 200 for s in r.streams)
         wrong = n - whole - cut - refused
         on = [s for s in r.streams if s.request_id in r.broken_held]
-        seam = [s.longest_gap() for s in r.streams if s.request_id in r.continued and s.whole]
+        seam = [s.longest_gap() for s in r.streams if s.request_id in r.continued and s.finishes]
         normal = [s.longest_gap() for s in r.streams if s.request_id not in r.broken_held and s.whole]
         held = f"{sum(s.whole for s in on)} / {len(on)}" if r.broken_held else "-"
         gateway_seam = f"{r.seam_server_p50} / {r.seam_server_p99} / {ms(r.seam_server_mean)}"
@@ -519,10 +533,12 @@ def print_table(results: list[Result]) -> None:
         odd = [s for s in r.streams if not s.whole and not s.cut]
         for s in odd[:3]:
             differs = next((k for k, (a, b) in enumerate(zip(s.text, s.expected, strict=False)) if a != b), None)
+            seam = s.seam_at() if s.request_id in r.continued else None
             print(
                 f"  {r.name}: stream {s.index}: status {s.status}, {len(s.ids)} ids, finishes {s.finishes}, "
                 f"{len(s.usages)} usages, last {s.last[:60]!r}, said {s.error!r}; text equal: "
-                f"{s.text == s.expected}, first difference at char {differs} of {len(s.expected)}: "
+                f"{s.text == s.expected}, first difference at char {differs} of {len(s.expected)} (the seam: "
+                f"char {seam}): "
                 f"{s.text[max(0, (differs or 0) - 30) : (differs or 0) + 30]!r} vs "
                 f"{s.expected[max(0, (differs or 0) - 30) : (differs or 0) + 30]!r}"
             )
