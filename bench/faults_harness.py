@@ -175,13 +175,19 @@ def new_database(pg: PrivatePostgres | None, work: Path) -> str:
 
 @contextmanager
 def gateway(
-    pg: PrivatePostgres | None, work: Path, models: dict[str, list[dict[str, Any]]] | None = None, **env_extra: str
+    pg: PrivatePostgres | None,
+    work: Path,
+    models: dict[str, list[dict[str, Any]]] | None = None,
+    lanes: list[dict[str, Any]] | None = None,
+    ready_within: float = 60.0,
+    **env_extra: str,
 ) -> Iterator[Env]:
-    """`models`: alias -> deployments (default: the sim as alias "sim")."""
+    """`models`: alias -> deployments (default: the sim as alias "sim"); `lanes`: default LANES;
+    `ready_within`: seconds its deployments may take to warm up."""
     url = new_database(pg, work)
     if models is None:
         models = {"sim": sim_model("sim", max_concurrency=8, decode_ms_base=2.0, decode_ms_per_seq=0.05)}
-    keys = asyncio.run(seed(url, models=models, lanes=LANES, tenants=TENANTS))
+    keys = asyncio.run(seed(url, models=models, lanes=lanes or LANES, tenants=TENANTS))
     data = Path(tempfile.mkdtemp(dir=work))
     r = PrivateRedis().start()
     prefix = f"bench:{uuid.uuid4().hex[:8]}:"
@@ -197,7 +203,7 @@ def gateway(
         "LANEWAY_LOG_LEVEL": "error",
         **env_extra,
     }
-    proc, port = serve(env)
+    proc, port = serve(env, within=ready_within)
     e = Env(proc, port, keys, url, r, prefix, pg)
     try:
         yield e

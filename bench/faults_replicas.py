@@ -39,7 +39,8 @@ class Replica:
     """The vLLM stand-in in its own process, so the bench can SIGKILL it and start it again on
     the same port."""
 
-    def __init__(self) -> None:
+    def __init__(self, token_delay_s: float = TOKEN_DELAY_S) -> None:
+        self.token_delay_s = token_delay_s
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -47,7 +48,7 @@ class Replica:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(STANDIN), str(self.port), str(TOKEN_DELAY_S)],
+            [sys.executable, str(STANDIN), str(self.port), str(self.token_delay_s)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -17,7 +17,8 @@ cache_salt (laneway sends one per tenant): the cache key is the prompt's tokens 
 for the salt (a negative id, never a token), so a state is found only under its own salt; the
 live context is reused only after a request of the same salt.
 One request is computed at a time, the rest wait in arrival order. Unknown body fields are
-ignored. GET /health, /v1/models, /metrics, /stats; POST /v1/chat/completions, /v1/completions
+ignored. GET /health, /v1/models, /metrics, /stats; POST /v1/chat/completions (with vLLM's
+continue_final_message: the last assistant turn left open and continued), /v1/completions
 (streamed or not, the usage chunk with stream_options.include_usage), /tokenize, /reset (the
 cache emptied, and resized when the body gives cache_bytes).
 """
@@ -97,9 +98,15 @@ class Engine:
 
     # ---- requests -> tokens ----
 
-    def chat_tokens(self, messages: list[dict[str, Any]]) -> list[int]:
+    def chat_tokens(self, messages: list[dict[str, Any]], *, continue_final: bool = False) -> list[int]:
+        """The chat's prompt tokens; `continue_final` (vLLM's continue_final_message, with
+        add_generation_prompt false): the last message is an assistant turn left open, its text
+        the end of the prompt, so generation continues it."""
         turns = [{**m, "content": _text(m.get("content"))} for m in messages]
-        prompt = self.formatter(messages=turns).prompt
+        if continue_final and turns[-1].get("role") == "assistant":
+            prompt = self.formatter(messages=turns[:-1]).prompt + turns[-1]["content"]
+        else:
+            prompt = self.formatter(messages=turns).prompt
         return self.llm.tokenize(prompt.encode(), add_bos=False, special=True)
 
     def prompt_tokens(self, prompt: Any) -> list[int]:
@@ -257,7 +264,7 @@ def build(engine: Engine, name: str) -> Litestar:
         if chat:
             if not isinstance(body.get("messages"), list) or not body["messages"]:
                 raise BadRequest("messages must be a non-empty list")
-            tokens = engine.chat_tokens(body["messages"])
+            tokens = engine.chat_tokens(body["messages"], continue_final=bool(body.get("continue_final_message")))
         else:
             tokens = engine.prompt_tokens(body.get("prompt"))
         if not tokens:

@@ -110,6 +110,17 @@ class Settings:
     # inter_token_timeout_s, too) is continued on another, at most this many tries in all
     # (1: never moved).
     failover_max_tries: int = 2
+    # Continue an answer whose replica failed mid-answer on another replica (issue 39); false:
+    # such a stream ends with an error event after what was sent, as before continuation (a
+    # whole answer starts again elsewhere). The off switch is a baseline for bench/continuation.py
+    # and a way out should an engine's continuation prove unfaithful.
+    continuation: bool = True
+    # Where a deployment sets no inter_token_timeout_s, a replica that sends no token for this
+    # many times the decode step its latency model learned (at the batch it runs now), and for
+    # at least the floor, has stalled: its answer continues on another replica. A replica that
+    # is merely slow learned a slow step; one not yet learned is waited for. 0: off.
+    stall_itl_multiple: float = 20.0
+    stall_floor_s: float = 5.0
     # Retries a deployment may cause: this share of its requests over the window, never fewer
     # than the minimum; beyond it the client gets 503 with Retry-After.
     retry_budget_ratio: float = 0.1

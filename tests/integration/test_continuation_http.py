@@ -8,6 +8,7 @@ the prompt followed by it). An answer that cannot continue (n > 1) ends with an 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from support import stand_in_deployment as deployment
 from support import start_gateway
 
 DIES_AFTER = 5
+ADMIN_PASSWORD = "correct horse battery"
 
 
 @pytest.fixture
@@ -37,8 +39,16 @@ def pair() -> Iterator[tuple[VLLMStandIn, VLLMStandIn]]:
         server.stop()
 
 
-def gateway(tmp_path: Path, pair: tuple[VLLMStandIn, VLLMStandIn], **first_config: Any) -> Any:
-    models = {"m": [deployment("m-a", pair[0].base_url, **first_config), deployment("m-b", pair[1].base_url)]}
+def gateway(
+    tmp_path: Path, pair: tuple[VLLMStandIn, VLLMStandIn], *, both: dict[str, Any] | None = None, **first_config: Any
+) -> Any:
+    both = both or {}
+    models = {
+        "m": [
+            deployment("m-a", pair[0].base_url, **both, **first_config),
+            deployment("m-b", pair[1].base_url, **both),
+        ]
+    }
     # Bound at arrival to the replica with the fewest requests, the first listed on a tie: the
     # stream goes to the failing m-a on purpose.
     return start_gateway(
@@ -46,7 +56,15 @@ def gateway(tmp_path: Path, pair: tuple[VLLMStandIn, VLLMStandIn], **first_confi
         seed_with={"models": models, "tenants": {"acme": {}}},
         usage_flush_interval_s=0.05,
         routing="least_outstanding",
+        admin_password=ADMIN_PASSWORD,
     )
+
+
+def replicas_panel(gw: Any) -> str:
+    """The alias page's replicas panel, as an admin sees it."""
+    with httpx.Client(base_url=gw.base_url + "/admin", timeout=60) as admin:
+        admin.post("/api/login", json={"username": "admin", "password": ADMIN_PASSWORD}).raise_for_status()
+        return admin.get("/models/replicas/panel", params={"name": "m"}).text
 
 
 def metric(gw: Any, name: str, **labels: str) -> float:
@@ -131,6 +149,13 @@ async def test_a_stream_cut_mid_answer_is_continued_into_the_same_response(
         assert metric(gw, "laneway_continuations_total", alias="m", reason=reason) == 1
         assert metric(gw, "laneway_continuation_seam_seconds_count", alias="m") == 1
         assert gw.gateway.in_flight == 0
+        if chat and fault == "die_after_tokens":  # the alias page counts it against the replica that failed
+            panel = await asyncio.to_thread(replicas_panel, gw)
+            failed_row = panel.split('id="replica-m-a"', 1)[1].split("</tr>", 1)[0]
+            assert (
+                "1 continued elsewhere" in failed_row
+                and "continued elsewhere" not in panel.split('id="replica-m-b"')[1]
+            )
     finally:
         await asyncio.to_thread(gw.stop)
 
@@ -149,6 +174,55 @@ async def test_an_answer_that_cannot_continue_ends_with_an_error_event(
         [row] = await asyncio.to_thread(gw.usage_rows, "acme")
         assert (row.status, row.continuations) == (503, 0)
         assert metric(gw, "laneway_continuations_total") == 0
+        assert gw.gateway.in_flight == 0
+    finally:
+        await asyncio.to_thread(gw.stop)
+
+
+WEATHER = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
+
+
+@pytest.mark.parametrize(
+    ("asked", "why"),
+    [
+        ({"tools": [WEATHER], "tool_choice": "required"}, "a tool call was under way"),
+        ({"response_format": {"type": "json_object"}}, "a JSON grammar cannot be resumed"),
+    ],
+    ids=["tool_call", "json_object"],
+)
+async def test_a_stream_cut_mid_envelope_ends_with_an_error_never_a_corrupted_envelope(
+    tmp_path: Path, pair: tuple[VLLMStandIn, VLLMStandIn], asked: dict[str, Any], why: str
+) -> None:
+    """A tool call's arguments, or a JSON answer, cut half-sent: the engine's grammar (its tool
+    parser, its JSON mode) starts at the answer's start and cannot resume mid-value, so the
+    stream is not continued: it ends with an error event saying why, never a clean [DONE]
+    after a half envelope glued to a second one. Not streamed, nothing was sent: the answer
+    starts again on the other replica and the client gets one whole, valid envelope."""
+    failing = pair[0]
+    gw = await asyncio.to_thread(functools.partial(gateway, tmp_path, pair, both={"tool_calling": True}))
+    failing.die_after_tokens = 2  # after the call's name and the start of its arguments / `{"answer"`
+    body = {"messages": [{"role": "user", "content": "weather in Paris?"}], "max_tokens": 16, **asked}
+    try:
+        events, last = await stream(gw, "/chat/completions", body)
+        assert last != "[DONE]" and events[-1]["error"]["code"] == "engine_error"
+        assert why in events[-1]["error"]["message"]
+        assert not any(c.get("finish_reason") for e in events for c in e.get("choices", []))
+        headers = {"Authorization": f"Bearer {gw.keys['acme']}"}
+        async with httpx.AsyncClient(base_url=gw.api_url, headers=headers, timeout=30) as client:
+            r = await client.post("/chat/completions", json={"model": "m", "seed": 3, **body})
+        assert r.status_code == 200
+        message = r.json()["choices"][0]["message"]
+        if "tools" in asked:
+            [call] = message["tool_calls"]
+            assert call["function"]["name"] == "get_weather" and json.loads(call["function"]["arguments"])["city"]
+        else:
+            assert isinstance(json.loads(message["content"]), dict)
+        rows = sorted(await asyncio.to_thread(gw.usage_rows, "acme"), key=lambda r: r.id)
+        assert [(row.status, row.continuations) for row in rows] == [(503, 0), (200, 0)]
+        assert (rows[1].deployment, rows[1].failed_deployments) == ("m-b", "m-a")
         assert gw.gateway.in_flight == 0
     finally:
         await asyncio.to_thread(gw.stop)

@@ -6,9 +6,10 @@
 Serves on 127.0.0.1:PORT until killed. POST /_control {"fail_generation": true} (or
 "fail_status", "healthy") sets the stand-in's switches from outside, as a test in the same
 process sets the attributes: a bench makes one replica answer 500 for a while. The answer
-gives the switches and how many requests the stand-in has received; with {"bodies": true},
-also every request body it received (as VLLMStandIn.requests records them), so a test can
-see what the gateway sent this replica."""
+gives the switches, how many requests the stand-in has received, how many it is generating
+for and the tokens each of those has produced; with {"bodies": true}, also every request
+body it received (as VLLMStandIn.requests records them) and the request ids it finished, so
+a test can see what the gateway sent this replica and a bench which streams it holds."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ SWITCHES = (
     "die_after_tokens",
     "error_after_tokens",
     "stall_after_tokens",
+    "signal_at_tokens",
+    "signal_number",
 )
 
 
@@ -41,8 +44,11 @@ def with_control(standin: VLLMStandIn) -> None:
             if name in data:
                 setattr(standin, name, data[name])
         answer = {**{name: getattr(standin, name) for name in SWITCHES}, "requests": len(standin.requests)}
+        answer["running"] = standin.running
+        answer["progress"] = list(standin.progress.values())
         if data.get("bodies"):
             answer["bodies"] = standin.requests
+            answer["finished"] = standin.finished
         return answer
 
     standin.app.register(control)

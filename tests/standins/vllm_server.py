@@ -14,13 +14,15 @@ For continuation (issue 39): with `markov` set its words are a deterministic mod
 chosen by the word before it (the prompt's last, or the continued assistant message's), so a
 continued answer is word for word an unbroken one; `die_after_tokens` drops the connection
 mid-stream after that many tokens, `error_after_tokens` sends an error event there, and
-`stall_after_tokens` stops sending until its client leaves.
+`stall_after_tokens` stops sending until its client leaves; `signal_at_tokens` makes the
+process send itself `signal_number` (a bench's SIGKILL or SIGSTOP, timed by the replica).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import zlib
 from collections.abc import AsyncIterator, Iterator
@@ -60,6 +62,11 @@ class VLLMStandIn:
         self.die_after_tokens: int | None = None
         self.error_after_tokens: int | None = None
         self.stall_after_tokens: int | None = None
+        self.progress: dict[str, int] = {}  # the tokens each stream in flight has produced so far
+        # A bench's fault, timed by the stand-in itself however loaded the machine: the process
+        # sends itself this signal (SIGKILL, SIGSTOP) when a stream has produced this many tokens.
+        self.signal_at_tokens: int | None = None
+        self.signal_number = 9
         self.app = self._build()
 
     def _build(self) -> Litestar:
@@ -217,6 +224,9 @@ class VLLMStandIn:
                         choices.remove(gen)
                         continue
                     produced += chunk.pop("_tokens", 0)
+                    self.progress[rid] = produced
+                    if self.signal_at_tokens is not None and produced >= self.signal_at_tokens:
+                        os.kill(os.getpid(), self.signal_number)
                     if self.die_after_tokens is not None and produced > self.die_after_tokens:
                         raise ConnectionAbortedError("the stand-in died mid-stream")  # the connection drops
                     if self.error_after_tokens is not None and produced > self.error_after_tokens:
@@ -240,6 +250,7 @@ class VLLMStandIn:
             self.cancelled.append(rid)  # vLLM aborts the request here
             raise
         finally:
+            self.progress.pop(rid, None)
             if generating:
                 self.running -= 1
 

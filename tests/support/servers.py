@@ -131,11 +131,17 @@ def replica_pair(start_first: Callable[[], Gateway], start_second: Callable[[], 
 
 
 def serve(
-    env: dict[str, str], *, log: Path | None = None, exe: str = EXE, cwd: Path | None = None
+    env: dict[str, str],
+    *,
+    log: Path | None = None,
+    exe: str = EXE,
+    cwd: Path | None = None,
+    within: float = 60.0,
 ) -> tuple[subprocess.Popen[bytes], int]:
-    """Start `laneway serve` on a free port and wait for /health/ready; `log`: a file for its
-    output (stdout and stderr) instead of this process's stderr; `exe`: another install's
-    `laneway` (a wheel's), `cwd`: where it runs."""
+    """Start `laneway serve` on a free port and wait for /health/ready (at most `within`
+    seconds: its deployments' warm-up comes first); `log`: a file for its output (stdout and
+    stderr) instead of this process's stderr; `exe`: another install's `laneway` (a wheel's),
+    `cwd`: where it runs."""
     port = free_port()
     cmd, child_env = [exe, "serve"], {**env, "LANEWAY_PORT": str(port)}
     if log is None:
@@ -143,7 +149,7 @@ def serve(
     else:
         with log.open("w") as sink:  # the child keeps its own copy of the descriptor
             proc = subprocess.Popen(cmd, env=child_env, cwd=cwd, stdout=sink, stderr=sink)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + within
     while True:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health/ready").status_code == 200:

@@ -32,7 +32,14 @@ def spec(i: int, **config: object) -> DeploymentSpec:
 
 
 @contextlib.asynccontextmanager
-async def gateway(first: dict[str, Any], *, max_tries: int = 2, replicas: int = 2) -> AsyncIterator[Gateway]:
+async def gateway(
+    first: dict[str, Any],
+    *,
+    max_tries: int = 2,
+    replicas: int = 2,
+    continuation: bool = True,
+    stall_floor_s: float = 5.0,
+) -> AsyncIterator[Gateway]:
     registry = EngineRegistry()
     await registry.load([spec(0, **first), *(spec(i) for i in range(1, replicas))])
     # Bound at arrival to the replica with the fewest requests, the first listed on a tie: the
@@ -41,7 +48,9 @@ async def gateway(first: dict[str, Any], *, max_tries: int = 2, replicas: int = 
         registry,
         PolicyStore(None),
         sinks=[UsageRecorder(None, interval_s=60), Metrics()],  # type: ignore[arg-type]
-        config=GatewayConfig(routing="least_outstanding", max_tries=max_tries),
+        config=GatewayConfig(
+            routing="least_outstanding", max_tries=max_tries, continuation=continuation, stall_floor_s=stall_floor_s
+        ),
     )
     try:
         yield gw
@@ -125,6 +134,37 @@ async def test_a_stalled_replica_is_continued_after_the_inter_token_timeout() ->
         assert metrics.registry.get_sample_value("laneway_continuations_total", labels) == 1
 
 
+async def test_without_an_inter_token_timeout_a_stall_is_told_from_the_learned_inter_token_time() -> None:
+    """No inter_token_timeout_s: once m-0's latency model has learned its decode step, m-0
+    frozen mid-answer is caught past 20 x that step (never under the floor, 0.2 s here) and
+    the answer continues on m-1, word for word."""
+    async with gateway({}, stall_floor_s=0.2) as gw:
+        for _ in range(4):  # m-0 learns its step from whole answers
+            reference, row = await answer(gw, max_tokens=12)
+            assert row["deployment"] == "m-0"
+        assert gw.waiting.latency.of("m-0").predict_step(1) is not None
+        gw.registry.deployments()[0].engine.stall_after_tokens = DIES_AFTER  # type: ignore[attr-defined]
+        deltas, row = await answer(gw, max_tokens=12)
+        assert text(deltas) == text(reference)
+        assert (row["deployment"], row["continuations"], row["status"]) == ("m-1", 1, 200)
+        metrics = next(s for s in gw.sinks if isinstance(s, Metrics))
+        labels = {"alias": "m", "reason": "inter_token_timeout"}
+        assert metrics.registry.get_sample_value("laneway_continuations_total", labels) == 1
+
+
+async def test_a_replica_that_is_merely_slow_is_not_taken_for_a_stalled_one() -> None:
+    """A replica whose learned step is slow (30 ms a token) is given 20 x that step, far above
+    a floor of 10 ms: its answers are not cut."""
+    async with gateway({"decode_ms_base": 30.0}, stall_floor_s=0.01) as gw:
+        for _ in range(4):
+            _, row = await answer(gw, max_tokens=8)
+            assert (row["deployment"], row["continuations"]) == ("m-0", 0)
+        step = gw.waiting.latency.of("m-0").predict_step(1)
+        assert step is not None and step > 0.01
+        _, row = await answer(gw, max_tokens=8)
+        assert (row["deployment"], row["continuations"], row["tries"]) == ("m-0", 0, 1)
+
+
 async def test_with_its_tries_spent_a_cut_stream_ends_with_the_error_after_what_was_sent() -> None:
     async with gateway({"fail_after_tokens": DIES_AFTER}, max_tries=1) as gw:
         intent = GenerationIntent(endpoint="completions", alias="m", stream=True, prompt="tell me", max_tokens=20)
@@ -140,6 +180,35 @@ async def test_with_its_tries_spent_a_cut_stream_ends_with_the_error_after_what_
         row = usage_rows(gw)[-1]
         assert (row["status"], row["continuations"]) == (503, 0)
         await until(lambda: gw.in_flight == 0, what="every lease released")
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_with_continuation_off_a_cut_stream_ends_with_the_error_and_a_whole_answer_starts_again(
+    stream: bool,
+) -> None:
+    """LANEWAY_CONTINUATION=false: the behaviour before continuation (bench/continuation.py's
+    baseline): a stream cut mid-answer ends with the error event; a whole answer, of which
+    nothing was sent, starts again on the other replica."""
+    async with gateway({"fail_after_tokens": DIES_AFTER}, continuation=False) as gw:
+        intent = GenerationIntent(endpoint="completions", alias="m", stream=stream, prompt="tell me", max_tokens=20)
+        call = await gw.prepare(TENANT, intent)
+        lease = await gw.admit(call)
+        got: list[Delta] = []
+        try:
+            if stream:
+                with pytest.raises(GatewayError) as cut:
+                    async for d in gw.run(lease):
+                        got.append(d)
+                assert "continuation is off" in str(cut.value) and len(got) == DIES_AFTER
+            else:
+                got = [d async for d in gw.run(lease)]
+                assert len(text(got).split()) == 20
+        finally:
+            lease.release()
+        await until(lambda: gw.in_flight == 0, what="every lease released")
+        row = usage_rows(gw)[-1]
+        assert row["continuations"] == 0
+        assert (row["status"], row["deployment"]) == ((503, "m-0") if stream else (200, "m-1"))
 
 
 async def test_a_consumer_that_leaves_mid_answer_is_not_a_replica_failure() -> None:

@@ -1,6 +1,7 @@
 """An alias's replicas as the alias page shows them: each deployment row joined with what the
 running gateway knows of it (warm or warming, healthy, ejected or probing and why, draining,
-in flight and waiting, the load its engine reports, dispatch's estimated prefix hit rate).
+in flight and waiting, the load its engine reports, dispatch's estimated prefix hit rate, the
+answers it failed mid-answer that another replica continued).
 Read from the registry, the schedulers and the picker's figures (no engine is asked)."""
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def replica_rows(
                 "state": state,
                 "why": why,
                 "health_why": _health(found, shown["health"]),
+                "continued": found.continued if found is not None else 0,
                 "waiting": waiting.get(d.name, 0) if found is not None else "-",
                 "lanes": ", ".join(d.config.get("lanes") or []) or "all",
                 **shown,

@@ -46,6 +46,9 @@ class LiveDeployment:
     # Drained by an admin: routing gives it no new request; those it runs finish (spec.draining,
     # applied in place by sync: the engine is not restarted for it).
     draining: bool = False
+    # Answers it failed mid-answer that another replica continued (core/pipeline/attempts.py),
+    # since it started here: the alias page shows it beside its health.
+    continued: int = 0
 
     @property
     def overloaded(self) -> bool:

@@ -38,7 +38,7 @@ async def run_attempts(
     try:
         while True:
             target: LiveDeployment | None = None
-            attempt = generate_deltas(lease, registry, outcome_of, answer)
+            attempt = generate_deltas(lease, registry, outcome_of, answer, failover.stall)
             try:
                 async for delta in attempt:
                     if call.stream:
@@ -63,7 +63,7 @@ async def run_attempts(
                     for delta in held:
                         yield delta
                     return
-                why = answer.refusal(call)
+                why = answer.refusal(call) if failover.continuation else "continuation is off"
                 if why is None:
                     target = failover.next_replica(call, failure.reason, continued=True, suitable=Answer.suitable(call))
                     why = _why_not(failover, call) if target is None else None
@@ -76,6 +76,7 @@ async def run_attempts(
                 registry.record(call.deployment, ok=False)
                 if why is None:
                     _moving(call.deployment, target, call.generation.request_id, failure.reason, "mid-answer")
+                    call.deployment.continued += 1
                     answer.continue_on(call)
                 else:
                     _moving(call.deployment, target, call.generation.request_id, failure.reason, "mid-answer, again")

@@ -31,6 +31,11 @@ class GatewayConfig:
     # Failover before the first byte (core/pipeline/failover.py): tries per request, and each
     # deployment's retry budget (a share of its requests over a window, never under a minimum).
     max_tries: int = 2
+    continuation: bool = True  # mid-answer failures continue on another replica (continuation.py)
+    # A stall without inter_token_timeout_s: no token for this multiple of the replica's learned
+    # decode step, and never less than the floor (failover.StallRule; multiple 0: off).
+    stall_multiple: float = 20.0
+    stall_floor_s: float = 5.0
     retry_ratio: float = 0.1
     retry_minimum: int = 3
     retry_window_s: float = 10.0
@@ -47,6 +52,9 @@ class GatewayConfig:
             routing_params=RoutingParams.from_settings(settings),
             admit_by_prediction=settings.admit_by_predicted_ttft,
             max_tries=settings.failover_max_tries,
+            continuation=settings.continuation,
+            stall_multiple=settings.stall_itl_multiple,
+            stall_floor_s=settings.stall_floor_s,
             retry_ratio=settings.retry_budget_ratio,
             retry_minimum=settings.retry_budget_min,
             retry_window_s=settings.retry_budget_window_s,

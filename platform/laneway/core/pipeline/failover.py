@@ -6,7 +6,8 @@ amplified load.
 
 What counts as the replica's failure: an engine error (a refused connection, a 5xx, a stream
 dropped or an error event), no first token within the deployment's `first_token_timeout_s`,
-or no next token within its `inter_token_timeout_s`. The client's own errors
+or no next token within its `inter_token_timeout_s` (without one: within a multiple of the
+inter-token time its replica's latency model learned, never under a floor; StallRule). The client's own errors
 (EngineRequestError: a 400 from the engine) are never retried, nor is a client that left.
 """
 
@@ -16,10 +17,15 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from laneway.core.pipeline.call import Call, FailedTry
 from laneway.engines.base import EngineError
 from laneway.engines.registry import EngineRegistry, LiveDeployment, NotServed, UnknownModel
+
+if TYPE_CHECKING:
+    from laneway.core.latency import Attempt
 
 
 class EarlyEngineFailure(Exception):
@@ -48,7 +54,27 @@ class FirstTokenTimeout(EngineError):
 
 
 class InterTokenTimeout(EngineError):
-    """The answer began, then no token came within the deployment's inter_token_timeout_s."""
+    """The answer began, then no token came within the deployment's inter_token_timeout_s (or
+    the StallRule's limit)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StallRule:
+    """A stall where a deployment sets no inter_token_timeout_s: no token for `multiple` times
+    the decode step its replica's latency model learned (at the batch it runs now), and never
+    less than `floor_s`. A replica that is merely slow has learned a slow step and is given
+    its time; one whose model has learned nothing yet is waited for, as before. 0: off."""
+
+    multiple: float = 20.0
+    floor_s: float = 5.0
+
+    def limit(self, attempt: Attempt | None) -> float | None:
+        """Seconds without a token after which the attempt's replica has stalled, or None."""
+        if attempt is None or self.multiple <= 0:
+            return None
+        model = attempt.model
+        step = model.predict_step(max(model.running, 1))
+        return None if step is None else max(self.floor_s, self.multiple * step)
 
 
 class RetryBudget:
@@ -91,9 +117,19 @@ class RetryBudget:
 
 
 class Failover:
-    def __init__(self, registry: EngineRegistry, *, max_tries: int = 2, budget: RetryBudget | None = None) -> None:
+    def __init__(
+        self,
+        registry: EngineRegistry,
+        *,
+        max_tries: int = 2,
+        budget: RetryBudget | None = None,
+        continuation: bool = True,
+        stall: StallRule | None = None,
+    ) -> None:
         self.registry = registry
         self.max_tries = max_tries
+        self.continuation = continuation  # false: a mid-answer failure is not continued
+        self.stall = stall or StallRule()
         self.budget = budget or RetryBudget()
 
     def next_replica(

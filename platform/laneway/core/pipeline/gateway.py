@@ -33,7 +33,7 @@ from laneway.core.pipeline.answers import Client, Completed, Embedded, Streaming
 from laneway.core.pipeline.attempts import run_attempts
 from laneway.core.pipeline.call import Call
 from laneway.core.pipeline.config import GatewayConfig
-from laneway.core.pipeline.failover import Failover, RetryBudget
+from laneway.core.pipeline.failover import Failover, RetryBudget, StallRule
 from laneway.core.pipeline.generate import embed_call
 from laneway.core.pipeline.intent import EmbeddingIntent, GenerationIntent, Intent
 from laneway.core.pipeline.lease import Lease
@@ -73,7 +73,10 @@ class Gateway:
         self.sinks = tuple(sinks)
         self.preparer = Preparer(registry, policies, default_max_tokens=config.default_max_tokens)
         budget = RetryBudget(config.retry_ratio, config.retry_minimum, config.retry_window_s)
-        self.failover = Failover(registry, max_tries=config.max_tries, budget=budget)
+        stall = StallRule(config.stall_multiple, config.stall_floor_s)
+        self.failover = Failover(
+            registry, max_tries=config.max_tries, budget=budget, continuation=config.continuation, stall=stall
+        )
         self.waiting = Waiting(
             registry,
             shared_slots=shared_slots,

@@ -14,7 +14,13 @@ from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.core.pipeline.call import Call
 from laneway.core.pipeline.continuation import Answer, LateEngineFailure
-from laneway.core.pipeline.failover import EarlyEngineFailure, FirstTokenTimeout, InterTokenTimeout, failure_reason
+from laneway.core.pipeline.failover import (
+    EarlyEngineFailure,
+    FirstTokenTimeout,
+    InterTokenTimeout,
+    StallRule,
+    failure_reason,
+)
 from laneway.core.pipeline.lease import Lease
 from laneway.engines.base import EngineError, EngineRequestError, embedder
 from laneway.engines.registry import EngineRegistry
@@ -25,14 +31,15 @@ OutcomeOf = Callable[[BaseException], ErrorCode]
 
 
 async def generate_deltas(
-    lease: Lease, registry: EngineRegistry, outcome_of: OutcomeOf, answer: Answer
+    lease: Lease, registry: EngineRegistry, outcome_of: OutcomeOf, answer: Answer, stall: StallRule | None = None
 ) -> AsyncGenerator[Delta, None]:
     """One attempt at the call's answer on its replica: yield deltas with non-empty text, then
     one with finish_reason per choice. `answer` carries what earlier attempts built (the stops'
     state, the tokens, the text; core/pipeline/continuation.py). An engine failure before
     anything reached the consumer is raised as EarlyEngineFailure (the answer may start again
     on another replica: core/pipeline/failover.py), after it as LateEngineFailure (it may
-    continue on another)."""
+    continue on another). `stall`: where the deployment sets no inter_token_timeout_s, the rule
+    that tells a stalled replica from the learned inter-token time."""
     call = lease.call
     deployment = call.deployment
     config = deployment.spec.config
@@ -49,8 +56,11 @@ async def generate_deltas(
             request.trace_headers = call.trace.engine_started(call)
         engine_stream = deployment.engine.generate(request)
         source: AsyncGenerator[Delta, None] = engine_stream
-        if first_token_timeout or inter_token_timeout:
-            source = _paced(engine_stream, first_token_timeout, inter_token_timeout)
+        learned = None
+        if not inter_token_timeout and stall is not None and stall.limit(call.latency) is not None:
+            learned = lambda: stall.limit(call.latency)  # noqa: E731  # the attempt's, when asked
+        if first_token_timeout or inter_token_timeout or learned is not None:
+            source = _paced(engine_stream, first_token_timeout, inter_token_timeout, learned)
         try:
             async for delta in source:
                 call.completion_tokens += delta.tokens  # what the engine computed is billed
@@ -149,15 +159,29 @@ async def generate_deltas(
         lease.end_generation()
 
 
+# How many deltas a learned stall limit holds before it is asked again (the batch the replica
+# runs, and so its step, changes; asking per delta would cost the stream's hot path).
+LEARNED_LIMIT_DELTAS = 64
+
+
 async def _paced(
-    stream: AsyncIterator[Delta], first_s: float | None, inter_s: float | None
+    stream: AsyncIterator[Delta],
+    first_s: float | None,
+    inter_s: float | None,
+    learned: Callable[[], float | None] | None = None,
 ) -> AsyncGenerator[Delta, None]:
     """The engine's deltas, the wait for the first one with text bounded by `first_s` and each
-    after it by `inter_s` (None: unbounded): a replica stuck before its first token, or stalled
-    mid-answer, has failed."""
+    after it by `inter_s`, or without it by `learned()` (core/pipeline/failover.py's StallRule;
+    None: unbounded): a replica stuck before its first token, or stalled mid-answer, has failed."""
     iterator = aiter(stream)
     began = False
+    learning = not inter_s and learned is not None
+    asked_in = 0  # deltas until the learned limit is asked again
     while True:
+        if began and learning:
+            if asked_in == 0:
+                inter_s, asked_in = learned() if learned is not None else None, LEARNED_LIMIT_DELTAS
+            asked_in -= 1
         limit = float((inter_s if began else first_s) or 0)
         try:
             if limit:
@@ -169,7 +193,8 @@ async def _paced(
             return
         except TimeoutError:
             if began:
-                raise InterTokenTimeout(f"no token within {limit:g} s") from None
+                how = " (learned from its inter-token time)" if learning else ""
+                raise InterTokenTimeout(f"no token within {limit:.3g} s{how}") from None
             raise FirstTokenTimeout(f"no first token within {limit:g} s") from None
         began = began or bool(delta.text or delta.tool_calls)
         yield delta

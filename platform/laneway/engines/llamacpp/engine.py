@@ -87,7 +87,11 @@ class LlamaCppEngine(EngineAdapter[LlamaCppConfig]):
         self._prefixes_warmed = 0
         self._pooling = POOLING_UNSPECIFIED if c.pooling is None else POOLING_TYPES[c.pooling]
         self.info = self.describe(
-            context=self.n_ctx, slots=self.parallel, capabilities=CAPABILITIES, embeddings_only=self.embedding
+            context=self.n_ctx,
+            slots=self.parallel,
+            capabilities=CAPABILITIES,
+            embeddings_only=self.embedding,
+            continues=True,
         )
         self.n_embd = 0  # the vector length, known once loaded
         self._contexts: list[Any] = []  # Llama objects: the first tokenizes; per slot, each decodes
@@ -195,6 +199,20 @@ class LlamaCppEngine(EngineAdapter[LlamaCppConfig]):
         # special=True so the ChatML markers count as the single tokens the model sees.
         return list(self._contexts[0].tokenize(text.encode("utf-8"), add_bos=True, special=True))
 
+    def _continued(self, text: str) -> list[int]:
+        """The ids of an answer's text, to follow its prompt. Tokenized behind a newline whose
+        own ids are then dropped: a SentencePiece vocabulary puts a space before the text it
+        is given (" world" where the model wrote "world"), never after a newline. What the
+        model wrote as text stays text (special=False). The ids are the tokenizer's reading of
+        the text, which may split a word otherwise than the tokens sampled; greedy text
+        continues the same where they agree (the tests check it on SmolLM2 and the demo model)."""
+        tokenize = self._contexts[0].tokenize
+        behind = list(tokenize(b"\n", add_bos=False, special=False))
+        ids = list(tokenize(b"\n" + text.encode("utf-8"), add_bos=False, special=False))
+        if ids[: len(behind)] == behind:
+            return ids[len(behind) :]
+        return list(tokenize(text.encode("utf-8"), add_bos=False, special=False))  # the newline merged with it
+
     async def health(self) -> bool:
         return bool(self._contexts) and any(m is not None for m in (self._batched, self._slots, self._embedder))
 
@@ -279,6 +297,10 @@ class LlamaCppEngine(EngineAdapter[LlamaCppConfig]):
             prompt = await asyncio.to_thread(self._tokenize, req.prompt)
         else:
             prompt = self._tokenize(req.prompt)
+        if req.continuation is not None and req.continuation.text:
+            # An answer another replica began: this one decodes on from the prompt followed by
+            # the answer so far (core/pipeline/continuation.py), as if it had generated it.
+            prompt += self._continued(req.continuation.text)
         if self._batched is not None:
             stream = self._batched.generate(req, plan, prompt)
         else:
