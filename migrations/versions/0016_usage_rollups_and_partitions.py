@@ -5,7 +5,7 @@ on PostgreSQL usage_records becomes a table partitioned by day on created_at; ap
 Rollups: one row per (width, tenant, bucket, key, model, lane, deployment, status, error code)
 with the sums and a fixed-bucket TTFT histogram, and a tenant-totals tier (width_s negative:
 tenant, model, status and error code only) (laneway.db.rollups,
-docs/decisions/0011-usage-rollups.md). The backfill is one INSERT ... SELECT ... GROUP BY per
+docs/decisions/0012-usage-rollups.md). The backfill is one INSERT ... SELECT ... GROUP BY per
 width, run by the database: no row passes through Python.
 
 Partitions (PostgreSQL only; SQLite keeps one table and a retention DELETE): the table is

@@ -1,7 +1,7 @@
 """Usage rollups: every usage row is also added, in the same transaction, to one bucket per
 width (a minute, an hour, a day) keyed by tenant, key, model, lane, deployment, status and error
 code. Pages, the usage API and the quota counters' recovery sum buckets, so what they cost grows
-with the buckets shown, not with the rows (docs/decisions/0011-usage-rollups.md).
+with the buckets shown, not with the rows (docs/decisions/0012-usage-rollups.md).
 
 Two gateway replicas may add to the same bucket at once: the write is one
 `INSERT ... ON CONFLICT DO UPDATE SET n = n + excluded.n`, which the database applies under the
