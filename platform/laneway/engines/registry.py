@@ -46,6 +46,11 @@ class LiveDeployment:
     # Drained by an admin: routing gives it no new request; those it runs finish (spec.draining,
     # applied in place by sync: the engine is not restarted for it).
     draining: bool = False
+    # Its role in the alias (spec.role, weight and sample, applied in place by sync like
+    # draining; weight set to 0 here at once by an automatic rollback): core/canary/.
+    role: str = "serving"
+    weight: float = 0.0
+    sample: float = 0.0
 
     @property
     def overloaded(self) -> bool:
@@ -87,7 +92,9 @@ class EngineRegistry:
         except KeyError as exc:
             raise EngineError(f"{spec.engine_kind} needs config key {exc.args[0]!r}") from exc
         await engine.start()
-        return LiveDeployment(spec=spec, engine=engine, draining=spec.draining)
+        live = LiveDeployment(spec=spec, engine=engine, draining=spec.draining)
+        live.role, live.weight, live.sample = spec.role, spec.weight, spec.sample
+        return live
 
     async def _start_all(self, specs: Sequence[DeploymentSpec]) -> list[LiveDeployment]:
         started = []
@@ -191,9 +198,11 @@ class EngineRegistry:
     def _drain(live: Sequence[LiveDeployment], specs: Sequence[DeploymentSpec]) -> None:
         """Draining is no engine change (DeploymentSpec leaves it out of equality): it is
         flipped on the running deployment, which keeps what it serves."""
-        draining = {spec.name: spec.draining for spec in specs}
+        by_name = {spec.name: spec for spec in specs}
         for d in live:
-            d.draining = draining.get(d.spec.name, d.draining)
+            spec = by_name.get(d.spec.name)
+            if spec is not None:
+                d.draining, d.role, d.weight, d.sample = spec.draining, spec.role, spec.weight, spec.sample
 
     def set_draining(self, name: str, draining: bool) -> None:
         """Drain (or resume) the live deployment `name` at once (the admin's edit, before NOTIFY)."""
@@ -303,6 +312,7 @@ class EngineRegistry:
         *,
         embeddings: bool = False,
         exclude: frozenset[str] = frozenset(),
+        role: str = "serving",
     ) -> LiveDeployment:
         """The deployment to serve `alias` in `lane`: one that generates text, or with
         `embeddings` one that declares the "embeddings" capability (NotServed if none does).
@@ -315,6 +325,7 @@ class EngineRegistry:
         and so are those that lack a capability the request `needs` (tools, json_schema...).
         Deployments named in `exclude` (replicas that already failed the request) never serve:
         NotServed when no other one is left. Draining ones serve only when nothing else can.
+        Those of the pool `role` ("serving" or "canary") are chosen while one is left (in_pool).
         """
         candidates = self._by_alias.get(alias)
         if not candidates:
@@ -327,6 +338,7 @@ class EngineRegistry:
             candidates = [d for d in candidates if d.spec.name not in exclude]
         if not candidates:
             raise NotServed(alias)
+        candidates = in_pool(candidates, role)
         candidates = [d for d in candidates if not d.draining] or candidates
         if needs:
             candidates = [d for d in candidates if needs <= d.engine.info.capabilities] or candidates
@@ -358,6 +370,13 @@ class EngineRegistry:
     def ready(self) -> bool:
         deployments = self.deployments()
         return not self.failed and bool(deployments) and all(d.spec.name in self.warm for d in deployments)
+
+
+def in_pool(replicas: Sequence[LiveDeployment], role: str) -> list[LiveDeployment]:
+    """The replicas of the pool `role` that take requests; none left (a canary that failed, a
+    pool emptied): the other pool's. A shadow serves no client while anything else can."""
+    live = [d for d in replicas if d.role != "shadow"] or list(replicas)
+    return [d for d in live if d.role == role] or live
 
 
 async def warmup_prompts(d: LiveDeployment) -> list[str]:
