@@ -268,6 +268,7 @@ class StartSteps:
             shared_slots=self.shared_slots,
         )
         self.metrics.watch_queues(gateway.queue_stats)
+        self.metrics.watch(gateway.swaps.readings)  # per deployment and role (core/canary/)
 
     async def _start_loop_lag(self) -> Stop:
         gateway, shedder = self.gateway, self.shedder
