@@ -74,6 +74,9 @@ async def test_a_canary_takes_its_weight_of_sessions_and_each_session_stays_in_i
     assert all(choose_pool(replicas, ACME.id, f"user\0{i}") == pools[i] for i in range(500))  # stable
     # another tenant's session of the same name is placed independently
     assert share_of(1, "user\0x") != share_of(2, "user\0x")
+    replicas[1].healthy = False  # ejected: its sessions go to the serving pool meanwhile
+    assert {choose_pool(replicas, ACME.id, f"user\0{i}") for i in range(500)} == {"serving"}
+    replicas[1].healthy = True
     replicas[1].weight = 0.0  # rolled back: nothing goes to the canary
     assert {choose_pool(replicas, ACME.id, f"user\0{i}") for i in range(500)} == {"serving"}
 

@@ -58,8 +58,11 @@ def share_of(tenant_id: int, session: str) -> float:
 
 
 def canary_weight(replicas: Sequence[LiveDeployment]) -> float:
-    """The percent of the alias's sessions its canaries take (their weights summed, at most 100)."""
-    return min(100.0, sum(d.weight for d in replicas if d.role == CANARY and d.weight > 0))
+    """The percent of the alias's sessions its canaries take (their weights summed, at most
+    100). A canary ejected for errors or draining takes none meanwhile: its sessions go to the
+    serving pool, not to the alias's fallbacks (which an unhealthy replica would choose)."""
+    live = [d for d in replicas if d.role == CANARY and d.weight > 0 and d.healthy and not d.draining]
+    return min(100.0, sum(d.weight for d in live))
 
 
 def choose_pool(replicas: Sequence[LiveDeployment], tenant_id: int, session: str) -> str:
