@@ -13,7 +13,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 async def test_a_deployment_from_before_serves(db_engine: AsyncEngine) -> None:
     await migrate.downgrade(db_engine, "0015")
     async with db_engine.begin() as conn:
-        await conn.execute(text("INSERT INTO models (alias, description, enabled, created_at) VALUES ('m', '', true, CURRENT_TIMESTAMP)"))
+        await conn.execute(
+            text(
+                "INSERT INTO models (alias, description, enabled, created_at) VALUES ('m', '', true, CURRENT_TIMESTAMP)"
+            )
+        )
         await conn.execute(
             text(
                 "INSERT INTO deployments (model_id, name, engine_kind, config, quantization, gpu_type, max_model_len, "
