@@ -50,8 +50,24 @@ SIM = {"max_concurrency": 8, "decode_ms_base": 4.0, "decode_ms_per_seq": 0.5, "p
 SYSTEM = "You are a concise assistant for the laneway benchmark. Answer in a few words."
 
 
+ENGINE: dict[str, Any] = {"kind": "sim", "model": None, "max_tokens": 8, "json_every": 0}
+
+
 def deployment(name: str, **role: Any) -> dict[str, Any]:
-    return {"name": name, "engine_kind": "sim", "quantization": "sim", "gpu_type": "sim", "config": SIM, **role}
+    if ENGINE["kind"] == "sim":
+        return {"name": name, "engine_kind": "sim", "quantization": "sim", "gpu_type": "sim", "config": SIM, **role}
+    # SmolLM2 on llama.cpp under two engine settings: the incumbent batches its two sequences
+    # in one context, the candidate (m-b) runs them one per context (batching off).
+    config = {"model_path": ENGINE["model"], "parallel": 2, "batching": name == "m-a"}
+    return {
+        "name": name,
+        "engine_kind": "llamacpp",
+        "quantization": "Q4_1",
+        "gpu_type": "cpu",
+        "max_model_len": 2048,
+        "config": config,
+        **role,
+    }
 
 
 @dataclass
@@ -90,8 +106,14 @@ async def session(
     messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
     row.sessions[s] = set()
     for t in range(turns):
-        messages.append({"role": "user", "content": f"session {s}: question {t}?"})
-        extra = {} if temperature is None else {"temperature": temperature}
+        json_mode = ENGINE["json_every"] and (s + t) % ENGINE["json_every"] == 0
+        question = f"session {s}: question {t}?"
+        if json_mode:
+            question = f'Reply with a JSON object {{"answer": ...}} to: what is {s % 50} plus {t}?'
+        messages.append({"role": "user", "content": question})
+        extra: dict[str, Any] = {} if temperature is None else {"temperature": temperature}
+        if json_mode:
+            extra["response_format"] = {"type": "json_object"}
         started = time.perf_counter()
         try:
             stream = await client.chat.completions.create(
@@ -209,14 +231,29 @@ def main() -> None:
     parser.add_argument("--sample", type=float, default=25.0)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rows", default="baseline,canary,rollback,shadow")
+    parser.add_argument("--engine", choices=("sim", "llamacpp"), default="sim")
+    parser.add_argument("--model", help="llamacpp: the GGUF (SmolLM2-135M-Instruct)")
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--json-every", type=int, default=0, help="every Nth turn asks for a JSON object (0: none)")
     args = parser.parse_args()
+    ENGINE.update(kind=args.engine, model=args.model, max_tokens=args.max_tokens, json_every=args.json_every)
     kinds = args.rows.split(",")
     results: dict[str, list[Row]] = {k: [] for k in kinds}
     with tempfile.TemporaryDirectory() as tmp:
         for n in range(args.rounds):  # interleaved: every kind once per round
             for kind in kinds:
-                results[kind].append(run_row(kind, args, Path(tmp), n))
-                print(f"round {n + 1}: {kind} done", file=sys.stderr)
+                row = run_row(kind, args, Path(tmp), n)
+                results[kind].append(row)
+                shadow = row.shadow or {}
+                print(  # each row as it ends: a long run cut short still says what it measured
+                    f"round {n + 1}: {kind} done: {row.requests} requests, {row.errors} errors, m-b share "
+                    f"{row.share('m-b') * 100:.1f} %, TTFT p50 {pct(row.ttft, 0.5) * 1000:.1f} ms, p99 "
+                    f"{pct(row.ttft, 0.99) * 1000:.1f} ms, shadow compared {shadow.get('compared')}, exact "
+                    f"{shadow.get('exact_match_rate')}, JSON {shadow.get('json_valid_served')}/"
+                    f"{shadow.get('json_valid_shadow')} of {shadow.get('json_asked')}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     rows = {k: pooled(v) for k, v in results.items()}
     base = rows.get("baseline")
     print(
