@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +65,7 @@ def deployment(name: str, **role: Any) -> dict[str, Any]:
         "engine_kind": "llamacpp",
         "quantization": "Q4_1",
         "gpu_type": "cpu",
-        "max_model_len": 2048,
+        "max_model_len": 512,  # short chats; a short warm-up (half the context) on a loaded machine
         "config": config,
         **role,
     }
@@ -142,7 +143,9 @@ async def session(
         watch()
 
 
-async def drive(gw: Gateway, row: Row, requests: int, turns: int, concurrency: int, temperature: float | None) -> None:
+async def drive(
+    gw: Gateway, row: Row, requests: int, turns: int, concurrency: int, temperature: float | None, offset: int = -1
+) -> None:
     client = openai.AsyncOpenAI(base_url=gw.api_url, api_key=gw.keys["acme"], max_retries=0)
     canary = next((d for d in gw.gateway.registry.replicas("m") if d.spec.name == "m-b"), None)
     started = time.perf_counter()
@@ -153,7 +156,9 @@ async def drive(gw: Gateway, row: Row, requests: int, turns: int, concurrency: i
             row.rollback_after = (row.requests, time.perf_counter() - started)
 
     sessions = iter(range(requests // turns))
-    offset = hash(row.name) % 1_000_000 * 1000  # each row's sessions are its own
+    if offset < 0:
+        offset = hash(row.name) % 1_000_000 * 1000  # each row's sessions are its own
+    offset += 1_000_000 if row.name == "shadow" else 0
 
     async def worker() -> None:
         for s in sessions:
@@ -187,7 +192,14 @@ def run_row(kind: str, args: argparse.Namespace, work: Path, n: int) -> Row:
         usage_flush_interval_s=0.1,
         canary_min_requests=20,
         canary_window_s=60.0,
+        wait_ready=False,
     )
+    ready_by = time.monotonic() + 900  # llama.cpp's warm-up on a loaded machine: minutes
+    while httpx.get(gw.base_url + "/health/ready").status_code != 200:
+        if time.monotonic() > ready_by:
+            gw.stop()
+            raise TimeoutError("the gateway did not warm up within 900 s")
+        time.sleep(0.5)
     row = Row(kind)
     try:
         if kind == "rollback":
@@ -201,6 +213,40 @@ def run_row(kind: str, args: argparse.Namespace, work: Path, n: int) -> Row:
     finally:
         gw.stop()
     return row
+
+
+def run_on_one_gateway(args: argparse.Namespace, work: Path) -> dict[str, list[Row]]:
+    """--one-gateway: every row on one gateway (engines warmed once, caches shared alike), the
+    shadow's sample switched between rows in place: baseline 0 %, shadow `--sample` %."""
+    roles = {"role": "shadow", "sample": 0.0}
+    seed = {"models": {"m": [deployment("m-a"), deployment("m-b", **roles)]}, "tenants": {"acme": {}}}
+    data = work / "one"
+    data.mkdir()
+    gw = start_gateway(data, seed_with=seed, admin_password=PASSWORD, usage_flush_interval_s=0.1, wait_ready=False)
+    results: dict[str, list[Row]] = {"baseline": [], "shadow": []}
+    try:
+        while httpx.get(gw.base_url + "/health/ready").status_code != 200:
+            time.sleep(0.5)
+        shadow = next(d for d in gw.gateway.registry.replicas("m") if d.spec.name == "m-b")
+        for n in range(args.rounds):
+            for kind in ("baseline", "shadow"):
+                shadow.sample = args.sample if kind == "shadow" else 0.0
+                row = Row(kind)
+                asyncio.run(drive(gw, row, args.requests, args.turns, args.concurrency, 0.0, offset=n * 7919))
+                time.sleep(1.0)  # the last copies end
+                collect(gw, row)
+                row.shadow = gw.gateway.swaps.compare("m")["shadow"] if kind == "shadow" else None
+                results[kind].append(row)
+                print(
+                    f"round {n + 1}: {kind}: {row.requests} requests, {row.errors} errors, TTFT p50 "
+                    f"{pct(row.ttft, 0.5) * 1000:.1f} ms, p99 {pct(row.ttft, 0.99) * 1000:.1f} ms, shadow "
+                    f"{row.shadow}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    finally:
+        gw.stop()
+    return results
 
 
 def pooled(rows: list[Row]) -> Row:
@@ -234,13 +280,16 @@ def main() -> None:
     parser.add_argument("--engine", choices=("sim", "llamacpp"), default="sim")
     parser.add_argument("--model", help="llamacpp: the GGUF (SmolLM2-135M-Instruct)")
     parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--one-gateway", action="store_true", help="baseline and shadow rows on one gateway")
     parser.add_argument("--json-every", type=int, default=0, help="every Nth turn asks for a JSON object (0: none)")
     args = parser.parse_args()
     ENGINE.update(kind=args.engine, model=args.model, max_tokens=args.max_tokens, json_every=args.json_every)
     kinds = args.rows.split(",")
     results: dict[str, list[Row]] = {k: [] for k in kinds}
     with tempfile.TemporaryDirectory() as tmp:
-        for n in range(args.rounds):  # interleaved: every kind once per round
+        if args.one_gateway:
+            results = run_on_one_gateway(args, Path(tmp))
+        for n in range(0 if args.one_gateway else args.rounds):  # interleaved: every kind once per round
             for kind in kinds:
                 row = run_row(kind, args, Path(tmp), n)
                 results[kind].append(row)
