@@ -306,8 +306,9 @@ def main() -> None:
     rows = {k: pooled(v) for k, v in results.items()}
     base = rows.get("baseline")
     print(
-        f"machine: {platform.machine()}, {platform.python_version()}; {args.requests} requests a row, "
-        f"{args.turns} turns a session, {args.concurrency} sessions at once, {args.rounds} rounds pooled"
+        f"machine: {platform.machine()}, {platform.python_version()}; engine {args.engine}; "
+        f"{args.requests} requests a row, {args.turns} turns a session, {args.concurrency} sessions at once, "
+        f"{args.rounds} rounds pooled"
     )
     print()
     print(
