@@ -24,6 +24,8 @@ from laneway.admin.model_pages import ModelPages
 from laneway.admin.openapi import security_schemes as admin_security_schemes
 from laneway.admin.policy_pages import PolicyPages
 from laneway.admin.replica_pages import ReplicaPages
+from laneway.admin.role_api import RoleAPI
+from laneway.admin.role_pages import RolePages
 from laneway.admin.route_pages import RoutePages
 from laneway.admin.tenant_pages import TenantPages
 from laneway.admin.ui import AdminUI
@@ -49,6 +51,7 @@ ADMIN_PAGES = [
     PolicyPages,
     ModelPages,
     ReplicaPages,
+    RolePages,
     RoutePages,
     BatchPages,
     DashboardPages,
@@ -73,7 +76,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             BatchesController,
             # The admin session, then the CSRF token of a change: in a header for the JSON API,
             # in the form for the pages (which redirect to the login page without a session).
-            Router("/", route_handlers=[AdminAPI, UsageAPI], guards=[admin.session, csrf_header]),
+            Router("/", route_handlers=[AdminAPI, UsageAPI, RoleAPI], guards=[admin.session, csrf_header]),
             Router("/", route_handlers=ADMIN_PAGES, guards=[admin.session, csrf_form]),
             create_static_files_router(path="/admin/static", directories=[package_dir(ADMIN_STATIC)]),
             live,

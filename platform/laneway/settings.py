@@ -126,6 +126,15 @@ class Settings:
     retry_budget_ratio: float = 0.1
     retry_budget_min: int = 3
     retry_budget_window_s: float = 10.0
+    # Engine swaps (core/canary/): a canary is rolled back by laneway once it has this many
+    # requests in the window and its error rate exceeds the serving pool's by the error margin
+    # (absolute: 0.05 is five points) or its TTFT p99 by the TTFT margin (0.5: 50 % slower).
+    canary_error_margin: float = 0.05
+    canary_ttft_margin: float = 0.5
+    canary_min_requests: int = 20
+    canary_window_s: float = 60.0
+    # Shadow copies running at once across this gateway; beyond it they are dropped, not queued.
+    shadow_concurrency: int = 4
     # How a request of an alias with several replicas is placed (core/dispatch/): "cache_aware"
     # waits in the alias's fair queue and is bound, when a replica has room, to the one scoring
     # best on cached prefix minus load; "least_outstanding" binds at arrival to the replica with

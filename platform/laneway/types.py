@@ -309,3 +309,9 @@ class DeploymentSpec:
     # Takes no new requests (admin drain). Left out of equality: draining a deployment changes
     # where requests go, not the engine, so a sync flips it in place instead of restarting it.
     draining: bool = field(default=False, compare=False)
+    # Its role in the alias (core/canary/): "serving", "canary" (`weight`: percent of the
+    # alias's sessions) or "shadow" (`sample`: percent of live requests copied to it). Left out
+    # of equality like draining: a role change moves traffic, it restarts no engine.
+    role: str = field(default="serving", compare=False)
+    weight: float = field(default=0.0, compare=False)
+    sample: float = field(default=0.0, compare=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from litestar.di import NamedDependency
 from litestar.params import SkipValidation
@@ -58,3 +58,7 @@ Queues: TypeAlias = SkipValidation[NamedDependency[QueueStats]]  # parameter nam
 Routing: TypeAlias = SkipValidation[NamedDependency[RoutingFigures]]  # parameter name: routing_figures
 Latency: TypeAlias = SkipValidation[NamedDependency[LatencyFigures]]  # parameter name: latency_figures
 Planner: TypeAlias = SkipValidation[NamedDependency[RoutePlanner]]  # parameter name: route_planner
+
+# The alias's engine-swap comparison (core/canary/: roles, pools' figures, the shadow's).
+SwapFigures: TypeAlias = Callable[[str], dict[str, Any]]
+Swaps: TypeAlias = SkipValidation[NamedDependency[SwapFigures]]  # parameter name: swap_figures

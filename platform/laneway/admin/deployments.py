@@ -9,6 +9,7 @@ import msgspec
 from msgspec import Meta, Struct
 from sqlalchemy import select
 
+from laneway.admin.role_checks import Roled, check_roles
 from laneway.admin.service import AdminService, row
 from laneway.admin.validation import (
     DeploymentName,
@@ -37,6 +38,10 @@ class DeploymentIn(Struct, forbid_unknown_fields=True):
     max_model_len: Positive = 2048
     enabled: bool = True  # false: the row is kept, nothing is served from it (its engine is stopped)
     draining: bool = False  # true: it takes no new request; those it runs finish
+    # Its role in the alias, weight and sample in percent (admin/roles.py, core/canary/).
+    role: str = "serving"
+    weight: float = 0.0
+    sample: float = 0.0
 
 
 class ModelIn(Struct, forbid_unknown_fields=True):
@@ -53,6 +58,9 @@ DEPLOYMENT_FIELDS = (
     "max_model_len",
     "enabled",
     "draining",
+    "role",
+    "weight",
+    "sample",
 )
 
 
@@ -96,6 +104,8 @@ def check_deployments(data: ModelIn) -> list[str]:
                 f"The deployment '{d.name}' cannot start, so nothing was changed: {exc}",
                 param=f"deployments[{i}]",
             ) from None
+    rows = [Roled(d.name, d.role, d.weight, d.sample, d.enabled) for d in data.deployments]
+    check_roles(rows, lambda i, field: f"deployments[{i}].{field}")
     return names
 
 
@@ -167,6 +177,9 @@ async def replicas(svc: AdminService, alias: str) -> list[DeploymentIn]:
                 max_model_len=d.max_model_len,
                 enabled=bool(d.enabled),
                 draining=bool(d.draining),
+                role=d.role or "serving",
+                weight=float(d.weight or 0.0),
+                sample=float(d.sample or 0.0),
             )
             for d in rows
         ]

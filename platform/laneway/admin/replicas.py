@@ -83,10 +83,11 @@ async def set_enabled(svc: AdminService, actor: str, alias: str, name: str, enab
 async def swap_replica(svc: AdminService, actor: str, alias: str, name: str, new: DeploymentIn) -> dict[str, Any]:
     """Serve the replica `name` by another engine (kind and config): the new one starts and warms
     up before the old one stops taking requests; the old one finishes what it runs. It keeps
-    its name, and whether it is enabled or draining."""
+    its name, whether it is enabled or draining, and its role."""
     current = await replicas(svc, alias)
     old = _find(current, alias, name)
-    swapped = DeploymentIn(**{**_fields(new), "name": name, "enabled": old.enabled, "draining": old.draining})
+    kept = {f: getattr(old, f) for f in ("enabled", "draining", "role", "weight", "sample")}
+    swapped = DeploymentIn(**{**_fields(new), "name": name, **kept})
     result = await put_model(
         svc, actor, alias, ModelIn(deployments=[swapped if d.name == name else d for d in current])
     )

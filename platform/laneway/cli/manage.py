@@ -134,7 +134,25 @@ async def model_replica_list(svc: AdminService, actor: str, args: argparse.Names
 
         raise GatewayError(ErrorCode.NOT_FOUND, f"No model named '{args.alias}'.")
     for d in found:
-        print(f"{d.name}\t{d.engine_kind}\tmax_model_len {d.max_model_len}\t{d.quantization}\t{d.gpu_type}")
+        facts = f"{d.name}\t{d.engine_kind}\tmax_model_len {d.max_model_len}\t{d.quantization}\t{d.gpu_type}"
+        print(f"{facts}\t{_said_role(d)}")
+
+
+async def model_replica_set(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
+    from laneway.admin import roles
+
+    data = valid({"role": args.role, "weight": args.weight, "sample": args.sample}, roles.RoleIn, strict=False)
+    result = await roles.set_role(svc, actor, args.alias, args.name, data)
+    print(f"{result['name']} of {result['alias']}: {_said_role(result)}")
+
+
+def _said_role(d: Any) -> str:
+    get = d.get if isinstance(d, dict) else lambda f: getattr(d, f)
+    if get("role") == "canary":
+        return f"canary, weight {get('weight'):g} %"
+    if get("role") == "shadow":
+        return f"shadow, sample {get('sample'):g} %"
+    return "serving"
 
 
 async def model_fallbacks(svc: AdminService, actor: str, args: argparse.Namespace) -> None:

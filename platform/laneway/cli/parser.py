@@ -19,6 +19,7 @@ from laneway.cli.manage import (
     model_replica_add,
     model_replica_list,
     model_replica_remove,
+    model_replica_set,
     model_set,
     tenant_create,
     tenant_set,
@@ -175,6 +176,15 @@ def build_parser() -> argparse.ArgumentParser:
     s = replica.add_parser("list", help="the alias's replicas: name, engine, context, quantization, GPU")
     s.add_argument("alias")
     s.set_defaults(fn=with_service(model_replica_list))
+    s = replica.add_parser(
+        "set", help="give a replica its role: serving, canary (a share of sessions) or shadow (copies of requests)"
+    )
+    s.add_argument("alias")
+    s.add_argument("name")
+    s.add_argument("--role", required=True, choices=("serving", "canary", "shadow"))
+    s.add_argument("--weight", help="a canary's share of the alias's sessions, in percent (0-100)")
+    s.add_argument("--sample", help="a shadow's share of the live requests copied to it, in percent (0-100)")
+    s.set_defaults(fn=with_service(model_replica_set))
     s = model.add_parser("fallbacks", help="give an alias the aliases that serve its requests when it cannot, in order")
     s.add_argument("alias")
     s.add_argument("fallbacks", help="comma-separated aliases, tried in order ('none': no fallbacks)")

@@ -106,6 +106,11 @@ class Deployment(Base):
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
     # True: routing sends it no new request; those it runs finish (an admin's drain before removal).
     draining: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Its role in the alias (migration 0018): serving | canary (weight: percent of the alias's
+    # sessions) | shadow (sample: percent of live requests copied to it, never answered).
+    role: Mapped[str] = mapped_column(String(20), default="serving", server_default="serving")
+    weight: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    sample: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     model: Mapped[Model] = relationship(back_populates="deployments")
 
 

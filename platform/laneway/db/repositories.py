@@ -227,6 +227,9 @@ class ModelRepository:
                 gpu_type=d.gpu_type,
                 max_model_len=d.max_model_len,
                 draining=bool(d.draining),
+                role=d.role or "serving",
+                weight=float(d.weight or 0.0),
+                sample=float(d.sample or 0.0),
             )
             for d, alias in (await self.session.execute(stmt)).all()
         ]

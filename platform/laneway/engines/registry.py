@@ -49,6 +49,11 @@ class LiveDeployment:
     # Answers it failed mid-answer that another replica continued (core/pipeline/attempts.py),
     # since it started here: the alias page shows it beside its health.
     continued: int = 0
+    # Its role in the alias (spec.role, weight and sample, applied in place by sync like
+    # draining; weight set to 0 here at once by an automatic rollback): core/canary/.
+    role: str = "serving"
+    weight: float = 0.0
+    sample: float = 0.0
 
     @property
     def overloaded(self) -> bool:
@@ -90,7 +95,9 @@ class EngineRegistry:
         except KeyError as exc:
             raise EngineError(f"{spec.engine_kind} needs config key {exc.args[0]!r}") from exc
         await engine.start()
-        return LiveDeployment(spec=spec, engine=engine, draining=spec.draining)
+        live = LiveDeployment(spec=spec, engine=engine, draining=spec.draining)
+        live.role, live.weight, live.sample = spec.role, spec.weight, spec.sample
+        return live
 
     async def _start_all(self, specs: Sequence[DeploymentSpec]) -> list[LiveDeployment]:
         started = []
@@ -194,9 +201,11 @@ class EngineRegistry:
     def _drain(live: Sequence[LiveDeployment], specs: Sequence[DeploymentSpec]) -> None:
         """Draining is no engine change (DeploymentSpec leaves it out of equality): it is
         flipped on the running deployment, which keeps what it serves."""
-        draining = {spec.name: spec.draining for spec in specs}
+        by_name = {spec.name: spec for spec in specs}
         for d in live:
-            d.draining = draining.get(d.spec.name, d.draining)
+            spec = by_name.get(d.spec.name)
+            if spec is not None:
+                d.draining, d.role, d.weight, d.sample = spec.draining, spec.role, spec.weight, spec.sample
 
     def set_draining(self, name: str, draining: bool) -> None:
         """Drain (or resume) the live deployment `name` at once (the admin's edit, before NOTIFY)."""
@@ -306,6 +315,7 @@ class EngineRegistry:
         *,
         embeddings: bool = False,
         exclude: frozenset[str] = frozenset(),
+        role: str = "serving",
     ) -> LiveDeployment:
         """The deployment to serve `alias` in `lane`: one that generates text, or with
         `embeddings` one that declares the "embeddings" capability (NotServed if none does).
@@ -318,6 +328,7 @@ class EngineRegistry:
         and so are those that lack a capability the request `needs` (tools, json_schema...).
         Deployments named in `exclude` (replicas that already failed the request) never serve:
         NotServed when no other one is left. Draining ones serve only when nothing else can.
+        Those of the pool `role` ("serving" or "canary") are chosen while one is left (in_pool).
         """
         candidates = self._by_alias.get(alias)
         if not candidates:
@@ -330,6 +341,7 @@ class EngineRegistry:
             candidates = [d for d in candidates if d.spec.name not in exclude]
         if not candidates:
             raise NotServed(alias)
+        candidates = in_pool(candidates, role)
         candidates = [d for d in candidates if not d.draining] or candidates
         if needs:
             candidates = [d for d in candidates if needs <= d.engine.info.capabilities] or candidates
@@ -361,6 +373,13 @@ class EngineRegistry:
     def ready(self) -> bool:
         deployments = self.deployments()
         return not self.failed and bool(deployments) and all(d.spec.name in self.warm for d in deployments)
+
+
+def in_pool(replicas: Sequence[LiveDeployment], role: str) -> list[LiveDeployment]:
+    """The replicas of the pool `role` that take requests; none left (a canary that failed, a
+    pool emptied): the other pool's. A shadow serves no client while anything else can."""
+    live = [d for d in replicas if d.role != "shadow"] or list(replicas)
+    return [d for d in live if d.role == role] or live
 
 
 async def warmup_prompts(d: LiveDeployment) -> list[str]:

@@ -22,7 +22,7 @@ from litestar import Litestar
 from litestar.di import Provide
 
 from laneway.admin.api import Logins
-from laneway.admin.dependencies import LatencyFigures, QueueStats, RoutePlanner, RoutingFigures
+from laneway.admin.dependencies import LatencyFigures, QueueStats, RoutePlanner, RoutingFigures, SwapFigures
 from laneway.admin.guards import AdminGuards
 from laneway.admin.live import LiveFigures
 from laneway.admin.service import AdminService
@@ -150,6 +150,9 @@ class Runtime(StartSteps):
     def provide_latency_figures(self) -> LatencyFigures:
         return self.gateway.latency_readings
 
+    def provide_swap_figures(self) -> SwapFigures:
+        return self.gateway.swaps.compare
+
     def provide_route_planner(self) -> RoutePlanner:
         return Planner(self.gateway)
 
@@ -169,5 +172,6 @@ class Runtime(StartSteps):
             "routing_figures": Provide(self.provide_routing_figures, sync_to_thread=False),
             "latency_figures": Provide(self.provide_latency_figures, sync_to_thread=False),
             "route_planner": Provide(self.provide_route_planner, sync_to_thread=False),
+            "swap_figures": Provide(self.provide_swap_figures, sync_to_thread=False),
             "details_allowed": Provide(self.health_access.details_allowed),
         }

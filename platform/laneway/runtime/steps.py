@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from laneway.admin import roles
 from laneway.admin.api import Logins
 from laneway.admin.live import LiveFigures
 from laneway.admin.service import AdminService
@@ -71,6 +72,7 @@ class StartSteps:
     redis_hub: RedisHub | None
     limiter: RateLimiter
     recorder: UsageRecorder
+    alerts: BudgetAlerts  # the budget webhook's channel (canary rollbacks use it too)
     authenticator: KeyAuthenticator
     shared_slots: SharedSlots | None
     gateway: Gateway
@@ -216,6 +218,7 @@ class StartSteps:
         )
         for each in (limiter, getattr(limiter, "fallback", limiter)):  # Redis's fallback alerts too
             each.alert, each.alert_share = alerts, settings.budget_alert_share
+        self.alerts = alerts
         return alerts.close
 
     async def _start_usage_recorder(self) -> Stop:
@@ -277,6 +280,7 @@ class StartSteps:
             shared_slots=self.shared_slots,
         )
         self.metrics.watch_queues(gateway.queue_stats)
+        self.metrics.watch(gateway.swaps.readings)  # per deployment and role (core/canary/)
 
     async def _start_loop_lag(self) -> Stop:
         gateway, shedder = self.gateway, self.shedder
@@ -314,6 +318,12 @@ class StartSteps:
         self.authenticator.invalidate()
         await self.config_poll.refresh(force=True)
 
+    def _canary_rolled_back(self, alias: str, name: str, reason: str) -> None:
+        """The canary watch set `name`'s weight to 0 here: the row too (every replica then hears
+        it), audited as laneway's, and an alert on the budget webhook's channel."""
+        self.gateway.spawn(roles.record_rollback(self.admin, alias, name, reason))
+        self.alerts.send({"event": "canary_rollback", "model": alias, "deployment": name, "reason": reason})
+
     async def _start_config_poll(self) -> Stop:
         every_s = self.settings.policy_poll_interval_s
         poll = self.config_poll.run(self.registry, every_s, self.health, after_tick=self._after_poll)
@@ -335,6 +345,7 @@ class StartSteps:
             registry=self.registry,
             currency=settings.currency,
         )
+        self.gateway.swaps.watch.on_rollback = self._canary_rolled_back
         self.logins = Logins(self.login_guard, sessions, settings.admin_cookie_secure, admin_password_file(settings))
         self.api = ApiServices(self.gateway, self.authenticator, settings.stream_send_timeout_s, self.started_at)
         self.batches, self.batch_runner = batch_services(settings, sessions, self.api, self.registry, self.health)

@@ -49,8 +49,6 @@ class BudgetAlerts:
             budget.period.name,
             round(self.share * 100),
         )
-        if self._url is None:
-            return
         key = tenant.api_key_id if budget.owner == "key" else None
         body = {
             "tenant": tenant.name,
@@ -62,6 +60,13 @@ class BudgetAlerts:
             "currency": self._currency,
             "threshold": self.share,
         }
+        self.send(body)
+
+    def send(self, body: dict[str, Any]) -> None:
+        """Queue one alert for the webhook, when one is set (a canary's rollback goes out on
+        this channel too: core/canary/watch.py). Never blocks, never raises."""
+        if self._url is None:
+            return
         try:
             self._queue.put_nowait(body)
         except asyncio.QueueFull:

@@ -31,7 +31,7 @@ from laneway.core.dispatch.picker import Picker, Placement
 from laneway.core.latency.outlook import Outlook
 from laneway.core.policy import LanePolicy
 from laneway.core.scheduler import DeploymentScheduler, Ticket
-from laneway.engines.registry import LiveDeployment
+from laneway.engines.registry import LiveDeployment, in_pool
 
 
 class AliasScheduler(DeploymentScheduler):
@@ -60,7 +60,8 @@ class AliasScheduler(DeploymentScheduler):
         """The replicas to place on: not draining, healthy (a probing replica only while it runs
         nothing) and not overloaded, else every one (a request never fails here for want of a
         healthy replica: the engine call then fails it over or reports the error)."""
-        generating = [r for r in self._replicas() if r.engine.info.generates]
+        # A shadow takes no client's request (core/canary/shadow.py copies some to it).
+        generating = [r for r in self._replicas() if r.engine.info.generates and r.role != "shadow"]
         replicas = [r for r in generating if not r.draining] or generating
         healthy = [r for r in replicas if r.healthy and not (r.probing and r.outstanding)] or replicas
         return [r for r in healthy if not r.overloaded] or healthy
@@ -102,8 +103,9 @@ class AliasScheduler(DeploymentScheduler):
     def candidates(self, ticket: Ticket) -> list[LiveDeployment]:
         """The replicas that may serve the ticket, as Registry.resolve chooses them: those with
         the capabilities it needs; of those, the ones serving its lane; of those, the ones
-        dedicated to its lane while one has a free slot."""
-        return self.serving(ticket.lane, ticket.route.needs)
+        dedicated to its lane while one has a free slot; of those, its pool's (serving or canary,
+        chosen in prepare: core/canary/pools.py) while its pool has one."""
+        return in_pool(self.serving(ticket.lane, ticket.route.needs), ticket.route.pool)
 
     def serving(self, lane_policy: LanePolicy, needs: frozenset[str]) -> list[LiveDeployment]:
         """candidates() for a request of `lane_policy` needing `needs` (admission asks too)."""

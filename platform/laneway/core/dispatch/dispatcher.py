@@ -36,6 +36,7 @@ class TicketRoute:
     needs: frozenset[str]
     placement: Placement | None = None
     taken: bool = False  # the request's lease holds the replica's outstanding count
+    pool: str = "serving"  # the alias's pool it goes to: "serving" or "canary" (core/canary/pools.py)
 
 
 class Dispatcher:
@@ -66,7 +67,8 @@ class Dispatcher:
         """Whether a request of `alias` waits for any replica (late binding) rather than one."""
         if self.routing != "cache_aware" or embedding:
             return False
-        return sum(1 for d in self.registry.replicas(alias) if d.engine.info.generates) > 1
+        live = [d for d in self.registry.replicas(alias) if d.engine.info.generates and d.role != "shadow"]
+        return len(live) > 1
 
     def alias_scheduler(self, alias: str) -> AliasScheduler:
         s = self._aliases.get(alias)
@@ -112,6 +114,7 @@ class Dispatcher:
             if d.engine.info.generates
             and d.healthy
             and not d.draining
+            and d.role != "shadow"
             and needs <= d.engine.info.capabilities
             and lane in d.spec.config.get("lanes", (lane,))
         ]

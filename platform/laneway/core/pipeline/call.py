@@ -84,6 +84,7 @@ class Call:
     seam_seconds: list[float] = field(default_factory=list)
     asked_alias: str | None = None  # the alias the client asked for, when a fallback (`alias`) serves it
     prompt_cache_key: str | None = None  # session affinity across replicas (core/dispatch/)
+    pool: str = "serving"  # the alias's pool it was given: "serving" or "canary" (core/canary/pools.py)
     route_reason: str | None = None  # what placed it on its replica (core/dispatch/picker.py)
     cached_estimate: int = 0  # prompt tokens its replica most likely held (the prefix index)
     admission_checked: bool = False  # admission already passed (choosing among fallbacks): not again

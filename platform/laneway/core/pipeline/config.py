@@ -9,8 +9,9 @@ defaults (settings.py) are what a serving process gets.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from laneway.core.canary.watch import Margins
 from laneway.core.dispatch import RoutingParams
 from laneway.settings import Settings
 
@@ -39,6 +40,9 @@ class GatewayConfig:
     retry_ratio: float = 0.1
     retry_minimum: int = 3
     retry_window_s: float = 10.0
+    # Engine swaps (core/canary/): when laneway rolls a canary back, and the shadow lane's width.
+    canary_margins: Margins = field(default_factory=Margins)
+    shadow_concurrency: int = 4
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GatewayConfig:
@@ -58,4 +62,11 @@ class GatewayConfig:
             retry_ratio=settings.retry_budget_ratio,
             retry_minimum=settings.retry_budget_min,
             retry_window_s=settings.retry_budget_window_s,
+            canary_margins=Margins(
+                error_margin=settings.canary_error_margin,
+                ttft_margin=settings.canary_ttft_margin,
+                min_requests=settings.canary_min_requests,
+                window_s=settings.canary_window_s,
+            ),
+            shadow_concurrency=settings.shadow_concurrency,
         )

@@ -160,7 +160,10 @@ class Failover:
             if suitable is None or suitable(target):
                 break
             passed |= {target.spec.name}
-        if not self.budget.spend(failed):
+        # A canary's failures are not charged to the budget: the canary watch bounds them
+        # instead (it takes the canary out past its error margin, core/canary/watch.py), and
+        # its clients would otherwise pay for a candidate's faults the serving pool can answer.
+        if call.deployment.role != "canary" and not self.budget.spend(failed):
             call.retry_denied = "budget"
             return None
         return target

@@ -27,6 +27,7 @@ from typing import Any, TypeVar, overload
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError, shutting_down
 from laneway.core import load_shedding
+from laneway.core.canary.swaps import Swaps
 from laneway.core.dispatch import ReplicaFigures
 from laneway.core.latency import LatencyReadings
 from laneway.core.pipeline.answers import Client, Completed, Embedded, Streaming
@@ -70,7 +71,9 @@ class Gateway:
         self.shared_slots = shared_slots
         self.policies = policies
         self.limiter: RateLimiter = limiter or MemoryRateLimiter()
-        self.sinks = tuple(sinks)
+        # Engine swaps (core/canary/): the canary watch reads every outcome, beside the sinks.
+        self.swaps = Swaps(registry, config.canary_margins, config.shadow_concurrency)
+        self.sinks = (*sinks, self.swaps.watch)
         self.preparer = Preparer(registry, policies, default_max_tokens=config.default_max_tokens)
         budget = RetryBudget(config.retry_ratio, config.retry_minimum, config.retry_window_s)
         stall = StallRule(config.stall_multiple, config.stall_floor_s)
@@ -225,6 +228,10 @@ class Gateway:
         assert lease.ticket is not None and lease.ticket.granted is not None, "admit() first"
         self.failover.budget.requested(lease.call.deployment.spec.name)
         run = run_attempts(lease, self.registry, self.failover, self.waiting, self.outcome_of)
+        call = lease.call
+        shadow = self.swaps.shadows.sampled(call.alias)
+        if shadow is not None:  # its copy runs on the shadow once this answer is whole
+            run = self.swaps.shadows.recorded(run, shadow, call.generation, lambda: _engine_ttft(call))
         lease._run = run
         return run
 
@@ -363,3 +370,11 @@ class Gateway:
                         lease.release()
         while self._background:
             await asyncio.wait(set(self._background))
+        await self.swaps.close()  # shadow copies are nobody's answer: not waited for
+
+
+def _engine_ttft(call: Call) -> float | None:
+    """The served engine's own time to its first token (from its slot): what a shadow's is compared with."""
+    if call.first_token_at is None or call.dispatched_at is None:
+        return None
+    return call.first_token_at - call.dispatched_at

@@ -10,6 +10,7 @@ from dataclasses import replace
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.core import capabilities
+from laneway.core.canary.pools import choose_pool, session_of
 from laneway.core.early_stops import rule_for
 from laneway.core.ids import random_hex
 from laneway.core.pipeline.call import Call, engine_request_id
@@ -98,7 +99,8 @@ class Preparer:
             extensions=intent.extensions,
         )
         needs = frozenset(c for c, _ in capabilities.asked(generation))
-        deployment = self.registry.resolve(intent.alias, chosen.name, needs)
+        pool = choose_pool(self.registry.replicas(intent.alias), tenant.id, session_of(intent))
+        deployment = self.registry.resolve(intent.alias, chosen.name, needs, role=pool)
         context = deployment.engine.info.max_model_len
         room = context - _kept_prompt_tokens(measured.tokens, intent.extensions)
         if room <= 0:
@@ -151,6 +153,7 @@ class Preparer:
             client_request_id=intent.client_request_id,
             needs=needs,
             prompt_cache_key=intent.prompt_cache_key,
+            pool=pool,
             early_rule=rule_for(snapshot.tasks.get(intent.task) if intent.task else None, generation),
             price=snapshot.price(intent.alias),  # the price in force now: a change applies to later requests
             ttft_target_ms=request_ttft_target_ms(chosen, tenant, intent.ttft_target_ms),

@@ -167,6 +167,7 @@ class Waiting:
             route = self.dispatch.ticket_route(
                 gen.prompt, gen.cache_salt, call.prompt_cache_key, call.needs, gen.prompt_tokens, gen.prompt_ids
             )
+            route.pool = call.pool
             lease.placement = placement = _ticket(lease, cost, route)
             try:
                 await queue.acquire(placement)
@@ -239,6 +240,7 @@ class Waiting:
         route = self.dispatch.ticket_route(
             gen.prompt, gen.cache_salt, call.prompt_cache_key, call.needs, gen.prompt_tokens
         )
+        route.pool = call.pool
         ticket = Ticket(
             request_id=call.request_id,
             tenant_id=call.tenant.id,
