@@ -208,13 +208,14 @@ async def test_retention_drops_expired_days_and_the_rollups_remain(db_engine: As
     async with sessions() as s:
         assert await raw_gone_before(s, 1, NOW - timedelta(days=210)) is None  # every row still there
     async with sessions() as s, s.begin():
-        assert await ensure_partitions(s, ahead_days=9) == (
-            [f"usage_records_p{NOW + timedelta(days=n):%Y%m%d}" for n in (8, 9)]
+        today = datetime.now(UTC)  # the migration's day (not NOW's, should midnight have passed since)
+        assert await ensure_partitions(s, now=today, ahead_days=9) == (
+            [f"usage_records_p{today + timedelta(days=n):%Y%m%d}" for n in (8, 9)]
             if db_engine.dialect.name == "postgresql"
             else []
         )
-        result = await drop_expired(s, raw_days=90, rollup_days=730)
-    cut = (NOW - timedelta(days=90)).replace(hour=0, minute=0, second=0)
+        result = await drop_expired(s, raw_days=90, rollup_days=730, now=today)
+    cut = (today - timedelta(days=90)).replace(hour=0, minute=0, second=0, microsecond=0)
     kept = [r for r in rows if r["created_at"] >= cut]
     async with sessions() as s:
         assert (await s.execute(select(func.count()).select_from(UsageRecord))).scalar() == len(kept)
