@@ -24,6 +24,9 @@ TABLES = {
     "batches",
     "batch_items",
     "config_version",
+    "portal_users",
+    "portal_sessions",
+    "portal_key_caps",
 }
 
 
@@ -34,7 +37,7 @@ async def tables(engine: AsyncEngine) -> set[str]:
 
 async def test_migrations_round_trip(db_engine: AsyncEngine) -> None:
     assert await tables(db_engine) == TABLES
-    assert await migrate.current(db_engine) == "0015"
+    assert await migrate.current(db_engine) == "0017"
     await migrate.downgrade(db_engine, "base")
     assert await tables(db_engine) == set()
     assert await migrate.current(db_engine) is None

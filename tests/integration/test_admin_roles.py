@@ -63,7 +63,7 @@ def probe(client: httpx.Client, method: str, template: str, values: dict[str, st
 
 def page_client(base_url: str, api: httpx.Client) -> httpx.Client:
     """The same session for the pages (the cookie), the CSRF token kept for the forms."""
-    client = httpx.Client(base_url=base_url, cookies=api.cookies)
+    client = httpx.Client(base_url=base_url, cookies=api.cookies, timeout=api.timeout)
     client.headers["X-CSRF-Token"] = api.headers["X-CSRF-Token"]
     return client
 
@@ -176,3 +176,28 @@ def test_sessions_do_not_cross_between_the_admin_and_the_portal(gateway: Gateway
     assert httpx.get(base + "/portal/api/keys", cookies=admin.cookies).status_code == 401
     r: Any = httpx.get(base + "/portal/keys", cookies=admin.cookies)
     assert r.status_code == 303 and r.headers["location"] == "/portal/login"
+
+
+CHANGING_FORM = re.compile(r'<form[^>]*method="post"[^>]*action="(/admin/[^"]*)"')
+NOT_A_CHANGE = {"/admin/logout", "/admin/route"}  # leaving, and the route tester's dry run
+
+
+@pytest.mark.parametrize("role", [OWNER, OPERATOR, VIEWER])
+def test_the_pages_show_a_role_only_the_forms_it_may_send(gateway: Gateway, role: str) -> None:
+    base = gateway.server.base_url
+    api = admin_api(base, f"an-{role}")
+    acme = _tenant(api, "acme")
+    api.post(f"/tenants/{acme}/keys", json={"name": "shown"})  # refused to the viewer; others see its forms
+    pages = page_client(base, api)
+    shown: set[str] = set()
+    paths = ["/admin/tenants", f"/admin/tenants/{acme}", "/admin/policies", "/admin/models", "/admin/batches"]
+    for path in [*paths, "/admin/models/alias?name=sim"]:
+        r = pages.get(path)
+        assert r.status_code == 200, path
+        shown |= {re.sub(r"/\d+(/|$)", r"/N\1", a) for a in CHANGING_FORM.findall(r.text)} - NOT_A_CHANGE
+    if role == VIEWER:  # the tenant's limits are shown in a disabled fieldset, without its Save button
+        assert shown == {"/admin/tenants/N"}
+        assert "disabled>\n  <legend>Limits" in pages.get(f"/admin/tenants/{acme}").text
+    else:
+        assert {"/admin/tenants", "/admin/tenants/N/keys", "/admin/lanes", "/admin/models/fallbacks"} <= shown
+        assert ("/admin/models/price" in shown) == (role == OWNER)

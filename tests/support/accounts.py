@@ -13,6 +13,8 @@ from laneway.db.repositories import TenantRepository
 from laneway.db.session import make_engine
 
 PASSWORD = "correct horse battery"
+# A login's argon2 check waits its turn in one thread: generous on a loaded machine.
+TIMEOUT_S = 30.0
 
 
 def _with_service(url: str, work: Callable[[AdminService], Awaitable[Any]]) -> Any:
@@ -51,7 +53,7 @@ def add_portal_user(url: str, tenant: str, username: str, role: str) -> None:
 
 def admin_api(base_url: str, username: str) -> httpx.Client:
     """A client of /admin/api logged in as `username`, its CSRF token in every request."""
-    client = httpx.Client(base_url=base_url + "/admin/api")
+    client = httpx.Client(base_url=base_url + "/admin/api", timeout=TIMEOUT_S)
     r = client.post("/login", json={"username": username, "password": PASSWORD})
     assert r.status_code == 200, r.text
     client.headers["X-CSRF-Token"] = r.json()["csrf_token"]
@@ -59,7 +61,7 @@ def admin_api(base_url: str, username: str) -> httpx.Client:
 
 
 def portal_api(base_url: str, username: str) -> httpx.Client:
-    client = httpx.Client(base_url=base_url + "/portal/api")
+    client = httpx.Client(base_url=base_url + "/portal/api", timeout=TIMEOUT_S)
     r = client.post("/login", json={"username": username, "password": PASSWORD})
     assert r.status_code == 200, r.text
     client.headers["X-CSRF-Token"] = r.json()["csrf_token"]
