@@ -58,12 +58,13 @@ async def create_portal_user(
             f"A portal password needs at least {MIN_PASSWORD_CHARS} characters.",
             param="password",
         )
+    digest = await asyncio.to_thread(hash_password, password)  # argon2: 0.3 s of CPU, off the loop
     async with svc.sessions() as session, session.begin():
         tenant = await get_or_404(session, Tenant, tenant_id)
         users = PortalUserRepository(session)
         if await users.get_by_username(username) is not None:
             raise GatewayError(ErrorCode.CONFLICT, f"A portal user named '{username}' exists.", param="username")
-        user = await users.create(tenant.id, username, hash_password(password), role)
+        user = await users.create(tenant.id, username, digest, role)
         after = {"id": user.id, "tenant_id": tenant.id, "tenant": tenant.name, "username": username, "role": role}
         await AuditRepository(session).add(actor, "create", "portal_user", str(user.id), None, after)
     return after
