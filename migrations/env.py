@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from alembic import context
-from laneway.db import batch_tables  # noqa: F401  (its tables join Base.metadata)
+from laneway.db import batch_tables, portal_tables  # noqa: F401  (their tables join Base.metadata)
 from laneway.db.models import Base
 from laneway.db.session import make_engine
 from sqlalchemy.engine import Connection

@@ -10,7 +10,7 @@ config_version triggers of 0013 on deployments stay, and a role change moves the
 any other edit of the table (every replica reloads it).
 
 Revision ID: 0018
-Revises: 0016
+Revises: 0017
 Create Date: 2026-12-07
 """
 
@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0018"
-down_revision = "0016"
+down_revision = "0017"
 branch_labels = None
 depends_on = None
 

@@ -14,6 +14,7 @@ from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 
+from laneway.admin.account_api import AdminAccountsAPI
 from laneway.admin.api import AdminAPI
 from laneway.admin.audit_pages import AuditPages
 from laneway.admin.batch_pages import BatchPages
@@ -39,10 +40,17 @@ from laneway.api.handlers import ModelsController
 from laneway.api.health import live, metrics, metrics_token_guard, ready
 from laneway.api.openapi import add_wire_schemas, openapi_config
 from laneway.api.request_ids import stamp_request_id
+from laneway.portal.api import PortalAPI
+from laneway.portal.guards import PortalGuards
+from laneway.portal.operator_api import PortalOperatorAPI
+from laneway.portal.pages import PortalPages
 from laneway.resources import ADMIN_STATIC, ADMIN_TEMPLATES, package_dir
 from laneway.runtime import Runtime, RuntimePlugin
 from laneway.settings import Settings
 from laneway.tracing import build as build_tracing
+
+# The JSON admin API, by area (portal/operator_api.py: a tenant's portal users and key caps).
+ADMIN_API = [AdminAPI, UsageAPI, RoleAPI, AdminAccountsAPI, PortalOperatorAPI]
 
 # The admin web UI's pages, by area (admin/ui.py: the login).
 ADMIN_PAGES = [
@@ -66,6 +74,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     tracing = build_tracing(settings)
     runtime = Runtime(settings, tracing=tracing)
     admin = AdminGuards(lambda: runtime.sessions)
+    portal = PortalGuards(lambda: runtime.sessions)
     metrics_token = metrics_token_guard(settings)
     endpoints = registry.endpoints()  # chat, completions, embeddings, responses and any registered
     app = Litestar(
@@ -76,8 +85,12 @@ def create_app(settings: Settings | None = None) -> Litestar:
             BatchesController,
             # The admin session, then the CSRF token of a change: in a header for the JSON API,
             # in the form for the pages (which redirect to the login page without a session).
-            Router("/", route_handlers=[AdminAPI, UsageAPI, RoleAPI], guards=[admin.session, csrf_header]),
-            Router("/", route_handlers=ADMIN_PAGES, guards=[admin.session, csrf_form]),
+            # Then the role against the route's rule (admin/roles.py), after the CSRF check so
+            # a forged request is refused before it can fill the audit log with denials.
+            Router("/", route_handlers=ADMIN_API, guards=[admin.session, csrf_header, admin.role]),
+            Router("/", route_handlers=ADMIN_PAGES, guards=[admin.session, csrf_form, admin.role]),
+            Router("/", route_handlers=[PortalAPI], guards=[portal.session, csrf_header, portal.role]),
+            Router("/", route_handlers=[PortalPages], guards=[portal.session, csrf_form, portal.role]),
             create_static_files_router(path="/admin/static", directories=[package_dir(ADMIN_STATIC)]),
             live,
             ready,
@@ -86,7 +99,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         plugins=[RuntimePlugin(runtime)],
         template_config=TemplateConfig(directory=package_dir(ADMIN_TEMPLATES), engine=JinjaTemplateEngine),
         middleware=[tracing.middleware({e.path: e.span for e in endpoints})] if tracing is not None else [],
-        # X-Request-Id on every response; security headers on every /admin response; /metrics
+        # X-Request-Id on every response; security headers on every /admin and /portal response; /metrics
         # and /schema behind metrics_token.
         before_send=[stamp_request_id, admin_security_headers],
         openapi_config=openapi_config(

@@ -25,6 +25,9 @@ TABLES = {
     "batch_items",
     "config_version",
     "usage_rollups",
+    "portal_users",
+    "portal_sessions",
+    "portal_key_caps",
 }
 
 
@@ -137,7 +140,7 @@ async def test_usage_rows_insert_in_bulk(db_engine: AsyncEngine) -> None:
 async def test_models_and_migrations_agree(db_engine: AsyncEngine) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
-    from laneway.db import batch_tables  # noqa: F401  (its tables are on Base.metadata once imported)
+    from laneway.db import batch_tables, portal_tables  # noqa: F401  (their tables are on Base.metadata once imported)
     from laneway.db.models import Base
 
     async with db_engine.connect() as conn:

@@ -65,12 +65,13 @@ def log_in(page: Any, password: str, path: str = "/admin/dashboard") -> None:
         page.goto(path)
 
 
-def doc_shot(page: Any, name: str) -> None:
-    """The page as docs/admin.md shows it (docs/admin/NAME.png), taken by the test run."""
-    DOCS_SHOTS.mkdir(parents=True, exist_ok=True)
+def doc_shot(page: Any, name: str, folder: Path = DOCS_SHOTS) -> None:
+    """The page as docs/admin.md shows it (docs/admin/NAME.png; `folder`: another page's
+    docs/ folder, e.g. docs/portal/), taken by the test run."""
+    folder.mkdir(parents=True, exist_ok=True)
     # caret="initial": Playwright's caret hiding leaves style="" on inputs, which htmx would
     # then carry across the next swap and the CSP refuse.
-    page.screenshot(path=DOCS_SHOTS / f"{name}.png", full_page=True, caret="initial")
+    page.screenshot(path=folder / f"{name}.png", full_page=True, caret="initial")
 
 
 def no_csp_violations(console: list[str]) -> None:

@@ -38,7 +38,7 @@ class DeploymentIn(Struct, forbid_unknown_fields=True):
     max_model_len: Positive = 2048
     enabled: bool = True  # false: the row is kept, nothing is served from it (its engine is stopped)
     draining: bool = False  # true: it takes no new request; those it runs finish
-    # Its role in the alias, weight and sample in percent (admin/roles.py, core/canary/).
+    # Its role in the alias, weight and sample in percent (admin/deployment_roles.py, core/canary/).
     role: str = "serving"
     weight: float = 0.0
     sample: float = 0.0

@@ -7,6 +7,10 @@ not_logged_in: the JSON API answers it, the UI's routers turn it into a redirect
 page). A handler opts out with `opt=PUBLIC` (the login forms) or takes the session when there
 is one with `opt=OPTIONAL` (`request.user` is then None without one).
 
+`AdminGuards.role` then checks the admin's role against the route's rule (admin/roles.py
+ADMIN_RULES): too low, or a route without a rule, is 403 role_forbidden, written to the audit
+log. It runs after the CSRF check, so a forged cross-site form cannot fill the log.
+
 A change (any method but GET/HEAD/OPTIONS) must carry the session's CSRF token: the JSON API in the
 X-CSRF-Token header (`csrf_header`), the UI's forms in their csrf_token field (`csrf_form`).
 """
@@ -23,11 +27,12 @@ from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from laneway.admin.roles import Need, allows, rule_for
 from laneway.admin.security import token_digest
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
 from laneway.core.auth import as_utc
-from laneway.db.repositories import AdminRepository
+from laneway.db.repositories import AdminRepository, AuditRepository
 
 SESSION_COOKIE = "laneway_admin"
 SESSION_OPT = "admin_session"
@@ -39,6 +44,11 @@ _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 class AdminSession(NamedTuple):
     username: str
     csrf: str  # the token bound to the session, echoed by every change
+    role: str = "viewer"  # owner | operator | viewer (admin/roles.py)
+
+    def can(self, need: str) -> bool:
+        """For the pages: whether to show what needs `need` ("view", "operate", "own")."""
+        return allows(self.role, Need[need.upper()])
 
 
 class NotLoggedIn(GatewayError):
@@ -62,7 +72,7 @@ class AdminGuards:
             found = await AdminRepository(session).find_session(token_digest(token))
             if found is None or as_utc(found.expires_at) <= datetime.now(UTC):
                 raise NotLoggedIn("Your admin session has expired; log in again.")
-            return AdminSession(str(found.admin.username), found.csrf_token)
+            return AdminSession(str(found.admin.username), found.csrf_token, str(found.admin.role))
 
     async def session(self, connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
         mode = handler.opt.get(SESSION_OPT, "required")
@@ -74,6 +84,40 @@ class AdminGuards:
             if mode != "optional":
                 raise
             connection.scope["user"] = None
+
+    async def role(self, connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+        """The route's rule against the admin's role; a refusal is audited, then 403."""
+        method = str(connection.scope.get("method", "GET"))
+        if method == "OPTIONS":
+            return
+        template = route_template(connection)
+        need = rule_for(method, template)
+        admin = cast("AdminSession | None", connection.scope.get("user"))
+        if need == Need.PUBLIC or (need is not None and admin is None):  # PUBLIC/OPTIONAL: the session guard decided
+            return
+        if admin is not None and need is not None and allows(admin.role, need):
+            return
+        who = admin.username if admin is not None else "anonymous"
+        role = admin.role if admin is not None else "none"
+        async with self._sessions()() as session, session.begin():
+            wanted = need.name.lower() if need is not None else "no rule"
+            after = {"role": role, "needs": wanted}
+            await AuditRepository(session).add(who, "deny", "route", f"{method} {template}"[:200], None, after)
+        raise forbidden(role, need)
+
+
+def route_template(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
+    """The matched route's path as registered, parameters untyped ("/admin/api/keys/{key_id}"), not the
+    request's path: the rule tables are keyed by it."""
+    return str(connection.scope.get("path_template") or connection.scope.get("path", ""))
+
+
+def forbidden(role: str, need: Need | None) -> GatewayError:
+    if need is None:
+        return GatewayError(ErrorCode.ROLE_FORBIDDEN, "This route has no access rule; nobody may use it.")
+    least = {Need.VIEW: "viewer", Need.OPERATE: "operator", Need.OWN: "owner"}[need]
+    above = " or owner" if need == Need.OPERATE else " or above" if need == Need.VIEW else ""
+    return GatewayError(ErrorCode.ROLE_FORBIDDEN, f"Your role ({role}) may not do this; it needs {least}{above}.")
 
 
 def check_csrf(given: str, expected: str) -> None:

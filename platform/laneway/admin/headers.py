@@ -1,4 +1,4 @@
-"""Security headers on every /admin response (pages, JSON API, static files, errors, 404s).
+"""Security headers on every /admin and /portal response (pages, JSON API, static files, errors, 404s).
 
 The pages load no inline script or style: htmx and the stylesheet come from /admin/static,
 and htmx's own indicator <style> is turned off in base.html (includeIndicatorStyles: false),
@@ -23,12 +23,13 @@ ADMIN_HEADERS: tuple[tuple[bytes, bytes], ...] = (
 
 
 async def admin_security_headers(message: Message, scope: Scope) -> None:
-    """A before_send hook: adds ADMIN_HEADERS to the start of any response under /admin.
-    Cheap for everything else (one dict lookup per message)."""
-    if message["type"] != "http.response.start" or not scope.get("path", "").startswith("/admin"):
+    """A before_send hook: adds ADMIN_HEADERS to the start of any response under /admin or
+    /portal. Cheap for everything else (one dict lookup per message)."""
+    if message["type"] != "http.response.start":
         return
-    path: str = scope["path"]
-    if len(path) > 6 and path[6] != "/":  # /administrator is not ours
+    path: str = scope.get("path", "")
+    root = "/admin" if path.startswith("/admin") else "/portal" if path.startswith("/portal") else None
+    if root is None or (len(path) > len(root) and path[len(root)] != "/"):  # /administrator is not ours
         return
     headers = list(message.get("headers") or ())
     present = {name.lower() for name, _ in headers}

@@ -1,4 +1,4 @@
-"""The checks an alias's roles pass before anything is written (admin/roles.py, and
+"""The checks an alias's roles pass before anything is written (admin/deployment_roles.py, and
 admin/deployments.py for a whole alias): a weight or sample outside 0-100 or not a number, a
 second shadow, a canary or shadow with no serving deployment beside it, canaries taking more
 than 100 % together: 400 naming the field."""

@@ -2,7 +2,7 @@
 shadow with its sample rate) with a form to change it, the promote and rollback actions, and
 the Compare view (the candidate's figures beside the serving pool's, with the request count
 each rests on, and the shadow's worst disagreements to read). Every change goes through
-admin/roles.py: the same checks as the API and the CLI, audited, live at once. The panel is
+admin/deployment_roles.py: the same checks as the API and the CLI, audited, live at once. The panel is
 loaded into the alias page by htmx; a refused change is shown in it and changes nothing."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from litestar import Controller, get, post
 from litestar.params import FromPath
 from litestar.response import Template
 
-from laneway.admin import deployments, roles
+from laneway.admin import deployment_roles, deployments
 from laneway.admin.dependencies import Service, Swaps
 from laneway.admin.forms import form_of
 from laneway.admin.guards import AdminRequest, NotLoggedIn
@@ -75,14 +75,14 @@ class RolePages(Controller):
         try:
             if action == "set":
                 raw = {k: form[k] for k in ("role", "weight", "sample") if form.get(k, "").strip()}
-                data = convert(raw, roles.RoleIn, strict=False)
-                done = await roles.set_role(admin_service, actor, alias, name, data)
+                data = convert(raw, deployment_roles.RoleIn, strict=False)
+                done = await deployment_roles.set_role(admin_service, actor, alias, name, data)
                 notice = f"{name} is now {done['role']}."
             elif action == "promote":
-                await roles.promote(admin_service, actor, alias, name)
+                await deployment_roles.promote(admin_service, actor, alias, name)
                 notice = f"{name} now serves {alias}; the replicas that served drain and leave."
             else:
-                await roles.rollback(admin_service, actor, alias, name)
+                await deployment_roles.rollback(admin_service, actor, alias, name)
                 notice = f"Rolled back {name}: it takes no new session; what it runs finishes."
         except GatewayError as exc:  # shown in the panel, beside the replica; nothing changed
             errors = {name: f"{exc.param}: {exc.message}" if exc.param else exc.message}

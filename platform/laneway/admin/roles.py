@@ -1,130 +1,137 @@
-"""Roles on an alias's deployments (core/canary/): serving, canary with a weight, shadow with a
-sample rate, all in percent. Set one replica at a time (the admin API, the alias page, the CLI's
-`laneway model replica set`), promoted, rolled back by hand or by laneway itself (the canary
-watch), every change audited.
+"""Operator roles, and the one table that says which role each admin route needs.
 
-A role is a flag on the row that routing reads, like draining: applied to this replica's
-registry at once and to the others when the change is heard (NOTIFY, or the config_version
-poll), without restarting an engine. Checked before anything is written (check_roles): a weight
-or rate outside 0-100 or not a number, a second shadow, a canary or shadow on an alias with no
-serving deployment beside it, canaries taking more than 100 % together: 400 naming the field,
-nothing changed."""
+- `viewer`: reads everything (tenants, keys, usage, lanes, models, batches, the audit log).
+- `operator`: the viewer's reads, and changes tenants, keys, quotas, lanes, task policies,
+  models, replicas, fallbacks and batches; not admin accounts, not prices.
+- `owner`: everything, admin accounts and prices included.
+
+ADMIN_RULES maps every admin route, by its method and path template as Litestar registers it
+(parameters without their types), to what it needs. The guard (admin/guards.py
+AdminGuards.role) looks the route up there: a route with no rule is refused to everyone (fail
+closed), and tests/unit/test_route_rules.py fails when the app has a route no table names.
+"""
 
 from __future__ import annotations
 
-import logging
-from typing import Annotated, Any, Literal
+from enum import IntEnum
 
-from msgspec import Meta, Struct
-
-from laneway.admin.deployments import ModelIn, put_model, replicas
-from laneway.admin.role_checks import Roled, check_roles
-from laneway.admin.service import AdminService
-from laneway.contracts.codes import ErrorCode
-from laneway.contracts.errors import GatewayError
-from laneway.db.models import Deployment
-from laneway.db.repositories import AuditRepository, ModelRepository
-
-Role = Literal["serving", "canary", "shadow"]
-Percent = Annotated[float, Meta(ge=0, le=100)]
-ROLE_FIELDS = ("role", "weight", "sample")
+OWNER = "owner"
+OPERATOR = "operator"
+VIEWER = "viewer"
+ROLES = (OWNER, OPERATOR, VIEWER)
 
 
-class RoleIn(Struct, forbid_unknown_fields=True):
-    role: Role
-    weight: Percent | None = None  # a canary's share of the alias's sessions, in percent
-    sample: Percent | None = None  # a shadow's share of the live requests copied to it, in percent
+class Need(IntEnum):
+    """What a route needs, in order: each role may do what its level and those below allow."""
+
+    PUBLIC = 0  # no session (the login forms, static files)
+    VIEW = 1
+    OPERATE = 2
+    OWN = 3
 
 
-def roled(row: Any) -> Roled:
-    return Roled(
-        name=row.name,
-        role=row.role or "serving",
-        weight=float(row.weight or 0.0),
-        sample=float(row.sample or 0.0),
-        enabled=bool(row.enabled),
-    )
+ROLE_LEVEL = {VIEWER: Need.VIEW, OPERATOR: Need.OPERATE, OWNER: Need.OWN}
 
 
-async def _rows(session: Any, alias: str, name: str) -> tuple[list[Deployment], Deployment]:
-    model = await ModelRepository(session).get(alias)
-    rows = sorted(model.deployments, key=lambda d: d.id) if model is not None else []
-    if not rows:
-        raise GatewayError(ErrorCode.NOT_FOUND, f"No model named '{alias}'.", param="alias")
-    found = next((d for d in rows if d.name == name), None)
-    if found is None:
-        names = ", ".join(d.name for d in rows)
-        raise GatewayError(ErrorCode.NOT_FOUND, f"'{alias}' has no replica '{name}' (it has {names}).", param="name")
-    return rows, found
+def allows(role: str, need: Need) -> bool:
+    """An unknown role (a row edited by hand) may do nothing."""
+    return ROLE_LEVEL.get(role, Need.PUBLIC) >= need
 
 
-async def set_role(
-    svc: AdminService, actor: str, alias: str, name: str, data: RoleIn, *, action: str = "update"
-) -> dict[str, Any]:
-    """Give the replica `name` its role; a weight or sample not given: 0 for the role that uses
-    it (a canary at 0 takes no session: the rollback). Audited as `action`."""
-    weight = data.weight if data.weight is not None else 0.0
-    sample = data.sample if data.sample is not None else 0.0
-    async with svc.sessions() as session, session.begin():
-        rows, found = await _rows(session, alias, name)
-        before = {f: getattr(roled(found), f) for f in ROLE_FIELDS}
-        role = data.role
-        weight = weight if role == "canary" else 0.0
-        sample = sample if role == "shadow" else 0.0
-        after = {"role": role, "weight": weight, "sample": sample}
-        wanted = [roled(d) for d in rows]
-        wanted[rows.index(found)] = Roled(name, role, weight, sample, bool(found.enabled))
-        check_roles(wanted, lambda i, field: field)
-        changed = before != after
-        if changed:
-            found.role, found.weight, found.sample = role, weight, sample
-            await session.flush()
-            await AuditRepository(session).add(actor, action, "deployment", name, before, after)
-    if changed:
-        if svc.registry is not None:  # here at once; the other replicas when they hear of it
-            for d in svc.registry.deployments():
-                if d.spec.name == name:
-                    d.role, d.weight, d.sample = role, weight, sample
-        await svc.config_changes.notify()
-    return {"alias": alias, "name": name, **after}
+_API = "/admin/api"
+_T = "/tenants/{tenant_id}"
+_REPLICA = "/models/{alias}/replicas/{name}"
+
+ADMIN_RULES: dict[tuple[str, str], Need] = {
+    # ---- JSON API ----
+    ("POST", f"{_API}/login"): Need.PUBLIC,
+    ("POST", f"{_API}/logout"): Need.VIEW,
+    ("GET", f"{_API}/me"): Need.VIEW,
+    ("GET", f"{_API}/tenants"): Need.VIEW,
+    ("POST", f"{_API}/tenants"): Need.OPERATE,
+    ("PATCH", f"{_API}{_T}"): Need.OPERATE,
+    ("GET", f"{_API}{_T}/keys"): Need.VIEW,
+    ("POST", f"{_API}{_T}/keys"): Need.OPERATE,
+    ("GET", f"{_API}{_T}/usage"): Need.VIEW,
+    ("PATCH", f"{_API}/keys/{{key_id}}"): Need.OPERATE,
+    ("DELETE", f"{_API}/keys/{{key_id}}"): Need.OPERATE,
+    ("GET", f"{_API}{_T}/portal"): Need.VIEW,
+    ("PUT", f"{_API}{_T}/portal/caps"): Need.OPERATE,
+    ("POST", f"{_API}{_T}/portal/users"): Need.OPERATE,
+    ("GET", f"{_API}/lanes"): Need.VIEW,
+    ("PUT", f"{_API}/lanes"): Need.OPERATE,
+    ("PUT", f"{_API}/lanes/{{name}}"): Need.OPERATE,
+    ("DELETE", f"{_API}/lanes/{{name}}"): Need.OPERATE,
+    ("PUT", f"{_API}/tasks/{{task}}"): Need.OPERATE,
+    ("DELETE", f"{_API}/tasks/{{task}}"): Need.OPERATE,
+    ("PUT", f"{_API}/models/{{alias}}"): Need.OPERATE,
+    ("POST", f"{_API}/models/{{alias}}/replicas"): Need.OPERATE,
+    ("PUT", f"{_API}{_REPLICA}"): Need.OPERATE,
+    ("PATCH", f"{_API}{_REPLICA}"): Need.OPERATE,
+    ("DELETE", f"{_API}{_REPLICA}"): Need.OPERATE,
+    ("GET", f"{_API}/models/{{alias}}/fallbacks"): Need.VIEW,
+    ("PUT", f"{_API}/models/{{alias}}/fallbacks"): Need.OPERATE,
+    ("GET", f"{_API}/models/{{alias}}/price"): Need.VIEW,
+    ("PUT", f"{_API}/models/{{alias}}/price"): Need.OWN,
+    ("GET", f"{_API}/batches"): Need.VIEW,
+    ("POST", f"{_API}/batches/{{batch_id}}/cancel"): Need.OPERATE,
+    ("GET", f"{_API}/audit"): Need.VIEW,
+    ("GET", f"{_API}/usage"): Need.VIEW,
+    # an alias's deployment roles (admin/deployment_roles.py): canary weights and shadows
+    ("PATCH", f"{_API}{_REPLICA}/role"): Need.OPERATE,
+    ("POST", f"{_API}{_REPLICA}/promote"): Need.OPERATE,
+    ("POST", f"{_API}{_REPLICA}/rollback"): Need.OPERATE,
+    ("GET", f"{_API}/models/{{alias}}/compare"): Need.VIEW,
+    ("GET", f"{_API}/admins"): Need.OWN,
+    ("POST", f"{_API}/admins"): Need.OWN,
+    ("PATCH", f"{_API}/admins/{{username}}"): Need.OWN,
+    # ---- pages ----
+    ("GET", "/admin"): Need.VIEW,
+    ("GET", "/admin/login"): Need.PUBLIC,
+    ("POST", "/admin/login"): Need.PUBLIC,
+    ("POST", "/admin/logout"): Need.VIEW,
+    ("GET", "/admin/static/{file_path}"): Need.PUBLIC,
+    ("GET", "/admin/dashboard"): Need.VIEW,
+    ("GET", "/admin/dashboard/panel"): Need.VIEW,
+    ("GET", "/admin/audit"): Need.VIEW,
+    ("GET", "/admin/tenants"): Need.VIEW,
+    ("POST", "/admin/tenants"): Need.OPERATE,
+    ("GET", f"/admin{_T}"): Need.VIEW,
+    ("POST", f"/admin{_T}"): Need.OPERATE,
+    ("POST", f"/admin{_T}/keys"): Need.OPERATE,
+    ("POST", "/admin/keys/{key_id}/limits"): Need.OPERATE,
+    ("POST", "/admin/keys/{key_id}/revoke"): Need.OPERATE,
+    ("GET", f"/admin{_T}/usage"): Need.VIEW,
+    ("GET", f"/admin{_T}/usage/panel"): Need.VIEW,
+    ("GET", f"/admin{_T}/usage.csv"): Need.VIEW,
+    ("GET", "/admin/policies"): Need.VIEW,
+    ("POST", "/admin/lanes"): Need.OPERATE,
+    ("POST", "/admin/lanes/{name}"): Need.OPERATE,
+    ("POST", "/admin/lanes/{name}/move"): Need.OPERATE,
+    ("POST", "/admin/lanes/{name}/delete"): Need.OPERATE,
+    ("POST", "/admin/tasks"): Need.OPERATE,
+    ("POST", "/admin/tasks/{task}"): Need.OPERATE,
+    ("POST", "/admin/tasks/{task}/delete"): Need.OPERATE,
+    ("GET", "/admin/models"): Need.VIEW,
+    ("POST", "/admin/models/fallbacks"): Need.OPERATE,
+    ("POST", "/admin/models/price"): Need.OWN,
+    ("GET", "/admin/models/alias"): Need.VIEW,
+    ("GET", "/admin/models/replicas/panel"): Need.VIEW,
+    ("POST", "/admin/models/replicas/add"): Need.OPERATE,
+    ("POST", "/admin/models/replicas/swap"): Need.OPERATE,
+    ("POST", "/admin/models/replicas/{action}"): Need.OPERATE,
+    ("GET", "/admin/models/roles/panel"): Need.VIEW,
+    ("POST", "/admin/models/roles/{action}"): Need.OPERATE,
+    ("GET", "/admin/models/roles/compare"): Need.VIEW,
+    ("GET", "/admin/batches"): Need.VIEW,
+    ("GET", "/admin/batches/panel"): Need.VIEW,
+    ("POST", "/admin/batches/{batch_id}/cancel"): Need.OPERATE,
+    ("GET", "/admin/route"): Need.VIEW,
+    ("POST", "/admin/route"): Need.VIEW,  # a dry run: nothing is changed or recorded
+}
 
 
-async def rollback(svc: AdminService, actor: str, alias: str, name: str) -> dict[str, Any]:
-    """The canary `name` takes no new session (weight 0); those it runs finish."""
-    async with svc.sessions() as session:
-        _, found = await _rows(session, alias, name)
-        role = found.role
-    if role != "canary":
-        raise GatewayError(ErrorCode.CONFLICT, f"'{name}' is not a canary of '{alias}' (it is {role}).", param="name")
-    return await set_role(svc, actor, alias, name, RoleIn(role="canary", weight=0.0), action="rollback")
-
-
-async def promote(svc: AdminService, actor: str, alias: str, name: str) -> dict[str, Any]:
-    """Make the candidate `name` the serving pool: it serves, and the deployments that served
-    leave the alias (removed as `laneway model replica remove` does: they finish what they run)."""
-    current = await replicas(svc, alias)
-    chosen = next((d for d in current if d.name == name), None)
-    if chosen is None:
-        raise GatewayError(ErrorCode.NOT_FOUND, f"'{alias}' has no replica '{name}'.", param="name")
-    if chosen.role == "serving":
-        raise GatewayError(ErrorCode.CONFLICT, f"'{name}' already serves '{alias}'.", param="name")
-    kept = [
-        type(d)(**{**_asdict(d), "role": "serving", "weight": 0.0, "sample": 0.0}) if d.name == name else d
-        for d in current
-        if d.name == name or d.role != "serving"
-    ]
-    result = await put_model(svc, actor, alias, ModelIn(deployments=kept))
-    return {**result, "promoted": name}
-
-
-def _asdict(s: Struct) -> dict[str, Any]:
-    return {f: getattr(s, f) for f in s.__struct_fields__}
-
-
-async def record_rollback(svc: AdminService, alias: str, name: str, reason: str) -> None:
-    """laneway's own rollback (core/canary/watch.py), already in force here: the row set to
-    weight 0 and audited as laneway's, with the reason, so every replica follows."""
-    try:
-        await set_role(svc, f"laneway ({reason})", alias, name, RoleIn(role="canary", weight=0.0), action="rollback")
-    except Exception:  # the row may be gone (the alias changed meanwhile): nothing to record
-        logging.getLogger("laneway.canary").exception("recording the rollback of %s failed", name)
+def rule_for(method: str, path_template: str) -> Need | None:
+    """The route's rule; HEAD is GET's. None: the route has no rule (refused to everyone)."""
+    method = "GET" if method == "HEAD" else method
+    return ADMIN_RULES.get((method, path_template.rstrip("/") or "/"))

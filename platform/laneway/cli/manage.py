@@ -139,10 +139,12 @@ async def model_replica_list(svc: AdminService, actor: str, args: argparse.Names
 
 
 async def model_replica_set(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
-    from laneway.admin import roles
+    from laneway.admin import deployment_roles
 
-    data = valid({"role": args.role, "weight": args.weight, "sample": args.sample}, roles.RoleIn, strict=False)
-    result = await roles.set_role(svc, actor, args.alias, args.name, data)
+    data = valid(
+        {"role": args.role, "weight": args.weight, "sample": args.sample}, deployment_roles.RoleIn, strict=False
+    )
+    result = await deployment_roles.set_role(svc, actor, args.alias, args.name, data)
     print(f"{result['name']} of {result['alias']}: {_said_role(result)}")
 
 
@@ -230,8 +232,21 @@ async def admin_create(svc: AdminService, actor: str, args: argparse.Namespace) 
     from laneway.admin import accounts
 
     password = os.environ.get("LANEWAY_NEW_ADMIN_PASSWORD") or getpass.getpass(f"password for {args.username}: ")
-    await accounts.create_admin(svc, actor, args.username, password)
-    print(f"created admin {args.username}")
+    await accounts.create_admin(svc, actor, args.username, password, args.role)
+    print(f"created admin {args.username} ({args.role})")
+
+
+async def portal_user_create(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
+    """A user of a tenant's customer portal (/portal); the password as for admins."""
+    import getpass
+    import os
+
+    from laneway.portal import accounts
+
+    tenant_id = await tenant_id_of(svc, args.tenant)
+    password = os.environ.get("LANEWAY_NEW_PORTAL_PASSWORD") or getpass.getpass(f"password for {args.username}: ")
+    await accounts.create_portal_user(svc, actor, tenant_id, args.username, password, args.role)
+    print(f"created portal user {args.username} of tenant {args.tenant} ({args.role})")
 
 
 def _said_batch(b: dict[str, Any]) -> str:

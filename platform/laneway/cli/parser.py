@@ -21,6 +21,7 @@ from laneway.cli.manage import (
     model_replica_remove,
     model_replica_set,
     model_set,
+    portal_user_create,
     tenant_create,
     tenant_set,
 )
@@ -149,7 +150,27 @@ def build_parser() -> argparse.ArgumentParser:
     admin = sub.add_parser("admin", help="manage admin accounts").add_subparsers(dest="action", required=True)
     s = admin.add_parser("create", help="password from LANEWAY_NEW_ADMIN_PASSWORD or a prompt")
     s.add_argument("username")
+    s.add_argument(
+        "--role",
+        choices=("owner", "operator", "viewer"),
+        default="owner",
+        help="owner: everything; operator: all but admins and prices; viewer: read-only (default: owner)",
+    )
     s.set_defaults(fn=with_service(admin_create))
+
+    portal = sub.add_parser("portal-user", help="manage a tenant's customer portal users").add_subparsers(
+        dest="action", required=True
+    )
+    s = portal.add_parser("create", help="password from LANEWAY_NEW_PORTAL_PASSWORD or a prompt")
+    s.add_argument("tenant")
+    s.add_argument("username")
+    s.add_argument(
+        "--role",
+        choices=("tenant-owner", "tenant-member"),
+        default="tenant-member",
+        help="tenant-owner: also issues and revokes the tenant's keys and invites users; tenant-member: reads",
+    )
+    s.set_defaults(fn=with_service(portal_user_create))
 
     model = sub.add_parser("model", help="manage model aliases").add_subparsers(dest="action", required=True)
     s = model.add_parser(

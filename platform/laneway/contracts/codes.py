@@ -44,6 +44,7 @@ class ErrorCode(StrEnum):
     INVALID_CREDENTIALS = "invalid_credentials"
     NOT_LOGGED_IN = "not_logged_in"
     CSRF_FAILED = "csrf_failed"
+    ROLE_FORBIDDEN = "role_forbidden"  # an admin or portal user whose role may not do this
     INVALID_METRICS_TOKEN = "invalid_metrics_token"
     # Limits (429): retry after the window.
     RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
@@ -108,6 +109,7 @@ _INFO: dict[ErrorCode, CodeInfo] = {
     C.INVALID_CREDENTIALS: CodeInfo(401, "authentication_error", None, False),
     C.NOT_LOGGED_IN: CodeInfo(401, "authentication_error", None, False),
     C.CSRF_FAILED: CodeInfo(403, "permission_error", None, False),
+    C.ROLE_FORBIDDEN: CodeInfo(403, "permission_error", None, False),
     C.INVALID_METRICS_TOKEN: CodeInfo(401, "authentication_error", None, False),
     C.RATE_LIMIT_EXCEEDED: CodeInfo(429, _LIMIT, "rate_limit", True),
     C.REQUEST_TOO_LARGE: CodeInfo(429, _LIMIT, "rate_limit", False),

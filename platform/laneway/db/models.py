@@ -206,6 +206,8 @@ class Admin(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     username: Mapped[str] = mapped_column(String(120), unique=True)
     password_hash: Mapped[str] = mapped_column(String(200))  # argon2id
+    # owner | operator | viewer (admin/roles.py); admins from before migration 0017 are owners.
+    role: Mapped[str] = mapped_column(String(20), default="owner", server_default="owner")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_login_at: Mapped[datetime | None] = mapped_column(nullable=True)
 

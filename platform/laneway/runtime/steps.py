@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from laneway.admin import roles
+from laneway.admin import deployment_roles
 from laneway.admin.api import Logins
 from laneway.admin.live import LiveFigures
 from laneway.admin.service import AdminService
@@ -321,7 +321,7 @@ class StartSteps:
     def _canary_rolled_back(self, alias: str, name: str, reason: str) -> None:
         """The canary watch set `name`'s weight to 0 here: the row too (every replica then hears
         it), audited as laneway's, and an alert on the budget webhook's channel."""
-        self.gateway.spawn(roles.record_rollback(self.admin, alias, name, reason))
+        self.gateway.spawn(deployment_roles.record_rollback(self.admin, alias, name, reason))
         self.alerts.send({"event": "canary_rollback", "model": alias, "deployment": name, "reason": reason})
 
     async def _start_config_poll(self) -> Stop:
