@@ -137,7 +137,7 @@ def _tenant(client: httpx.Client, name: str) -> int:
 def _globex_key(gateway: Gateway) -> str:
     owner = admin_api(gateway.server.base_url, f"an-{OWNER}")
     keys = owner.get(f"/tenants/{_tenant(owner, 'globex')}/keys").json()
-    return str(keys[0]["id"])
+    return str(keys["data"][0]["id"])
 
 
 @pytest.mark.parametrize("user", ["acme-owner", "acme-member"])
