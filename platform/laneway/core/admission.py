@@ -18,7 +18,7 @@ from the running requests' ages and the replicas' learned holds, plus the TTFT f
 is held against the lane's hard bound, `queue_timeout_s`, and a request that cannot meet it
 even on the low end of the prediction is refused at once, Retry-After the seconds until it
 could. Only while every replica's model is trusted (warm, and recently right: `refuses`); else
-the request waits, counted in queue places as below. Every refusal here then
+the wait is counted in queue places as below. Every refusal here then
 says when waiting cures it: a queue place frees in one slot's time; a tenant over its share
 gets a place once its excess is served at its share of the rate. While any replica is cold the
 wait is counted in queue places and the lane's mean hold (DeploymentScheduler.predicted_wait)

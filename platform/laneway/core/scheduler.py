@@ -92,8 +92,7 @@ class DeploymentScheduler:
 
     # ---- introspection (admission, metrics, tests) ----
     def depth(self, lane: str) -> int:
-        q = self._queues.get(lane)
-        return q.size if q else 0
+        return q.size if (q := self._queues.get(lane)) else 0
 
     @property
     def waiting_total(self) -> int:
@@ -178,7 +177,9 @@ class DeploymentScheduler:
         free = min(slots - self.running.get(lane.name, 0), self.capacity - self.running_total - held_back)
         if ahead < free:
             return 0.0  # a slot is free for it now
-        return (ahead - max(free, 0) + 1) * service / slots
+        # The first slot frees as the oldest running hold ends (a whole hold overshot a stream near its end)
+        oldest = min((t.granted for t in self._granted if t.granted is not None), default=self._clock())
+        return max(service - (self._clock() - oldest), 0.0) + (ahead - max(free, 0)) * service / slots
 
     def lane_slots(self, lane: LanePolicy) -> int:
         """How many of the lane's requests may run at once here."""
@@ -228,8 +229,7 @@ class DeploymentScheduler:
                 raise queue_timeout(lane, self._clock() - ticket.enqueued) from None
             raise
 
-    def reject_waiting(self, error: Callable[[], BaseException]) -> int:
-        """Fail every queued ticket with error() (shutdown); returns how many were waiting."""
+    def reject_waiting(self, error: Callable[[], BaseException]) -> int:  # shutdown: how many waited
         rejected = 0
         for queue in self._queues.values():
             for tenant in list(queue.tenants.values()):

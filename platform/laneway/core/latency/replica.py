@@ -48,7 +48,7 @@ MIN_OBSERVATIONS = 3  # before which nothing is predicted
 # recent observations behind its fits (three observations fit four coefficients only through
 # the ridge, and a cold fit's extrapolation was seen 20x off), and its recent TTFT predictions'
 # mean relative error (MAPE) at most this, out of at least TRUSTED_ERRORS predictions.
-TRUSTED_WEIGHT = 8.0
+TRUSTED_WEIGHT = 5.0
 TRUSTED_ERRORS = 4.0
 TRUSTED_ERROR = 0.5
 
