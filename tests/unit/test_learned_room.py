@@ -21,6 +21,7 @@ from laneway.core.latency.outlook import Outlook, ReplicaState
 from laneway.core.pipeline import Gateway, GenerationIntent
 from laneway.core.pipeline.lease import Lease
 from laneway.core.policy import LanePolicy, PolicySnapshot, PolicyStore
+from laneway.core.scheduler import DeploymentScheduler, Ticket
 from laneway.engines.registry import EngineRegistry
 from laneway.types import TenantSnapshot
 from support.specs import sim_replica
@@ -174,3 +175,16 @@ def test_a_cold_or_recently_wrong_model_refuses_nothing() -> None:
         outlook = Outlook.of([ReplicaState(model, outstanding=1, capacity=1)], 10.0, now=now)
         assert outlook is not None and not outlook.refuses
     assert warm_model(now, service_s=1.0).trusted(now)
+
+
+async def test_counted_in_queue_places_the_first_slot_frees_as_the_oldest_hold_ends() -> None:
+    """The fallback while a model is cold or untrusted: one slot, a stream holding it 19 s of
+    its mean 20 s: the next request waits about 1 s, not a whole hold."""
+    clock = [0.0]
+    scheduler = DeploymentScheduler(1, clock=lambda: clock[0])
+    lane = LanePolicy("standard", queue_timeout_s=30.0)
+    await scheduler.acquire(Ticket("running", 1, 1.0, 10, lane))
+    scheduler._service_s["standard"] = 20.0  # its lane's mean hold, as releases measured it
+    clock[0] = 19.0
+    assert scheduler.predicted_wait(lane, 2) == pytest.approx(1.0)
+    assert scheduler.predicted_wait(lane) == pytest.approx(1.0)  # nobody queued: the next slot is its
