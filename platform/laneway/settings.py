@@ -119,8 +119,8 @@ class Settings:
     # Refuse at once (503 predicted_wait_exceeded) a request whose predicted time to first token
     # on every replica is past its lane's queue_timeout_s, instead of letting it wait that long.
     # Only where every replica's model is trusted (warm, its recent TTFT predictions within half)
-    # and on the low end of the prediction; else the request waits. Off: it always waits (the
-    # model still prices Retry-After and routes).
+    # and on the low end of the prediction; else admission counts queue places, as before the
+    # model. Off: queue places always (the model still prices Retry-After and routes).
     admit_by_predicted_ttft: bool = True
     # cache_aware's score: the sum of the scorers this profile names, each with its weight
     # (core/dispatch/scorers/; docs/routing.md): "prefix" (prompt share cached there),
