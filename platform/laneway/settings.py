@@ -142,10 +142,10 @@ class Settings:
     routing: str = "cache_aware"
     # Refuse at once (503 predicted_wait_exceeded) a request whose predicted time to first token
     # on every replica is past its lane's queue_timeout_s, instead of letting it wait that long.
-    # Off by default until the prediction is measured against real engines under load: on a
-    # loaded CPU machine it has been seen to overshoot, and a refusal that waiting would have
-    # cured is worse than a wait. Retry-After values and routing use the model either way.
-    admit_by_predicted_ttft: bool = False
+    # Only where every replica's model is trusted (warm, its recent TTFT predictions within half)
+    # and on the low end of the prediction; else admission counts queue places, as before the
+    # model. Off: queue places always (the model still prices Retry-After and routes).
+    admit_by_predicted_ttft: bool = True
     # cache_aware's score: the sum of the scorers this profile names, each with its weight
     # (core/dispatch/scorers/; docs/routing.md): "prefix" (prompt share cached there),
     # "session" (it last served the request's prompt_cache_key), "load" (subtracted: slots in

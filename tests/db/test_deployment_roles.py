@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 
 async def test_a_deployment_from_before_serves(db_engine: AsyncEngine) -> None:
-    await migrate.downgrade(db_engine, "0015")
+    await migrate.downgrade(db_engine, "0017")
     async with db_engine.begin() as conn:
         await conn.execute(
             text(

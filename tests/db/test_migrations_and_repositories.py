@@ -45,7 +45,7 @@ async def tables(engine: AsyncEngine) -> set[str]:
 
 async def test_migrations_round_trip(db_engine: AsyncEngine) -> None:
     assert await tables(db_engine) == TABLES
-    assert await migrate.current(db_engine) == "0018"
+    assert await migrate.current(db_engine) == "0019"
     await migrate.downgrade(db_engine, "base")
     assert await tables(db_engine) == set()
     assert await migrate.current(db_engine) is None

@@ -25,9 +25,9 @@ def cli(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def test_migrate_up_and_down(cli) -> None:  # type: ignore[no-untyped-def]
-    assert "revision 0018" in cli("migrate").stdout
+    assert "revision 0019" in cli("migrate").stdout
     assert "revision None" in cli("migrate", "--downgrade", "base").stdout
-    assert "revision 0018" in cli("migrate").stdout
+    assert "revision 0019" in cli("migrate").stdout
 
 
 def test_make_demo_model_is_reproducible(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -21,6 +21,13 @@ def test_lane_targets_and_the_tenant_grant_from_the_command_line(tmp_path: Path)
     listed = cli("lane", "list").stdout
     assert "interactive\tpriority 0\tqueue timeout 2 s\tTTFT target 1000 ms\tTPOT target 100 ms/token" in listed
     assert "batch\tpriority 2\tqueue timeout 600 s\tTTFT target none\tTPOT target none" in listed
+    assert "TPOT target 100 ms/token\tcap none (learned limit)" in listed  # the shipped lanes set no cap
+    out = cli("lane", "set", "interactive", "--max-concurrency", "8").stdout
+    assert out.strip() == "updated lane interactive: max_concurrency 8"  # an optional policy ceiling
+    assert "cap 8" in cli("lane", "list").stdout
+    assert cli("lane", "set", "interactive", "--max-concurrency", "none").stdout.strip() == (
+        "updated lane interactive: max_concurrency none"
+    )
     out = cli("lane", "set", "interactive", "--ttft-target-ms", "800", "--tpot-target-ms", "none").stdout
     assert out.strip() == "updated lane interactive: ttft_target_ms 800, tpot_target_ms none"
     for args, said in (
@@ -39,5 +46,8 @@ def test_lane_targets_and_the_tenant_grant_from_the_command_line(tmp_path: Path)
     assert failed.returncode == 1 and failed.stderr.startswith("laneway: min_ttft_target_ms"), failed.stderr
     assert "min_ttft_target_ms none" in cli("tenant", "set", "ops", "--min-ttft-target-ms", "none").stdout
     with sqlite3.connect(tmp_path / "laneway.db") as db:
-        row = db.execute("SELECT ttft_target_ms, tpot_target_ms, queue_timeout_s FROM lanes WHERE name = 'interactive'")
-        assert row.fetchone() == (800, None, 2.0)
+        row = db.execute(
+            "SELECT ttft_target_ms, tpot_target_ms, queue_timeout_s, max_concurrency FROM lanes "
+            "WHERE name = 'interactive'"
+        )
+        assert row.fetchone() == (800, None, 2.0, None)

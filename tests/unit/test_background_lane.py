@@ -334,7 +334,7 @@ async def test_a_lanes_background_flag_goes_from_its_row_to_the_policy(tmp_path:
             "interactive": False,
             "standard": False,
         }
-        assert seeded.lane("batch").max_concurrency == 64  # type: ignore[union-attr]
+        assert seeded.lane("batch").max_concurrency is None  # type: ignore[union-attr]  # no cap: the learned limit
         async with sessions() as s, s.begin():
             await PolicyRepository(s).upsert_lane("standard", background=True)
             await PolicyRepository(s).upsert_lane("fresh")  # a new row: foreground by default

@@ -17,7 +17,13 @@ def test_only_lanes_below_a_deployments_sequences_are_caps() -> None:
     (cap,) = lane_caps(lanes, [VLLM, SMALL])
     assert (cap.lane, cap.cap, cap.deployment, cap.sequences) == ("interactive", 4, "vllm-1", 8)
     assert "raise the lane's max_concurrency" in cap.line() and "'vllm-1' (chat)" in cap.line()
-    assert lane_caps((), [DeploymentSeats("huge", "x", 128)])[0].lane == "default"  # no lanes: the default (64)
+    assert lane_caps((), [DeploymentSeats("huge", "x", 128)]) == []  # no lanes: the default lane, uncapped
+
+
+def test_a_lane_without_a_cap_caps_nothing_whatever_the_engine_runs() -> None:
+    uncapped = LanePolicy("interactive")  # the default: the replica's learned limit is its room
+    assert uncapped.max_concurrency is None and uncapped.cap > 1_000_000
+    assert lane_caps((uncapped,), [VLLM, SMALL, DeploymentSeats("huge", "x", 4096)]) == []
 
 
 def test_each_cap_is_logged_once_and_again_only_after_it_went_away(caplog: pytest.LogCaptureFixture) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import time
 
 import pytest
 from laneway.contracts.codes import ErrorCode
@@ -201,10 +202,12 @@ async def test_a_replica_that_becomes_three_times_slower_is_relearned_and_routed
 def learned(models: LatencyModels, name: str, *, prefill_s: float, service_s: float) -> None:
     """A replica's model fed what a replica of that prefill rate and mean hold would show."""
     model = models.of(name)
+    now = time.perf_counter()  # the gateway's clock: a refusal rests only on recent observations
     for i in range(20):
         uncached = 200.0 * i
-        model.observe_ttft(0.0, uncached, 0.0, 1.0 + i % 2, 0.01 + prefill_s * uncached)
-        model.observe_service(0.0, service_s)
+        model.observe_ttft(now, uncached, 0.0, 1.0 + i % 2, 0.01 + prefill_s * uncached)
+        model.observe_service(now, service_s)
+        model.observe_error(now, 0.05)  # and on a model whose recent predictions were right
 
 
 async def test_a_session_stays_on_its_replica_while_its_predicted_ttft_beats_a_miss_elsewhere() -> None:

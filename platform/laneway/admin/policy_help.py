@@ -64,10 +64,12 @@ LANE_LIMIT_FIELDS: dict[str, FieldHelp] = {
             "max_concurrency",
             "Concurrency per replica",
             "requests at once",
-            "Requests of this lane one deployment runs at the same time; the rest wait in the queue. Below "
-            "the engine's own sequence limit the lane leaves seats unused (see the deployments it feeds).",
+            "Optional. Empty (the default): no cap of the lane's own; each replica runs as many as its "
+            "running limit, learned against the lanes' TPOT targets, allows. A number is a policy ceiling "
+            "on the lane's requests one deployment runs at once (the rest wait in the queue); below the "
+            "engine's own sequence limit the lane leaves seats unused (see the deployments it feeds).",
             "",
-            placeholder="4",
+            placeholder="none",
         ),
         FieldHelp(
             "max_queue_depth",

@@ -33,9 +33,9 @@ from laneway.db.repositories import PolicyRepository
 NEW_LANE, NEW_TASK = "new-lane", "new-task"  # the add forms' keys for errors and typed values
 
 
-def _feeds(svc: AdminService, lane: str, cap: int) -> list[dict[str, Any]]:
+def _feeds(svc: AdminService, lane: str, cap: int | None) -> list[dict[str, Any]]:
     """The served deployments that take this lane's requests, and how many of each one's
-    sequences the lane's concurrency leaves unused (a silent throughput limit otherwise)."""
+    sequences the lane's cap, where it has one, leaves unused (a silent throughput limit otherwise)."""
     if svc.registry is None:
         return []
     out = []
@@ -50,7 +50,7 @@ def _feeds(svc: AdminService, lane: str, cap: int) -> list[dict[str, Any]]:
                 "alias": d.spec.alias,
                 "sequences": sequences,
                 "dedicated": lanes is not None,
-                "unused": max(0, sequences - cap),
+                "unused": 0 if cap is None else max(0, sequences - cap),
             }
         )
     return out
@@ -87,7 +87,7 @@ class PolicyPages(Controller):
         for lane in lanes:
             name = str(lane["name"])
             lane["rule"] = lane_rule(lane)
-            lane["feeds"] = _feeds(svc, name, int(lane["max_concurrency"]))
+            lane["feeds"] = _feeds(svc, name, lane["max_concurrency"])
             lane["shown"] = _shown(lane, typed.get(name))
         for task in tasks:
             key = f"task:{task['task']}"

@@ -99,11 +99,12 @@ def key_fields(args: argparse.Namespace) -> dict[str, Any]:
 
 # What a cleared field means, said back: a tenant's, and a key's (its tenant's limits apply).
 TENANT_UNSET = {"allowed_models": "all", "allowed_lanes": "none", "min_ttft_target_ms": "none"}
-# Lane flags -> LaneIn fields (lane set); "none" clears a target.
+# Lane flags -> LaneIn fields (lane set); "none" clears a target or the cap.
 LANE_SETTINGS = {
     "ttft_target_ms": "ttft_target_ms",
     "tpot_target_ms": "tpot_target_ms",
     "queue_timeout_s": "queue_timeout_s",
+    "max_concurrency": "max_concurrency",
 }
 
 

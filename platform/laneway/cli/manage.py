@@ -188,9 +188,11 @@ def _said_lane(lane: dict[str, Any]) -> str:
     def target(ms: int | None, unit: str) -> str:
         return f"{ms} {unit}" if ms is not None else "none"
 
+    cap = lane["max_concurrency"] if lane["max_concurrency"] is not None else "none (learned limit)"
     return (
         f"{lane['name']}\tpriority {lane['priority']}\tqueue timeout {lane['queue_timeout_s']:g} s\t"
         f"TTFT target {target(lane['ttft_target_ms'], 'ms')}\tTPOT target {target(lane['tpot_target_ms'], 'ms/token')}"
+        f"\tcap {cap}"
     )
 
 
@@ -210,7 +212,7 @@ async def lane_list(svc: AdminService, actor: str, args: argparse.Namespace) -> 
 
 
 async def lane_set(svc: AdminService, actor: str, args: argparse.Namespace) -> None:
-    """Change an existing lane's latency targets or queue timeout (only those named)."""
+    """Change an existing lane's latency targets, queue timeout or cap (only those named)."""
     from laneway.admin import policies
     from laneway.contracts.errors import GatewayError
     from laneway.db.models import Lane

@@ -135,16 +135,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("key_id", type=int)
     s.set_defaults(fn=with_service(key_revoke))
 
-    lane = sub.add_parser("lane", help="show lanes, change their latency targets").add_subparsers(
+    lane = sub.add_parser("lane", help="show lanes, change their latency targets and caps").add_subparsers(
         dest="action", required=True
     )
-    s = lane.add_parser("list", help="lanes in match order: priority, queue timeout, TTFT and TPOT targets")
+    s = lane.add_parser("list", help="lanes in match order: priority, queue timeout, TTFT and TPOT targets, cap")
     s.set_defaults(fn=with_service(lane_list))
-    s = lane.add_parser("set", help="change a lane's latency targets or queue timeout (only those named)")
+    s = lane.add_parser("set", help="change a lane's latency targets, queue timeout or cap (only those named)")
     s.add_argument("name")
     s.add_argument("--ttft-target-ms", metavar="MS", help="time to first token it aims for ('none': no target)")
     s.add_argument("--tpot-target-ms", metavar="MS", help="time per output token it aims for ('none': no target)")
     s.add_argument("--queue-timeout-s", metavar="S", help="the hard bound: longest wait for a slot (503 after)")
+    s.add_argument(
+        "--max-concurrency",
+        metavar="N",
+        help="optional ceiling on the lane's running requests per deployment ('none', the default: "
+        "each replica's learned running limit is the lane's room)",
+    )
     s.set_defaults(fn=with_service(lane_set), changes=lane_fields, usage=s)
 
     admin = sub.add_parser("admin", help="manage admin accounts").add_subparsers(dest="action", required=True)

@@ -13,10 +13,12 @@ round robin would give it), not from the lane's total depth: a tenant with nothi
 served within a round whatever the flood behind it.
 
 In seconds, where the replicas' latency models are warm (an `Outlook`, core/latency/outlook.py):
-the request's predicted time to first token from that place (the wait for a slot, the
-replicas draining the queue together at their learned rates, plus the best replica's TTFT from
-a slot) is held against the lane's hard bound, `queue_timeout_s`, and a request that cannot
-meet it is refused at once, Retry-After the seconds until it could. Every refusal here then
+the request's predicted time to first token from that place (the wait for a slot, played out
+from the running requests' ages and the replicas' learned holds, plus the TTFT from that slot)
+is held against the lane's hard bound, `queue_timeout_s`, and a request that cannot meet it
+even on the low end of the prediction is refused at once, Retry-After the seconds until it
+could. Only while every replica's model is trusted (warm, and recently right: `refuses`); else
+the wait is counted in queue places as below. Every refusal here then
 says when waiting cures it: a queue place frees in one slot's time; a tenant over its share
 gets a place once its excess is served at its share of the rate. While any replica is cold the
 wait is counted in queue places and the lane's mean hold (DeploymentScheduler.predicted_wait)
@@ -43,6 +45,14 @@ class QueueView(Protocol):
     def evict_newest(self, lane: str, tenant_id: int, error: Callable[[], BaseException]) -> bool: ...
     def predicted_wait(self, lane: LanePolicy, tenant_id: int | None = None, weight: float = 1.0) -> float: ...
     def ahead_of(self, lane: LanePolicy, tenant_id: int | None = None, weight: float = 1.0) -> int: ...
+
+
+def queue_timeout(lane: LanePolicy, waited_s: float) -> GatewayError:
+    return GatewayError(
+        ErrorCode.QUEUE_TIMEOUT,
+        f"The '{lane.name}' lane is saturated: no engine slot within {waited_s:.1f} s. Retry later.",
+        retry_after=lane.retry_after_s,
+    )
 
 
 def queue_full(lane: LanePolicy, depth: int, outlook: Outlook | None = None) -> GatewayError:
@@ -121,12 +131,12 @@ def admit(
         )
     if outlook is not None and outlook.refuses:  # in seconds: its place in the fair order, the learned speed
         ahead = scheduler.ahead_of(lane, tenant_id, weight)
-        ttft = outlook.ttft(ahead)
-        if ttft > lane.queue_timeout_s:  # before refusing: the prefill a replica's cache saves it
-            cached = outlook.with_cache()
-            ttft = ttft if cached is None else cached.ttft(ahead)
-            if ttft > lane.queue_timeout_s:
-                raise ttft_too_long(lane, ttft)
+        # Refused only on the low end of the prediction (its TTFT from a slot less the model's
+        # recent error): a refusal that waiting would have cured is worse than a wait.
+        if outlook.ttft(ahead, low=True) > lane.queue_timeout_s:  # before refusing: what a cache saves
+            cached = outlook.with_cache() or outlook
+            if cached.ttft(ahead, low=True) > lane.queue_timeout_s:
+                raise ttft_too_long(lane, cached.ttft(ahead))
         return
     wait = scheduler.predicted_wait(lane, tenant_id, weight)
     if wait > lane.queue_timeout_s:

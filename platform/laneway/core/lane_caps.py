@@ -1,9 +1,11 @@
 """Lanes that cap a deployment below its own sequence limit.
 
-A lane's max_concurrency bounds how many of its requests one deployment runs at once; an
-engine started for more sequences (vLLM's --max-num-seqs, the deployment's max_concurrency)
-then queues a lane's requests while it has room. That may be the policy wanted, but it is a
-silent throughput limit: `laneway serve` logs each such pair once, and the admin pages show it."""
+A lane's max_concurrency is optional (none by default: each replica's learned running limit is
+the lane's room). Where an operator sets one, it bounds how many of the lane's requests one
+deployment runs at once; an engine started for more sequences (vLLM's --max-num-seqs, the
+deployment's max_concurrency) then queues the lane's requests while it has room. That may be the
+policy wanted, but it is a silent throughput limit: `laneway serve` logs each such pair once, and
+the admin pages show it."""
 
 from __future__ import annotations
 
@@ -37,8 +39,8 @@ class LaneCap:
     def line(self) -> str:
         return (
             f"lane '{self.lane}' runs at most {self.cap} of the {self.sequences} sequences deployment "
-            f"'{self.deployment}' ({self.alias}) takes; raise the lane's max_concurrency (admin UI, Lanes; "
-            f"or policies/lanes.yaml before seeding) to use them all"
+            f"'{self.deployment}' ({self.alias}) takes; raise the lane's max_concurrency, or clear it (admin UI, "
+            f"Lanes; `laneway lane set {self.lane} --max-concurrency none`) to use them all"
         )
 
 
@@ -56,7 +58,7 @@ def lane_caps(lanes: Sequence[LanePolicy], deployments: Iterable[DeploymentSeats
         LaneCap(lane.name, lane.max_concurrency, d.name, d.alias, d.sequences)
         for d in deployments
         for lane in effective
-        if lane.max_concurrency < d.sequences
+        if lane.max_concurrency is not None and lane.max_concurrency < d.sequences
     ]
 
 

@@ -20,6 +20,9 @@ from laneway.db.repositories import ModelRepository, PolicyRepository
 log = logging.getLogger("laneway.policy")
 
 
+UNCAPPED = 1 << 30  # a lane without a cap of its own: more than any engine runs
+
+
 @dataclass(frozen=True, slots=True)
 class LanePolicy:
     name: str
@@ -29,7 +32,9 @@ class LanePolicy:
     match_tasks: frozenset[str] | None = None
     max_queue_depth: int = 64
     queue_timeout_s: float = 10.0
-    max_concurrency: int = 4  # sequences per deployment
+    # A policy ceiling on the lane's running sequences per deployment; None (the default): no
+    # cap, each replica's learned running limit is the lane's room (core/latency/limit.py).
+    max_concurrency: int | None = None
     max_unacked_tokens: int = 256
     retry_after_s: int = 1
     # Background (batch work): runs only in the slots no foreground lane's request can use now,
@@ -38,6 +43,12 @@ class LanePolicy:
     # Latency objectives in ms (core/slo.py); None: none. queue_timeout_s stays the hard bound.
     ttft_target_ms: int | None = None
     tpot_target_ms: int | None = None
+
+    @property
+    def cap(self) -> int:
+        """The lane's running sequences per deployment at most: its max_concurrency, or no
+        bound of its own (the deployment's room bounds it) where none is set."""
+        return UNCAPPED if self.max_concurrency is None else self.max_concurrency
 
     def matches(self, *, prompt_tokens: int, stream: bool, task: str | None) -> bool:
         if self.match_max_prompt_tokens is not None and prompt_tokens > self.match_max_prompt_tokens:
@@ -69,7 +80,7 @@ class TaskPolicy:
 
 
 # Used when the lanes table is empty: one lane that takes everything.
-DEFAULT_LANE = LanePolicy(name="default", max_queue_depth=256, queue_timeout_s=30.0, max_concurrency=64)
+DEFAULT_LANE = LanePolicy(name="default", max_queue_depth=256, queue_timeout_s=30.0)
 # Batch lines' lane where the admins configured no background lane (and none named "batch").
 BACKGROUND_LANE = LanePolicy(
     name="batch",
@@ -77,7 +88,6 @@ BACKGROUND_LANE = LanePolicy(
     background=True,
     max_queue_depth=4096,
     queue_timeout_s=600.0,
-    max_concurrency=1_024,
     max_unacked_tokens=4096,
     retry_after_s=30,
 )

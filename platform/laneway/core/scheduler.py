@@ -1,26 +1,24 @@
 """Per-deployment scheduler: lane queues, fair across tenants, strict lane priority.
 
-A request holds one of the deployment's engine slots from dispatch until it ends; the
-gateway never gives the engine more sequences than it runs at once (its max concurrency),
-so waiting happens here, where it can be ordered, not inside the engine, where it is FIFO.
+A request holds one of the deployment's engine slots from dispatch until it ends; the gateway
+never gives the engine more sequences than its room (the replica's learned running limit, at
+most the engine's own), so waiting happens here, where it can be ordered, not in the engine.
 
 Choosing the next request for a free slot:
-- lane: the highest-priority lane (lowest number) with waiting work and a free lane slot
-  (a lane caps its running sequences per deployment; a tenant under its share passes the cap),
-  every 1/starvation_share-th dispatch that passes over a waiting lower lane goes to the lane
-  whose head waited longest, so lower lanes are slowed, never starved;
+- lane: the highest-priority lane (lowest number) with waiting work and room (a lane's optional
+  cap on its running sequences per deployment; a tenant under its share passes it); every
+  1/starvation_share-th dispatch that passes over a waiting lower lane goes to the lane whose
+  head waited longest, so lower lanes are slowed, never starved;
 - background lanes (LanePolicy.background: batch work) run only in the slots the foreground
-  lanes leave: one is chosen only while no foreground lane has a request that could start
-  now, whatever the priorities, and the starvation share never lifts one. While foreground
-  traffic is recent (a foreground request queued, ran or ended within headroom_window_s) a
-  background request takes a slot only if `background_reserve` slots stay free after it, so
-  an interactive request finds a slot at once; with none recent it may take every slot, and
-  a foreground request that then arrives takes the next slot a background request hands back;
-- tenant within the lane: weighted deficit round robin on tokens (prompt + max_tokens);
-  each visit adds quantum (64 tokens by default: fine-grained turns) x tenant weight to
-  the tenant's deficit, and a request is served when the deficit covers its cost. A
-  tenant that floods the lane gets its weight's share of tokens, not of requests, and
-  cannot push others back.
+  lanes leave, and never by the starvation share. While foreground traffic is recent (within
+  headroom_window_s) a background request takes a slot only if `background_reserve` slots stay
+  free after it; with none recent it may take every slot;
+- tenant within the lane: weighted deficit round robin on tokens (prompt + max_tokens); each
+  visit adds quantum (64 tokens by default) x tenant weight to the tenant's deficit, and a
+  request is served when the deficit covers its cost. A tenant under its weight's share of
+  the slots is served before the round robin's turn comes (_under_share), and while several
+  tenants are active the last `headroom` slots go only to a tenant running nothing: a flood
+  gets its share, and cannot push others back or make them wait for its streams to end.
 """
 
 from __future__ import annotations
@@ -32,9 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from laneway.contracts.codes import ErrorCode
-from laneway.contracts.errors import GatewayError
 from laneway.core import admission
+from laneway.core.admission import queue_timeout as queue_timeout  # the shared slots' scheduler raises it too
 from laneway.core.lane_queue import LaneQueue
 from laneway.core.policy import LanePolicy
 
@@ -59,14 +56,6 @@ class Ticket:
     preempting: bool = False
 
 
-def queue_timeout(lane: LanePolicy, waited_s: float) -> GatewayError:
-    return GatewayError(
-        ErrorCode.QUEUE_TIMEOUT,
-        f"The '{lane.name}' lane is saturated: no engine slot within {waited_s:.1f} s. Retry later.",
-        retry_after=lane.retry_after_s,
-    )
-
-
 class DeploymentScheduler:
     def __init__(
         self,
@@ -80,9 +69,8 @@ class DeploymentScheduler:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.capacity = max(1, capacity)
-        # Slots held back from tenants already running something while several tenants use
-        # this deployment, so a newcomer's first token does not wait for a flood's streams to
-        # end (only on engines with 4 slots or more: smaller ones have none to spare).
+        # Held back from tenants running something while several use it, so a newcomer's first token
+        # waits for no flood's stream to end (4 slots or more: smaller engines have none to spare).
         self.headroom = headroom if self.capacity >= 4 else 0
         self.headroom_window_s = headroom_window_s
         self.background_reserve = max(0, background_reserve)
@@ -104,8 +92,7 @@ class DeploymentScheduler:
 
     # ---- introspection (admission, metrics, tests) ----
     def depth(self, lane: str) -> int:
-        q = self._queues.get(lane)
-        return q.size if q else 0
+        return q.size if (q := self._queues.get(lane)) else 0
 
     @property
     def waiting_total(self) -> int:
@@ -146,10 +133,24 @@ class DeploymentScheduler:
             return ahead + own.size
         mine = self.tenant_depth(lane.name, tenant_id)
         turns = (mine + 1) / max(weight, 0.01)  # rounds of the fair order until it is served
+        served_first = self._at_share(lane.name, tenant_id, weight)
         for tid, q in own.tenants.items():
-            if tid != tenant_id:
+            if tid != tenant_id and not served_first(tid):
                 ahead += min(len(q.tickets), math.ceil(turns * max(q.weight, 0.01)))
         return ahead + mine
+
+    def _at_share(self, lane: str, tenant_id: int, weight: float) -> Callable[[int], bool]:
+        """Which tenants a newcomer `tenant_id` is served before: those running their weight's
+        share of the slots already, where it runs less than its own (dispatch's _under_share)."""
+        q = self._queues.get(lane)
+        weights = {tid: max(t.weight, 0.01) for tid, t in q.tenants.items()} if q else {}
+        for tid in self._tenant_running:
+            weights.setdefault(tid, self._weights.get(tid, 1.0))
+        weights[tenant_id] = max(weight, 0.01)
+        per_weight = self.capacity / sum(weights.values())
+        if len(weights) < 2 or self._tenant_running.get(tenant_id, 0) >= per_weight * weights[tenant_id]:
+            return lambda _: False
+        return lambda tid: self._tenant_running.get(tid, 0) >= per_weight * weights[tid]
 
     def evict_newest(self, lane: str, tenant_id: int, error: Callable[[], BaseException]) -> bool:
         """Refuse the newest queued request of `tenant_id` in `lane` with error() (it made way
@@ -176,15 +177,17 @@ class DeploymentScheduler:
         free = min(slots - self.running.get(lane.name, 0), self.capacity - self.running_total - held_back)
         if ahead < free:
             return 0.0  # a slot is free for it now
-        return (ahead - max(free, 0) + 1) * service / slots
+        # The first slot frees as the oldest running hold ends (a whole hold overshot a stream near its end)
+        oldest = min((t.granted for t in self._granted if t.granted is not None), default=self._clock())
+        return max(service - (self._clock() - oldest), 0.0) + (ahead - max(free, 0)) * service / slots
 
     def lane_slots(self, lane: LanePolicy) -> int:
         """How many of the lane's requests may run at once here."""
-        return min(lane.max_concurrency, self.capacity)
+        return min(lane.cap, self.capacity)
 
     def lane_open(self, name: str) -> bool:
         """Whether the lane may start one more request (its cap per deployment)."""
-        return self.running.get(name, 0) < self._lanes[name].max_concurrency
+        return self.running.get(name, 0) < self._lanes[name].cap
 
     # ---- the slot protocol ----
     def admit(self, lane: LanePolicy, tenant_id: int, weight: float, outlook: admission.Outlook | None = None) -> None:
@@ -198,11 +201,8 @@ class DeploymentScheduler:
 
     async def acquire(self, ticket: Ticket) -> None:
         """Wait for a slot; 503 queue_timeout past the lane's queue timeout; a cancelled waiter never runs.
-
-        No wait_for(shield(...)) here: on Python 3.11 that can return normally when the waiter is
-        cancelled just after the grant, swallowing the cancellation and leaking the slot. A plain await
-        of the future raises CancelledError whatever the timing; a ticket granted in the same instant
-        hands its slot straight back."""
+        No wait_for(shield(...)): on Python 3.11 it can swallow a cancellation that lands just after
+        the grant, leaking the slot; a ticket granted in the same instant hands its slot straight back."""
         lane = ticket.lane
         self._lanes[lane.name] = lane
         ticket.enqueued = self._clock()
@@ -229,8 +229,7 @@ class DeploymentScheduler:
                 raise queue_timeout(lane, self._clock() - ticket.enqueued) from None
             raise
 
-    def reject_waiting(self, error: Callable[[], BaseException]) -> int:
-        """Fail every queued ticket with error() (shutdown); returns how many were waiting."""
+    def reject_waiting(self, error: Callable[[], BaseException]) -> int:  # shutdown: how many waited
         rejected = 0
         for queue in self._queues.values():
             for tenant in list(queue.tenants.values()):
@@ -370,7 +369,7 @@ class DeploymentScheduler:
         """Who a foreground lane at its cap still takes: a tenant under its share whose own streams do
         not fill the cap (a ceiling for the hog, not a wall for a tenant waiting on the hog's)."""
         lane = self._lanes[name]
-        cap = 0 if lane.background else lane.max_concurrency  # a background lane never bends
+        cap = 0 if lane.background else lane.cap  # a background lane never bends
         mine = [t.tenant_id for t in self._granted if t.lane.name == name]
         return {tid for tid in self._under_share(queue, eligible) if mine.count(tid) < cap}
 

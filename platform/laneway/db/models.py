@@ -127,7 +127,8 @@ class Lane(Base):
     match_tasks: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     max_queue_depth: Mapped[int] = mapped_column(Integer, default=64)
     queue_timeout_s: Mapped[float] = mapped_column(Float, default=10.0)
-    max_concurrency: Mapped[int] = mapped_column(Integer, default=4)
+    # A policy ceiling per deployment (migration 0019: optional); None: the replica's learned limit.
+    max_concurrency: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_unacked_tokens: Mapped[int] = mapped_column(Integer, default=256)
     retry_after_s: Mapped[int] = mapped_column(Integer, default=1)
     # Background lanes (batch work) take an engine slot only when no foreground request can.

@@ -78,11 +78,11 @@ class AliasScheduler(DeploymentScheduler):
         return any(self._free(r) > 0 for r in usable)
 
     def lane_open(self, name: str) -> bool:
-        cap = self._lanes[name].max_concurrency
+        cap = self._lanes[name].cap
         return any(self._free(r) > 0 and self._bound.get(r, {}).get(name, 0) < cap for r in self.usable())
 
     def lane_slots(self, lane: LanePolicy) -> int:
-        return min(lane.max_concurrency * max(len(self.usable()), 1), self.capacity)
+        return min(lane.cap * max(len(self.usable()), 1), self.capacity)
 
     def _eligible(self) -> Callable[[int], bool]:
         free = sum(max(0, self._free(r)) for r in self.usable())

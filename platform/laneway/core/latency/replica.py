@@ -44,6 +44,13 @@ from laneway.engines.base import EngineLoad
 
 HALF_LIFE_S = 15.0  # of every fit: the last minute or so of traffic counts
 MIN_OBSERVATIONS = 3  # before which nothing is predicted
+# Before a refusal may rest on the model (admission, core/admission.py): the decayed weight of
+# recent observations behind its fits (three observations fit four coefficients only through
+# the ridge, and a cold fit's extrapolation was seen 20x off), and its recent TTFT predictions'
+# mean relative error (MAPE) at most this, out of at least TRUSTED_ERRORS predictions.
+TRUSTED_WEIGHT = 5.0
+TRUSTED_ERRORS = 4.0
+TRUSTED_ERROR = 0.5
 
 Reported = Callable[[], EngineLoad | None]
 
@@ -104,6 +111,7 @@ class ReplicaLatencyModel:
         self._kv_area = 0.0
         self.prefilled = 0.0
         self.limit: ConcurrencyLimit | None = None  # set once the engine's own limit is known
+        self.active: dict[Attempt, None] = {}  # attempts running here, oldest first (their slots' ages)
 
     # ---- what it predicts ----
     def predict_step(self, running: float, kv_usage: float = 0.0) -> float | None:
@@ -128,6 +136,29 @@ class ReplicaLatencyModel:
             return None
         service = self.service.predict(())
         return None if service is None else slots_ahead * max(service, 0.0) / max(running, 1.0)
+
+    def ttft_error(self, now: float) -> tuple[float, float] | None:
+        """(the recent TTFT predictions' mean relative error, their decayed count); None before one."""
+        if self._error_w <= 1e-9 or self._error_at is None:
+            return None
+        decay = math.exp(-LN2 * max(now - self._error_at, 0.0) / self.half_life_s)
+        return self._error_sum / self._error_w, self._error_w * decay
+
+    def trusted(self, now: float) -> bool:
+        """Whether a refusal may rest on this model: warm (recent observations behind its TTFT
+        and hold fits) and recently right (its TTFT predictions' MAPE small). Else admission
+        lets the request wait, as it did before the model."""
+        if self.ttft.weight(now) < TRUSTED_WEIGHT or self.service.weight(now) < TRUSTED_WEIGHT / 2:
+            return False
+        error = self.ttft_error(now)
+        return error is not None and error[1] >= TRUSTED_ERRORS and error[0] <= TRUSTED_ERROR
+
+    def slots_free_in(self, now: float, service: float) -> list[float]:
+        """Seconds until each running attempt's slot frees: the mean hold less its age so far (0
+        for one past the mean). Not memoryless: a slot held nearly a mean hold already frees
+        soon, and counting a whole hold for it (one freeing every hold / slots) overshot a
+        request queued behind one long stream on a one-slot engine by that stream's length."""
+        return sorted(max(service - (now - a.dispatched), 0.0) for a in self.active)
 
     @property
     def prefill_s_per_token(self) -> float | None:
@@ -218,7 +249,9 @@ class ReplicaLatencyModel:
         self.prefilling += 1
         self.pending_prefill += uncached
         self._advance(now, load)
-        return Attempt(self, now, cached_tokens, uncached, ahead, batch, predicted, reported, tpot_target_s)
+        attempt = Attempt(self, now, cached_tokens, uncached, ahead, batch, predicted, reported, tpot_target_s)
+        self.active[attempt] = None
+        return attempt
 
     def prefilled_now(self, now: float, uncached: int) -> None:
         """An attempt's first token: its prompt is prefilled, it decodes from here."""
@@ -325,4 +358,5 @@ class Attempt:
         if finished:
             model.observe_service(now, now - self.dispatched)
         load = self._reported() if self._reported is not None else None
+        model.active.pop(self, None)
         model.leave(now, load, None if self.first_at is not None else self.uncached)

@@ -28,7 +28,7 @@ class GatewayConfig:
     # Dispatch across an alias's replicas (core/dispatch/): its routing and the scorers' weights.
     routing: str = "cache_aware"
     routing_params: RoutingParams | None = None
-    admit_by_prediction: bool = False  # refuse at once what the latency model says cannot meet its bound
+    admit_by_prediction: bool = True  # refuse at once what the (trusted) latency model says cannot meet its bound
     # Failover before the first byte (core/pipeline/failover.py): tries per request, and each
     # deployment's retry budget (a share of its requests over a window, never under a minimum).
     max_tries: int = 2

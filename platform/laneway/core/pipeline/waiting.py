@@ -51,7 +51,7 @@ class Waiting:
         shared_slots: SharedSlots | None,
         routing: str,
         routing_params: RoutingParams | None,
-        admit_by_prediction: bool = False,
+        admit_by_prediction: bool = True,
         **scheduling: Any,
     ) -> None:
         self.registry = registry
@@ -109,8 +109,8 @@ class Waiting:
             queue.admit(call.lane, call.tenant.id, call.tenant.weight)
         else:
             outlook = self.outlook(call, late)
-            if outlook is not None:  # Retry-After from the model either way; refusals only when set
-                outlook.refuses = self.admit_by_prediction
+            if outlook is not None:  # Retry-After from the model either way; refusals where trusted and on
+                outlook.refuses = outlook.refuses and self.admit_by_prediction
             queue.admit(call.lane, call.tenant.id, call.tenant.weight, outlook)
 
     def outlook(self, call: Call, late: bool) -> Outlook | None:

@@ -109,7 +109,7 @@ class SharedScheduler:
             member,
             lane.name,
             lane.priority,
-            lane.max_concurrency,
+            lane.cap,
             lane.max_queue_depth,
             ticket.tenant_id,
             max(ticket.weight, 0.01),
