@@ -73,15 +73,26 @@ class Outlook:
         self,
         replicas: Sequence[ReplicaState],
         uncached: float,
-        periods: Sequence[float],
+        periods: Sequence[float] | None,
         cache: Callable[[], Sequence[float]] | None = None,
     ) -> None:
         self.replicas = replicas
         self.uncached = uncached
         self.refuses = True  # admission refuses at once on it (else it only prices Retry-After)
         self._cache = cache
-        self.rate = sum(1.0 / max(p, 1e-6) for p in periods)  # slots freed per second, all full
+        self._rate: float | None = None if periods is None else self._rate_of(periods)
         self.free = sum(r.capacity - r.outstanding for r in replicas)  # below 0: queued on replicas
+
+    @staticmethod
+    def _rate_of(periods: Sequence[float | None]) -> float:
+        return sum(1.0 / max(p, 1e-6) for p in periods if p is not None) or 1e-6
+
+    @property
+    def rate(self) -> float:
+        """Slots freed per second across the replicas, all full (a deferred one's, once asked)."""
+        if self._rate is None:
+            self._rate = self._rate_of([r.slot_period() for r in self.replicas])
+        return self._rate
 
     @classmethod
     def of(
@@ -95,6 +106,17 @@ class Outlook:
         if any(r.from_slot(uncached, full=True) is None for r in replicas):
             return None
         return cls(replicas, uncached, [p for p in periods if p is not None], cache)
+
+    @classmethod
+    def deferred(
+        cls, replicas: Sequence[ReplicaState], uncached: float, cache: Callable[[], Sequence[float]] | None = None
+    ) -> Outlook | None:
+        """As `of`, nothing predicted until asked: admission builds an outlook for every request
+        and, while it does not refuse by it, asks it only to price a refusal's Retry-After. Warm
+        is read from the models' observation counts (a warm fit always predicts: its ridge)."""
+        if not replicas or not all(r.model.predicts for r in replicas):
+            return None
+        return cls(replicas, uncached, None, cache)
 
     def with_cache(self) -> Outlook | None:
         """The same prediction, each replica crediting what it most likely holds of the prompt;
