@@ -123,8 +123,7 @@ class Picker:
         reported = reporter.reported_load() if reporter is not None else None
         name = replica.spec.name
         precise = None
-        tracker = prefix_tracker(engine) if route.token_ids else None
-        if tracker is not None:
+        if route.token_ids and (tracker := prefix_tracker(engine)) is not None:
             precise = tracker.cached_prefix_tokens(route.token_ids, route.salt)
         if precise is not None:  # the engine's own account of its cache
             share = precise / len(route.token_ids) if route.token_ids else 0.0
