@@ -6,9 +6,10 @@ engine-side slot (stop decoding, abort the remote request) when that happens.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+import weakref
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -135,6 +136,37 @@ def unit_rows(vectors: NDArray[np.float32]) -> NDArray[np.float32]:
     cosine similarity); an all-zero row stays zero."""
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     return (vectors / np.where(norms > 0, norms, 1.0)).astype(np.float32, copy=False)
+
+
+# isinstance against a runtime_checkable Protocol looks up each of its members on every call
+# (about as much as the rest of a pick, and once per request in the latency model): the
+# answer is kept per engine object (its methods do not come and go).
+_LOAD_REPORTERS: weakref.WeakKeyDictionary[object, bool] = weakref.WeakKeyDictionary()
+_PREFIX_TRACKERS: weakref.WeakKeyDictionary[object, bool] = weakref.WeakKeyDictionary()
+
+
+def _capable(engine: object, known: weakref.WeakKeyDictionary[object, bool], check: Callable[[object], bool]) -> bool:
+    try:
+        capable = known.get(engine)
+    except TypeError:  # an object without weak references (a test's stand-in): asked each time
+        return check(engine)
+    if capable is None:
+        capable = known[engine] = check(engine)
+    return capable
+
+
+def load_reporter(engine: object) -> LoadReportingEngine | None:
+    """The engine as a LoadReportingEngine, or None (the answer kept per engine object)."""
+    if _capable(engine, _LOAD_REPORTERS, lambda e: isinstance(e, LoadReportingEngine)):
+        return cast(LoadReportingEngine, engine)
+    return None
+
+
+def prefix_tracker(engine: object) -> PrefixTrackingEngine | None:
+    """The engine as a PrefixTrackingEngine, or None (the answer kept per engine object)."""
+    if _capable(engine, _PREFIX_TRACKERS, lambda e: isinstance(e, PrefixTrackingEngine)):
+        return cast(PrefixTrackingEngine, engine)
+    return None
 
 
 def embedder(engine: Engine) -> EmbeddingEngine | None:

@@ -37,7 +37,7 @@ from laneway.core.dispatch.scorers import (
 from laneway.core.dispatch.scorers.ttft import TIE_SHARE
 from laneway.core.latency import LatencyModels
 from laneway.core.latency.outlook import ReplicaState
-from laneway.engines.base import LoadReportingEngine, PrefixTrackingEngine
+from laneway.engines.base import load_reporter, prefix_tracker
 from laneway.engines.registry import LiveDeployment
 
 HASH_WEIGHT = 1e-3  # below any real score difference: it only breaks ties
@@ -119,11 +119,12 @@ class Picker:
 
     def candidate(self, replica: LiveDeployment, route: Route, capacity: Callable[[LiveDeployment], int]) -> Candidate:
         engine = replica.engine
-        reported = engine.reported_load() if isinstance(engine, LoadReportingEngine) else None
+        reporter = load_reporter(engine)  # kept per engine: a Protocol's isinstance was most of a pick
+        reported = reporter.reported_load() if reporter is not None else None
         name = replica.spec.name
         precise = None
-        if route.token_ids and isinstance(engine, PrefixTrackingEngine):
-            precise = engine.cached_prefix_tokens(route.token_ids, route.salt)
+        if route.token_ids and (tracker := prefix_tracker(engine)) is not None:
+            precise = tracker.cached_prefix_tokens(route.token_ids, route.salt)
         if precise is not None:  # the engine's own account of its cache
             share = precise / len(route.token_ids) if route.token_ids else 0.0
         else:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from laneway.core.latency.limit import ConcurrencyLimit
 from laneway.core.latency.replica import HALF_LIFE_S, Attempt, LatencyReadings, ReplicaLatencyModel
-from laneway.engines.base import LoadReportingEngine
+from laneway.engines.base import load_reporter
 from laneway.engines.registry import LiveDeployment
 
 
@@ -53,7 +53,8 @@ class LatencyModels:
         """A request took a slot on `deployment` at `now`: its attempt there, to be ended once;
         `tpot_target_s`, its lane's inter-token target, which the replica's limit is judged by."""
         engine = deployment.engine
-        reported = engine.reported_load if isinstance(engine, LoadReportingEngine) else None
+        reporter = load_reporter(engine)
+        reported = reporter.reported_load if reporter is not None else None
         self.limit(deployment)
         return self.of(deployment.spec.name).begin(now, prompt_tokens, cached_tokens, reported, tpot_target_s)
 

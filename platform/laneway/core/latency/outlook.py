@@ -87,7 +87,7 @@ class Outlook:
         self,
         replicas: Sequence[ReplicaState],
         uncached: float,
-        periods: Sequence[float],
+        periods: Sequence[float] | None,
         cache: Callable[[], Sequence[float]] | None = None,
         now: float | None = None,
     ) -> None:
@@ -98,9 +98,30 @@ class Outlook:
         # only prices Retry-After, and the request waits as it did before the model).
         self.refuses = all(r.model.trusted(self.now) for r in replicas)
         self._cache = cache
-        self._periods = periods
-        self.rate = sum(1.0 / max(p, 1e-6) for p in periods)  # slots freed per second, all full
+        self._given_periods = periods
+        self._rate: float | None = None if periods is None else self._rate_of(periods)
         self.free = sum(r.capacity - r.outstanding for r in replicas)  # below 0: queued on replicas
+
+    @staticmethod
+    def _rate_of(periods: Sequence[float | None]) -> float:
+        return sum(1.0 / max(p, 1e-6) for p in periods if p is not None) or 1e-6
+
+    @property
+    def _periods(self) -> Sequence[float]:
+        """Each replica's slot period (a deferred outlook's, once asked; an unknown one as the
+        slowest known, so the play-out never counts on a replica it knows nothing of)."""
+        if self._given_periods is None:
+            known = [r.slot_period() for r in self.replicas]
+            slowest = max((p for p in known if p is not None), default=1.0)
+            self._given_periods = [slowest if p is None else p for p in known]
+        return self._given_periods
+
+    @property
+    def rate(self) -> float:
+        """Slots freed per second across the replicas, all full (a deferred one's, once asked)."""
+        if self._rate is None:
+            self._rate = self._rate_of(self._periods)
+        return self._rate
 
     @classmethod
     def of(
@@ -118,6 +139,17 @@ class Outlook:
         if any(r.from_slot(uncached, full=True) is None for r in replicas):
             return None
         return cls(replicas, uncached, [p for p in periods if p is not None], cache, now)
+
+    @classmethod
+    def deferred(
+        cls, replicas: Sequence[ReplicaState], uncached: float, cache: Callable[[], Sequence[float]] | None = None
+    ) -> Outlook | None:
+        """As `of`, nothing predicted until asked: admission builds an outlook for every request
+        and, while it does not refuse by it, asks it only to price a refusal's Retry-After. Warm
+        is read from the models' observation counts (a warm fit always predicts: its ridge)."""
+        if not replicas or not all(r.model.predicts for r in replicas):
+            return None
+        return cls(replicas, uncached, None, cache)
 
     def with_cache(self) -> Outlook | None:
         """The same prediction, each replica crediting what it most likely holds of the prompt;

@@ -161,6 +161,11 @@ class ReplicaLatencyModel:
         return sorted(max(service - (now - a.dispatched), 0.0) for a in self.active)
 
     @property
+    def predicts(self) -> bool:
+        """Whether it predicts a TTFT and a slot's wait yet (both fits past MIN_OBSERVATIONS)."""
+        return self.ttft.count >= MIN_OBSERVATIONS and self.service.count >= MIN_OBSERVATIONS
+
+    @property
     def prefill_s_per_token(self) -> float | None:
         c = self.ttft.coefficients if self.ttft.count >= MIN_OBSERVATIONS else None
         return None if c is None else c[1]

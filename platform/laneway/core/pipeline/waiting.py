@@ -108,16 +108,19 @@ class Waiting:
         if isinstance(queue, SharedScheduler):  # admission runs in Redis, on every gateway's counts
             queue.admit(call.lane, call.tenant.id, call.tenant.weight)
         else:
-            outlook = self.outlook(call, late)
+            # Not refusing by it, the outlook only prices a refusal: nothing predicted till then.
+            outlook = self.outlook(call, late, deferred=not self.admit_by_prediction)
             if outlook is not None:  # Retry-After from the model either way; refusals where trusted and on
                 outlook.refuses = outlook.refuses and self.admit_by_prediction
             queue.admit(call.lane, call.tenant.id, call.tenant.weight, outlook)
 
-    def outlook(self, call: Call, late: bool) -> Outlook | None:
+    def outlook(self, call: Call, late: bool, deferred: bool = False) -> Outlook | None:
         """The call's predicted TTFT over the replicas that could serve it (core/latency/
         outlook.py); None while one is cold, for embeddings, and for a shared engine's queue.
         It has no route yet: its whole prompt counts as uncached, and where that is past the
-        bound, admission asks what each replica most likely holds (Outlook.with_cache)."""
+        bound, admission asks what each replica most likely holds (Outlook.with_cache).
+        `deferred`: its figures computed when first asked (Outlook.deferred)."""
+        build = Outlook.deferred if deferred else Outlook.of
         if call.embedding is not None:
             return None
         if late:
@@ -134,14 +137,14 @@ class Waiting:
                 picker = dispatch.picker
                 return [picker.candidate(r, route, self._capacity).cached_share * call.prompt_tokens for r in replicas]
 
-            return Outlook.of(states, call.prompt_tokens, cache)
+            return build(states, call.prompt_tokens, cache)
         s = self.scheduler(call.deployment)
         if isinstance(s, SharedScheduler):
             return None
         # Bound at arrival: its queue is the scheduler's, its running ones the replica's. One
         # replica: dispatch estimates no cache for it (the model learned its hits as speed).
         states = [ReplicaState(self.latency.of(call.deployment.spec.name), s.running_total, s.capacity)]
-        return Outlook.of(states, call.prompt_tokens)
+        return build(states, call.prompt_tokens)
 
     def _timed_out(self, exc: GatewayError, call: Call, late: bool) -> None:
         """A queue timeout's Retry-After from the model: when a newcomer at the back of the lane

@@ -3,13 +3,11 @@ stream, embeddings, and a refusal's error (msgspec decodes only the parts read h
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
 from typing import Any
 
 import msgspec
 
 from laneway.engines.base import EngineError, EngineRequestError
-from laneway.engines.http1 import Http1Response
 from laneway.types import Delta, FinishReason, TokenLogprob, ToolCall, TopLogprob
 
 FINISH: dict[str, FinishReason] = {
@@ -184,58 +182,73 @@ def answer_deltas(answer: Chunk) -> list[Delta]:
     return out
 
 
-async def stream_deltas(r: Http1Response, n: int) -> AsyncGenerator[Delta, None]:
-    """The SSE stream: a delta per chunk of a choice (text, tool-call fragments, logprobs),
-    then each choice's finish, the last with the usage chunk's counts (authoritative:
-    chunks and tokens need not be one to one)."""
-    counted = 0
-    finish: dict[int, FinishReason] = {}
-    usage: Usage | None = None
-    rest = b""  # a line not complete yet
-    done = False
-    # Whatever has arrived, split into lines here: one await per network read, where
-    # readline() costs one per line (two per event, with the blank line between events).
-    async for received in r.chunks():
-        *lines, rest = (rest + received).split(b"\n")
+class StreamReader:
+    """vLLM's SSE stream, read as it arrives: `feed` gives the deltas in what arrived (a delta
+    per chunk of a choice: text, tool-call fragments, logprobs), `end` each choice's finish, the
+    last with the usage chunk's counts (authoritative: chunks and tokens need not be one to
+    one). Plain calls, no generator of its own: the engine's generate() yields the deltas, one
+    hop per token fewer (issue 44)."""
+
+    __slots__ = ("counted", "done", "error", "finish", "rest", "usage")
+
+    def __init__(self) -> None:
+        self.counted = 0
+        self.finish: dict[int, FinishReason] = {}
+        self.usage: Usage | None = None
+        self.rest = b""  # a line not complete yet
+        self.done = False  # [DONE] came
+        self.error: EngineError | None = None  # an error chunk came: raised after the deltas before it
+
+    def feed(self, received: bytes) -> list[Delta]:
+        """The deltas in what arrived, split into lines here: one await per network read, where
+        readline() costs one per line (two per event, with the blank line between events)."""
+        out: list[Delta] = []
+        *lines, self.rest = (self.rest + received).split(b"\n")
         for line in lines:
             if not line.startswith(b"data: "):
                 continue
             data = line[6:].strip()
             if data == b"[DONE]":
-                done = True
+                self.done = True
                 break
             chunk = decode_chunk(data)
             if chunk.error is not None:
-                raise EngineError(f"vLLM error: {chunk.error}")
+                self.error = EngineError(f"vLLM error: {chunk.error}")
+                break
             if chunk.usage is not None:
-                usage = chunk.usage
+                self.usage = chunk.usage
             for choice in chunk.choices:
                 said = choice.delta
                 if said is not None and choice.logprobs is None and not said.tool_calls:
                     # The common chunk (a token of text): read as content() would, with less per token.
                     text = choice.text if choice.text is not None else (said.content or "")
                     if text:
-                        counted += 1
-                        yield Delta(text, 1, None, None, choice.index)
+                        self.counted += 1
+                        out.append(Delta(text, 1, None, None, choice.index))
                 else:
                     text, calls, logprobs = choice.content(), choice.calls(), choice.token_logprobs()
                     if text or calls or logprobs:
-                        counted += 1
-                        yield Delta(text=text, tokens=1, index=choice.index, tool_calls=calls, logprobs=logprobs)
+                        self.counted += 1
+                        out.append(Delta(text=text, tokens=1, index=choice.index, tool_calls=calls, logprobs=logprobs))
                 if choice.finish_reason:
-                    finish[choice.index] = FINISH.get(choice.finish_reason, "stop")
-        if done:
-            break
-    if not done and not finish:  # the connection ended mid-answer: a cut, never a short answer
-        raise EngineError("vLLM's stream ended before its end")
-    total = usage.completion_tokens if usage is not None and usage.completion_tokens else counted
-    prompt = usage.prompt_tokens if usage is not None and usage.prompt_tokens else None
-    for i in range(n - 1):
-        yield Delta(text="", tokens=0, finish_reason=finish.get(i, "length"), index=i)
-    yield Delta(
-        text="",
-        tokens=max(0, total - counted),
-        finish_reason=finish.get(n - 1, "length"),
-        prompt_tokens=prompt,
-        index=n - 1,
-    )
+                    self.finish[choice.index] = FINISH.get(choice.finish_reason, "stop")
+        return out
+
+    def end(self, n: int) -> list[Delta]:
+        """Each of the `n` choices' last delta, once the stream ended."""
+        if not self.done and not self.finish:  # the connection ended mid-answer: a cut, never a short answer
+            raise EngineError("vLLM's stream ended before its end")
+        usage, counted, finish = self.usage, self.counted, self.finish
+        total = usage.completion_tokens if usage is not None and usage.completion_tokens else counted
+        prompt = usage.prompt_tokens if usage is not None and usage.prompt_tokens else None
+        out = [Delta(text="", tokens=0, finish_reason=finish.get(i, "length"), index=i) for i in range(n - 1)]
+        out.append(
+            Delta(
+                text="",
+                tokens=max(0, total - counted),
+                finish_reason=finish.get(n - 1, "length"),
+                prompt_tokens=prompt,
+                index=n - 1,
+            )
+        )
+        return out

@@ -46,7 +46,7 @@ from laneway.engines.adapter import DeploymentFacts, EngineAdapter, PromptParts
 from laneway.engines.base import EngineError, EngineLoad, run_embedding_warmup, run_warmup, unit_rows
 from laneway.engines.config import VLLMConfig
 from laneway.engines.http1 import Http1Pool, UpstreamError
-from laneway.engines.vllm.answers import answer_deltas, decode_chunk, decode_embeddings, refused, stream_deltas
+from laneway.engines.vllm.answers import StreamReader, answer_deltas, decode_chunk, decode_embeddings, refused
 from laneway.engines.vllm.kv_events import KVEventsConsumer
 from laneway.engines.vllm.prometheus import parse_prometheus
 from laneway.engines.vllm.request_body import (
@@ -117,6 +117,7 @@ class VLLMEngine(EngineAdapter[VLLMConfig]):
         self.kv_cache_usage = 0.0
         self.running = 0.0  # vllm:num_requests_running at the last poll
         self._polled_at: float | None = None  # monotonic time of the last good poll
+        self._load: EngineLoad | None = None  # the last reading as given out (read twice a request)
 
     async def start(self) -> None:
         headers = [("Authorization", f"Bearer {self.api_key}")] if self.api_key else []
@@ -182,7 +183,14 @@ class VLLMEngine(EngineAdapter[VLLMConfig]):
         """The last /metrics reading, while it is fresher than three polls."""
         if self._polled_at is None or time.monotonic() - self._polled_at > 3 * self.metrics_poll_s:
             return None
-        return EngineLoad(running=self.running, waiting=self.waiting, kv_usage=self.kv_cache_usage)
+        load = self._load
+        if load is None or (load.running, load.waiting, load.kv_usage) != (
+            self.running,
+            self.waiting,
+            self.kv_cache_usage,
+        ):
+            load = self._load = EngineLoad(running=self.running, waiting=self.waiting, kv_usage=self.kv_cache_usage)
+        return load
 
     def cached_prefix_tokens(self, token_ids: Sequence[int], cache_salt: str | None) -> int | None:
         """How many leading tokens of this prompt (vLLM's token ids, as /tokenize gives them,
@@ -310,8 +318,16 @@ class VLLMEngine(EngineAdapter[VLLMConfig]):
             async with r:  # closed before its end (the client left, an error): vLLM aborts the request
                 if r.status != 200:
                     raise refused(r.status, await r.read())
-                if streams_from_vllm(req):
-                    async for delta in stream_deltas(r, req.n):
+                if streams_from_vllm(req):  # read here, not through a generator: one hop per token fewer
+                    reader = StreamReader()
+                    async for received in r.chunks():
+                        for delta in reader.feed(received):
+                            yield delta
+                        if reader.error is not None:
+                            raise reader.error
+                        if reader.done:
+                            break
+                    for delta in reader.end(req.n):
                         yield delta
                     return
                 answer = decode_chunk(await r.read())
