@@ -20,7 +20,7 @@ from support.services import PrivatePostgres, PrivateRedis, require_service, thr
 
 # Hooks: each test marked by what it needs (markers), dealt out to xdist's workers (parallel), and
 # the real vLLM launched early (vllm_early).
-pytest_plugins = ["support.markers", "support.parallel", "support.vllm_early"]
+pytest_plugins = ["support.markers", "support.parallel", "support.vllm_early", "support.teardown", "pytester"]
 
 
 @pytest.fixture(scope="session")
