@@ -88,9 +88,9 @@ class MigratedTemplates:
 
         @event.listens_for(engine.sync_engine, "before_cursor_execute")
         def record(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
-            assert not many, "a migration sent an executemany: replay it as such"
+            # An executemany's parameters are a list of rows, which exec_driver_sql replays as one.
             if not statement.lstrip().upper().startswith("SELECT"):
-                sent.append((statement, parameters or None))
+                sent.append((statement, (list(parameters) if many else parameters) or None))
 
         try:
             await migrate.upgrade(engine)
