@@ -7,22 +7,20 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from laneway.db import migrate
 from laneway.db.session import make_engine
 from laneway.engines.demo_model import write_demo_model
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from support.engine_kinds import engine_kind  # noqa: F401  (a fixture: any test may register a kind)
-from support.services import PG_URL, PrivatePostgres, PrivateRedis, require_service, throwaway_database
+from support.migrated import MigratedTemplates, pg_schema_engine
+from support.services import PrivatePostgres, PrivateRedis, require_service, throwaway_database
 
 # Hooks: each test marked by what it needs (markers), dealt out to xdist's workers (parallel), and
 # the real vLLM launched early (vllm_early).
-pytest_plugins = ["support.markers", "support.parallel", "support.vllm_early"]
+pytest_plugins = ["support.markers", "support.parallel", "support.vllm_early", "support.teardown", "pytester"]
 
 
 @pytest.fixture(scope="session")
@@ -30,29 +28,30 @@ def demo_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_demo_model(tmp_path_factory.mktemp("model") / "tiny.gguf")
 
 
+@pytest.fixture(scope="session")
+def migrated_templates(tmp_path_factory: pytest.TempPathFactory) -> MigratedTemplates:
+    return MigratedTemplates(tmp_path_factory.mktemp("migrated"))
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
-async def db_engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[AsyncEngine]:
-    """A migrated, empty database: SQLite in a temp file, or a throwaway PostgreSQL schema."""
+async def db_engine(
+    request: pytest.FixtureRequest, tmp_path: Path, migrated_templates: MigratedTemplates
+) -> AsyncIterator[AsyncEngine]:
+    """A migrated, empty database of this test's own: SQLite in a temp file, or a throwaway
+    PostgreSQL schema; migrated once a process and copied (tests/support/migrated.py)."""
     if request.param == "sqlite":
-        engine = make_engine(f"sqlite+aiosqlite:///{tmp_path / 'test.db'}")
-        await migrate.upgrade(engine)
+        engine = make_engine(await migrated_templates.sqlite_copy(tmp_path / "test.db"))
         yield engine
         await engine.dispose()
         return
     require_service("PostgreSQL", "127.0.0.1", 5432)
-    schema = f"lw_test_{uuid.uuid4().hex[:12]}"
-    admin = make_engine(PG_URL)
-    async with admin.begin() as conn:
-        await conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    engine = make_engine(PG_URL, connect_args={"server_settings": {"search_path": schema}})
+    schema = await migrated_templates.pg_schema()
+    engine = pg_schema_engine(schema)
     try:
-        await migrate.upgrade(engine)
         yield engine
     finally:
         await engine.dispose()
-        async with admin.begin() as conn:
-            await conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        await admin.dispose()
+        await migrated_templates.drop_pg_schema(schema)
 
 
 @pytest.fixture

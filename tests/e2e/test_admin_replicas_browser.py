@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import openai
 import pytest
-from support import Gateway, StandInProcess, free_port, stand_in_deployment, start_gateway
+from support import Gateway, StandInProcess, free_port, stand_in_deployment, start_gateway, start_stand_ins
 from support.browser import browser_or_skip, chromium_page, doc_shot, log_in, no_csp_violations
 
 PASSWORD = "correct horse battery"
@@ -18,7 +18,7 @@ PASSWORD = "correct horse battery"
 @pytest.fixture(scope="module")
 def stand_ins() -> Iterator[tuple[StandInProcess, StandInProcess]]:
     browser_or_skip()
-    first, second = StandInProcess(), StandInProcess()
+    first, second = start_stand_ins(2)
     yield first, second
     first.stop()
     second.stop()

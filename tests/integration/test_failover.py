@@ -15,7 +15,7 @@ import openai
 import pytest
 from laneway.embedded import EmbeddedServer
 from standins.vllm_server import VLLMStandIn
-from support import StandInProcess, start_gateway, until
+from support import StandInProcess, start_gateway, start_stand_ins, until
 from support import stand_in_deployment as deployment
 
 
@@ -30,7 +30,7 @@ def metric(gw: Any, name: str, **labels: str) -> float:
 
 @pytest.fixture
 def three_replicas() -> Iterator[list[StandInProcess]]:
-    replicas = [StandInProcess(token_delay_s=0.01) for _ in range(3)]
+    replicas = start_stand_ins(3, token_delay_s=0.01)
     yield replicas
     for r in replicas:
         r.stop()

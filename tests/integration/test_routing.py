@@ -14,14 +14,14 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from support import REDIS_URL, StandInProcess, require_service, stand_in_deployment, start_gateway
+from support import REDIS_URL, StandInProcess, require_service, stand_in_deployment, start_gateway, start_stand_ins
 
 SYSTEM = "You are the support assistant of a bicycle shop. Answer briefly and politely. " * 30
 
 
 @pytest.fixture(scope="module")
 def trio() -> Iterator[list[StandInProcess]]:
-    replicas = [StandInProcess(token_delay_s=0.01) for _ in range(3)]
+    replicas = start_stand_ins(3, token_delay_s=0.01)
     yield replicas
     for r in replicas:
         r.stop()

@@ -31,7 +31,7 @@ from support.services import (
     require_service,
     unavailable,
 )
-from support.standin_process import StandInProcess, stand_in_deployment
+from support.standin_process import StandInProcess, stand_in_deployment, start_stand_ins
 from support.usage import row_of, usage_rows
 from support.waiting import until, wait_for
 
@@ -58,6 +58,7 @@ __all__ = [
     "sim_model",
     "stand_in_deployment",
     "start_gateway",
+    "start_stand_ins",
     "stop_all",
     "unavailable",
     "until",

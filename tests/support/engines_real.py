@@ -1,5 +1,5 @@
-"""Real engines for the test suite, installed by scripts/install-engines (Triton into .engines/,
-vLLM into the machine's cache, shared by every clone).
+"""Real engines for the test suite, installed by scripts/install-engines (Triton and vLLM into
+the machine's cache, shared by every clone).
 
 RealTriton: the tritonserver binary (from nvidia-pytriton) on free loopback ports, serving
 tests/triton_model/model.py under TensorRT-LLM's `ensemble` interface from a model repository
@@ -32,15 +32,15 @@ from support.services import unavailable
 from support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
-ENGINES = REPO / ".engines"
-TRITON_HOME = ENGINES / "triton"
 MODEL_SOURCE = REPO / "tests" / "triton_model" / "model.py"
 INSTALL = REPO / "scripts" / "install-engines"
-# Where scripts/install-engines puts vLLM (the same variables, the same default).
+# Where scripts/install-engines puts Triton and vLLM (the same variables, the same default).
 ENGINES_CACHE = Path(
     os.environ.get("LANEWAY_ENGINES_CACHE")
     or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "laneway"
 )
+TRITON_HOME = ENGINES_CACHE / "triton"
+TRITON_VENV = ENGINES_CACHE / "triton-venv"
 VLLM_VENV = ENGINES_CACHE / "vllm-venv"
 VLLM_MODEL = ENGINES_CACHE / "vllm-model"
 
@@ -139,7 +139,7 @@ class RealTriton:
         # first python3 on PATH: the numpy<2 venv's.
         libs = [str(self.home / "lib"), settings.get("PYTHON_LIBDIR", "")]
         env["LD_LIBRARY_PATH"] = ":".join(p for p in [*libs, env.get("LD_LIBRARY_PATH", "")] if p)
-        env["PATH"] = f"{ENGINES / 'triton-venv' / 'bin'}:{env.get('PATH', '')}"
+        env["PATH"] = f"{TRITON_VENV / 'bin'}:{env.get('PATH', '')}"
         return env
 
     def start(self, *, within: float = 60.0, port: int | None = None) -> RealTriton:

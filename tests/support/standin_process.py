@@ -21,7 +21,7 @@ STANDIN = Path(__file__).resolve().parents[1] / "standins" / "vllm_process.py"
 class StandInProcess:
     """The vLLM stand-in in a process of its own, so a test can SIGKILL it."""
 
-    def __init__(self, token_delay_s: float = 0.002) -> None:
+    def __init__(self, token_delay_s: float = 0.002, *, wait: bool = True) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
@@ -29,7 +29,12 @@ class StandInProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        if wait:
+            self.wait_up()
+
+    def wait_up(self) -> StandInProcess:
         wait_for(self._up, what=f"the stand-in on port {self.port}", within=30)
+        return self
 
     def _up(self) -> bool:
         try:
@@ -59,6 +64,17 @@ class StandInProcess:
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.kill()
+
+
+def start_stand_ins(count: int, token_delay_s: float = 0.002) -> list[StandInProcess]:
+    """`count` stand-ins, started side by side (each spends its first second importing)."""
+    started = [StandInProcess(token_delay_s, wait=False) for _ in range(count)]
+    try:
+        return [s.wait_up() for s in started]
+    except BaseException:
+        for s in started:
+            s.stop()
+        raise
 
 
 def stand_in_deployment(name: str, base_url: str, **config: Any) -> dict[str, Any]:

@@ -63,7 +63,9 @@ async def placements(registry: EngineRegistry, profile: str, prompts: Sequence[s
     )
     out = []
     for prompt in prompts:
-        call = await gw.prepare(ACME, GenerationIntent(endpoint="completions", alias="m", stream=False, prompt=prompt))
+        # One token: where it was placed is the point, not what it generated (the default is hundreds).
+        intent = GenerationIntent(endpoint="completions", alias="m", stream=False, prompt=prompt, max_tokens=1)
+        call = await gw.prepare(ACME, intent)
         lease = await gw.admit(call)
         try:
             async for _ in gw.run(lease):

@@ -42,3 +42,31 @@ def test_the_wall_clock_reads_what_it_was_set_to() -> None:
     assert wall() == 1774998000.0
     wall.set("2026-04-01T00:00:00")
     assert wall() == 1774998000.0 + 3600
+
+
+LEAKY_TEARDOWN = """
+import pytest
+
+@pytest.fixture
+def leaky():
+    yield
+    raise GeneratorExit  # a BaseException, as an async fixture finishing on its loop may let out
+
+def test_one(leaky):
+    pass
+"""
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_teardown_letting_out_a_base_exception_errors_its_own_test_only(
+    pytester: pytest.Pytester, guarded: bool
+) -> None:
+    pytester.makepyfile(test_a=LEAKY_TEARDOWN, test_b="def test_two():\n    pass\n\ndef test_three():\n    pass\n")
+    plugin = ["-p", "support.teardown"] if guarded else []
+    result = pytester.runpytest("-o", "asyncio_default_fixture_loop_scope=function", *plugin)
+    if guarded:
+        result.assert_outcomes(passed=3, errors=1)
+        result.stdout.fnmatch_lines(["*RuntimeError: a fixture's teardown let out GeneratorExit()*"])
+    else:  # pytest alone: the next module's first test errors at setup (what support.teardown prevents)
+        result.assert_outcomes(passed=2, errors=2)
+        result.stdout.fnmatch_lines(["*previous item was not torn down properly*"])
