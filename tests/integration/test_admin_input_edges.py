@@ -199,7 +199,9 @@ def test_a_put_sets_exactly_the_fields_it_names(gw: Gateway, admin: httpx.Client
     assert admin.put("/lanes/batch", json={"max_concurrency": 3}).status_code == 200
     assert lane("batch") == {**before, "max_concurrency": 3}  # the match rule is still there
     assert gw.server.runtime.policies.current.lane("batch").max_concurrency == 3
-    refused(admin.put("/lanes/batch", json={"max_concurrency": None}), "max_concurrency")
+    cleared = admin.put("/lanes/batch", json={"max_concurrency": None})  # null: no cap, the learned limit's
+    assert cleared.status_code == 200 and cleared.json()["max_concurrency"] is None
+    assert admin.put("/lanes/batch", json={"max_concurrency": 3}).status_code == 200
     refused(admin.put("/lanes/batch", content=b"[]"), None, code="invalid_json")
     refused(admin.put("/lanes/batch", json={"match_taks": ["x"]}), "match_taks")
     refused(admin.put("/lanes/batch", json={"position": 2**40}), "position")

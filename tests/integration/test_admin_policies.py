@@ -105,7 +105,7 @@ def test_the_page_adds_moves_and_deletes_a_lane(
     )
     assert r.status_code == 200 and "Added the lane short" in r.text
     assert lanes_now(gw)[-1] == "short"  # last, with the defaults for what was left blank
-    assert gw.server.runtime.policies.current.lane("short").max_concurrency == 4
+    assert gw.server.runtime.policies.current.lane("short").max_concurrency is None  # no cap: the learned limit
     assert browser.post("/lanes", data={"csrf_token": csrf, "name": "short"}).status_code == 409
     assert browser.post("/lanes/short/move", data={"csrf_token": csrf, "direction": "up"}).status_code == 200
     assert lanes_now(gw) == ["interactive", "batch", "short", "standard"]

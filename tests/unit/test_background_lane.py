@@ -184,8 +184,8 @@ async def test_admission_never_counts_queued_background_work_ahead_of_a_foregrou
     [fg] = await b.enqueue(fast, tenant=2)
     b.clock.now += 1.0
     await b.release(fg)  # the lane's service time: 1 s
-    [holder] = await b.enqueue(fast, tenant=2)
     b.clock.now += 60
+    [holder] = await b.enqueue(fast, tenant=2)  # just started: its slot frees in a service time
     await b.enqueue(urgent_batch, 50)
     assert b.s.ahead_of(fast, 3) == 0 and b.s.predicted_wait(fast, 3) == pytest.approx(1.0)
     admission.admit(b.s, fast, 3)  # 50 batch items ahead (at 1 s each) would refuse it
