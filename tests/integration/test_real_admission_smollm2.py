@@ -18,6 +18,7 @@ from laneway.core.pipeline import Gateway, GenerationIntent
 from laneway.core.policy import LanePolicy, PolicySnapshot, PolicyStore
 from laneway.engines.registry import EngineRegistry
 from laneway.types import DeploymentSpec, TenantSnapshot
+from support.pipeline import run_admitted
 
 ACME = TenantSnapshot(id=1, name="acme", api_key_id=1)
 LANE = LanePolicy("standard", max_queue_depth=16, queue_timeout_s=600.0)
@@ -52,12 +53,7 @@ async def test_a_request_behind_a_stream_near_its_end_is_admitted_and_meets_its_
         for _ in range(8):  # warm: the model sees eight streams holding the one slot
             started = time.perf_counter()
             call = await gw.prepare(ACME, ask(LONG))
-            lease = await gw.admit(call)
-            try:
-                async for _ in gw.run(lease):
-                    pass
-            finally:
-                lease.release()
+            await run_admitted(gw, call)
             holds.append(time.perf_counter() - started)
         hold = statistics.median(holds)
         bound = 0.8 * hold  # a whole stream's wait is past it; a quarter of one is well within
