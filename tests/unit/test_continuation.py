@@ -39,6 +39,7 @@ async def gateway(
     replicas: int = 2,
     continuation: bool = True,
     stall_floor_s: float = 5.0,
+    retry_minimum: int = 3,
 ) -> AsyncIterator[Gateway]:
     registry = EngineRegistry()
     await registry.load([spec(0, **first), *(spec(i) for i in range(1, replicas))])
@@ -49,7 +50,12 @@ async def gateway(
         PolicyStore(None),
         sinks=[UsageRecorder(None, interval_s=60), Metrics()],  # type: ignore[arg-type]
         config=GatewayConfig(
-            routing="least_outstanding", max_tries=max_tries, continuation=continuation, stall_floor_s=stall_floor_s
+            routing="least_outstanding",
+            max_tries=max_tries,
+            continuation=continuation,
+            stall_floor_s=stall_floor_s,
+            retry_minimum=retry_minimum,
+            retry_ratio=0.0,
         ),
     )
     try:
@@ -163,6 +169,15 @@ async def test_a_replica_that_is_merely_slow_is_not_taken_for_a_stalled_one() ->
         assert step is not None and step > 0.01
         _, row = await answer(gw, max_tokens=8)
         assert (row["deployment"], row["continuations"], row["tries"]) == ("m-0", 0, 1)
+
+
+async def test_a_continuation_is_not_charged_to_the_retry_budget() -> None:
+    """A replica dying under more streams than the budget allows retries (here: none) still has
+    every one continued: each carries on an answer, adding no load (failover.py)."""
+    async with gateway({"fail_after_tokens": DIES_AFTER}, retry_minimum=0) as gw:
+        for _ in range(3):
+            deltas, row = await answer(gw, max_tokens=20)
+            assert len(text(deltas).split()) == 20 and (row["status"], row["continuations"]) == (200, 1)
 
 
 async def test_with_its_tries_spent_a_cut_stream_ends_with_the_error_after_what_was_sent() -> None:

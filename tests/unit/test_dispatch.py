@@ -17,6 +17,7 @@ from laneway.core.policy import LanePolicy, PolicySnapshot, PolicyStore
 from laneway.engines.registry import EngineRegistry, LiveDeployment
 from laneway.types import DeploymentSpec, TenantSnapshot
 from support import until
+from support.pipeline import run_admitted
 from support.specs import sim_replica
 
 ACME = TenantSnapshot(id=1, name="acme", api_key_id=11)
@@ -48,12 +49,7 @@ def chat(prompt: str, *, key: str | None = None, max_tokens: int = 2) -> Generat
 
 async def served_by(gw: Gateway, tenant: TenantSnapshot, intent: GenerationIntent) -> tuple[str, str | None]:
     call = await gw.prepare(tenant, intent)
-    lease = await gw.admit(call)
-    try:
-        async for _ in gw.run(lease):
-            pass
-    finally:
-        lease.release()
+    await run_admitted(gw, call)
     return call.deployment.spec.name, call.route_reason
 
 

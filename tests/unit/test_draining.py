@@ -11,6 +11,7 @@ from laneway.core.pipeline import Gateway, GatewayConfig, GenerationIntent
 from laneway.core.policy import PolicyStore
 from laneway.engines.registry import EngineRegistry
 from laneway.types import DeploymentSpec, TenantSnapshot
+from support.pipeline import run_admitted
 from support.specs import sim_replica
 
 ACME = TenantSnapshot(id=1, name="acme", api_key_id=11)
@@ -58,12 +59,7 @@ async def test_new_requests_avoid_a_drained_replica(registry: EngineRegistry, ro
     served = set()
     for i in range(6):
         call = await gw.prepare(ACME, chat(f"question {i}"))
-        lease = await gw.admit(call)
-        try:
-            async for _ in gw.run(lease):
-                pass
-        finally:
-            lease.release()
+        await run_admitted(gw, call)
         served.add(call.deployment.spec.name)
     assert served == {"m-1"}
 

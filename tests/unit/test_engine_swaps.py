@@ -22,6 +22,7 @@ from laneway.core.policy import PolicyStore
 from laneway.engines.base import EngineError
 from laneway.engines.registry import EngineRegistry, in_pool
 from laneway.types import ChatTurn, Delta, DeploymentSpec, GenerationRequest, TenantSnapshot
+from support.pipeline import run_admitted
 from support.specs import sim_replica
 
 ACME = TenantSnapshot(id=1, name="acme", api_key_id=11)
@@ -101,12 +102,7 @@ async def test_requests_go_to_their_pool_and_a_conversation_stays_on_one_engine(
     for i in range(12):
         for turns in (1, 2, 3):
             call = await gw.prepare(ACME, chat(f"conversation {i}", turns=turns))
-            lease = await gw.admit(call)
-            try:
-                async for _ in gw.run(lease):
-                    pass
-            finally:
-                lease.release()
+            await run_admitted(gw, call)
             assert call.deployment.spec.name == ("m-1" if call.pool == "canary" else "m-0")
             served.setdefault(str(i), set()).add(call.deployment.spec.name)
     assert all(len(engines) == 1 for engines in served.values())

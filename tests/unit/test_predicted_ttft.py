@@ -23,6 +23,7 @@ from laneway.core.pipeline.lease import Lease
 from laneway.core.policy import LanePolicy, PolicySnapshot, PolicyStore
 from laneway.engines.registry import EngineRegistry, LiveDeployment
 from laneway.types import DeploymentSpec, TenantSnapshot
+from support.pipeline import run_admitted
 from support.specs import sim_replica
 
 ACME = TenantSnapshot(id=1, name="acme", api_key_id=11)
@@ -55,12 +56,7 @@ def ask(prompt: str, max_tokens: int = 4) -> GenerationIntent:
 
 async def serve(gw: Gateway, prompt: str) -> str:
     call = await gw.prepare(ACME, ask(prompt))
-    lease = await gw.admit(call)
-    try:
-        async for _ in gw.run(lease):
-            pass
-    finally:
-        lease.release()
+    await run_admitted(gw, call)
     return call.deployment.spec.name
 
 

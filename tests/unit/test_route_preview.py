@@ -99,3 +99,26 @@ async def test_a_request_laneway_would_refuse_is_refused_in_the_apis_words(gatew
 
 def _turn(content: str) -> ChatTurn:
     return ChatTurn(role="user", content=content)
+
+
+async def test_a_message_is_planned_as_the_messages_api_reads_it(gateway: Gateway) -> None:
+    """Anthropic's Messages API in the tester: the same chat plan for the same conversation,
+    its own refusals (max_tokens is required there) named as that API names them."""
+    plan = RoutePlanner(gateway)
+    sent = {"model": "m", "max_tokens": 40, "system": "be brief", "messages": [{"role": "user", "content": "hi"}]}
+    message = (await plan(ACME, "messages", msgspec.json.encode(sent), {})).call
+    chat_turns = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    chat = (
+        await plan(ACME, "chat", msgspec.json.encode({"model": "m", "max_tokens": 40, "messages": chat_turns}), {})
+    ).call
+    assert (message.lane.name, message.generation.max_tokens, message.prompt_tokens) == (
+        chat.lane.name,
+        chat.generation.max_tokens,
+        chat.prompt_tokens,
+    )
+    with pytest.raises(GatewayError) as refused:
+        await plan(ACME, "messages", body("x"), {})  # no max_tokens
+    assert refused.value.param == "max_tokens"
+    with pytest.raises(GatewayError) as refused:
+        await plan(ACME, "embeddings", body("x"), {})
+    assert refused.value.param == "endpoint"

@@ -18,6 +18,7 @@ from laneway.core.policy import PolicyStore
 from laneway.engines.registry import EngineRegistry
 from laneway.settings import Settings
 from laneway.types import DeploymentSpec, TenantSnapshot
+from support.pipeline import run_admitted
 from support.specs import sim_replica
 
 ACME = TenantSnapshot(id=1, name="acme", api_key_id=11)
@@ -66,12 +67,7 @@ async def placements(registry: EngineRegistry, profile: str, prompts: Sequence[s
         # One token: where it was placed is the point, not what it generated (the default is hundreds).
         intent = GenerationIntent(endpoint="completions", alias="m", stream=False, prompt=prompt, max_tokens=1)
         call = await gw.prepare(ACME, intent)
-        lease = await gw.admit(call)
-        try:
-            async for _ in gw.run(lease):
-                pass
-        finally:
-            lease.release()
+        await run_admitted(gw, call)
         out.append((call.deployment.spec.name, call.route_reason))
     return out
 

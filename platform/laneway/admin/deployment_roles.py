@@ -18,12 +18,12 @@ from typing import Annotated, Any, Literal
 from msgspec import Meta, Struct
 
 from laneway.admin.deployments import ModelIn, put_model, replicas
+from laneway.admin.replicas import alias_replica
 from laneway.admin.role_checks import Roled, check_roles
 from laneway.admin.service import AdminService
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
-from laneway.db.models import Deployment
-from laneway.db.repositories import AuditRepository, ModelRepository
+from laneway.db.repositories import AuditRepository
 
 Role = Literal["serving", "canary", "shadow"]
 Percent = Annotated[float, Meta(ge=0, le=100)]
@@ -46,18 +46,6 @@ def roled(row: Any) -> Roled:
     )
 
 
-async def _rows(session: Any, alias: str, name: str) -> tuple[list[Deployment], Deployment]:
-    model = await ModelRepository(session).get(alias)
-    rows = sorted(model.deployments, key=lambda d: d.id) if model is not None else []
-    if not rows:
-        raise GatewayError(ErrorCode.NOT_FOUND, f"No model named '{alias}'.", param="alias")
-    found = next((d for d in rows if d.name == name), None)
-    if found is None:
-        names = ", ".join(d.name for d in rows)
-        raise GatewayError(ErrorCode.NOT_FOUND, f"'{alias}' has no replica '{name}' (it has {names}).", param="name")
-    return rows, found
-
-
 async def set_role(
     svc: AdminService, actor: str, alias: str, name: str, data: RoleIn, *, action: str = "update"
 ) -> dict[str, Any]:
@@ -66,7 +54,7 @@ async def set_role(
     weight = data.weight if data.weight is not None else 0.0
     sample = data.sample if data.sample is not None else 0.0
     async with svc.sessions() as session, session.begin():
-        rows, found = await _rows(session, alias, name)
+        rows, found = await alias_replica(session, alias, name)
         before = {f: getattr(roled(found), f) for f in ROLE_FIELDS}
         role = data.role
         weight = weight if role == "canary" else 0.0
@@ -92,7 +80,7 @@ async def set_role(
 async def rollback(svc: AdminService, actor: str, alias: str, name: str) -> dict[str, Any]:
     """The canary `name` takes no new session (weight 0); those it runs finish."""
     async with svc.sessions() as session:
-        _, found = await _rows(session, alias, name)
+        _, found = await alias_replica(session, alias, name)
         role = found.role
     if role != "canary":
         raise GatewayError(ErrorCode.CONFLICT, f"'{name}' is not a canary of '{alias}' (it is {role}).", param="name")

@@ -56,7 +56,26 @@ class NotLoggedIn(GatewayError):
         super().__init__(ErrorCode.NOT_LOGGED_IN, message)
 
 
-class AdminGuards:
+class SessionGuard:
+    """The session guard of a surface with its own sessions (the admin's, the portal's): the
+    route's SESSION_OPT ("required", "optional", "none") against what `lookup` finds."""
+
+    async def lookup(self, connection: ASGIConnection[Any, Any, Any, Any]) -> object:
+        raise NotImplementedError
+
+    async def session(self, connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+        mode = handler.opt.get(SESSION_OPT, "required")
+        if mode == "none" or connection.scope.get("method") == "OPTIONS":  # Litestar's own Allow answer
+            return
+        try:
+            connection.scope["user"] = await self.lookup(connection)
+        except NotLoggedIn:
+            if mode != "optional":
+                raise
+            connection.scope["user"] = None
+
+
+class AdminGuards(SessionGuard):
     """The session guard over the database the app's runtime opened (`sessions` is called
     per request: the session factory exists once the lifespan has started)."""
 
@@ -73,17 +92,6 @@ class AdminGuards:
             if found is None or as_utc(found.expires_at) <= datetime.now(UTC):
                 raise NotLoggedIn("Your admin session has expired; log in again.")
             return AdminSession(str(found.admin.username), found.csrf_token, str(found.admin.role))
-
-    async def session(self, connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
-        mode = handler.opt.get(SESSION_OPT, "required")
-        if mode == "none" or connection.scope.get("method") == "OPTIONS":  # Litestar's own Allow answer
-            return
-        try:
-            connection.scope["user"] = await self.lookup(connection)
-        except NotLoggedIn:
-            if mode != "optional":
-                raise
-            connection.scope["user"] = None
 
     async def role(self, connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
         """The route's rule against the admin's role; a refusal is audited, then 403."""

@@ -15,6 +15,7 @@ from laneway.admin.deployments import DeploymentIn, ModelIn, put_model, replicas
 from laneway.admin.service import AdminService
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
+from laneway.db.models import Deployment
 from laneway.db.repositories import AuditRepository, ModelRepository
 
 
@@ -28,20 +29,24 @@ def _find(current: list[DeploymentIn], alias: str, name: str) -> DeploymentIn:
     raise GatewayError(ErrorCode.NOT_FOUND, f"'{alias}' has no replica '{name}' (it has {names}).", param="name")
 
 
+async def alias_replica(session: Any, alias: str, name: str) -> tuple[list[Deployment], Deployment]:
+    """The alias's deployments (oldest first) and its replica `name`: 404 naming what is missing."""
+    model = await ModelRepository(session).get(alias)
+    rows = sorted(model.deployments, key=lambda d: d.id) if model is not None else []
+    if not rows:
+        raise GatewayError(ErrorCode.NOT_FOUND, f"No model named '{alias}'.", param="alias")
+    found = next((d for d in rows if d.name == name), None)
+    if found is None:
+        names = ", ".join(d.name for d in rows)
+        raise GatewayError(ErrorCode.NOT_FOUND, f"'{alias}' has no replica '{name}' (it has {names}).", param="name")
+    return rows, found
+
+
 async def set_draining(svc: AdminService, actor: str, alias: str, name: str, draining: bool) -> dict[str, Any]:
     """Drain a replica (routing sends it no new request; those it runs finish) or take it back.
     The alias keeps one replica taking requests: draining the last is refused."""
     async with svc.sessions() as session, session.begin():
-        model = await ModelRepository(session).get(alias)
-        rows = sorted(model.deployments, key=lambda d: d.id) if model is not None else []
-        if not rows:
-            raise GatewayError(ErrorCode.NOT_FOUND, f"No model named '{alias}'.", param="alias")
-        found = next((d for d in rows if d.name == name), None)
-        if found is None:
-            names = ", ".join(d.name for d in rows)
-            raise GatewayError(
-                ErrorCode.NOT_FOUND, f"'{alias}' has no replica '{name}' (it has {names}).", param="name"
-            )
+        rows, found = await alias_replica(session, alias, name)
         before = bool(found.draining)
         if draining and not any(d.enabled and not d.draining for d in rows if d.name != name):
             raise GatewayError(

@@ -1,4 +1,4 @@
-"""The hot path's endpoints (POST /v1/chat/completions and /v1/completions: the records marked
+"""The hot path's endpoints (POST /v1/chat/completions, /v1/completions, /v1/messages: the records marked
 `fast`, api/endpoints.py) as plain ASGI routes, below Litestar.
 
 Litestar's per-request layers (routing, the Request object, resolving the handler's

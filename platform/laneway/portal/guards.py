@@ -25,7 +25,7 @@ from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from laneway.admin.guards import SESSION_OPT, NotLoggedIn, route_template
+from laneway.admin.guards import NotLoggedIn, SessionGuard, route_template
 from laneway.admin.security import token_digest
 from laneway.contracts.codes import ErrorCode
 from laneway.contracts.errors import GatewayError
@@ -93,7 +93,7 @@ class PortalSession(NamedTuple):
         return self.role == TENANT_OWNER
 
 
-class PortalGuards:
+class PortalGuards(SessionGuard):
     def __init__(self, sessions: Callable[[], async_sessionmaker[AsyncSession]]) -> None:
         self._sessions = sessions
 
@@ -114,17 +114,6 @@ class PortalGuards:
                 str(user.role),
                 found.csrf_token,
             )
-
-    async def session(self, connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
-        mode = handler.opt.get(SESSION_OPT, "required")
-        if mode == "none" or connection.scope.get("method") == "OPTIONS":
-            return
-        try:
-            connection.scope["user"] = await self.lookup(connection)
-        except NotLoggedIn:
-            if mode != "optional":
-                raise
-            connection.scope["user"] = None
 
     async def role(self, connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
         method = str(connection.scope.get("method", "GET"))

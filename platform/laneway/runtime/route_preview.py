@@ -13,6 +13,8 @@ from typing import Any
 
 from laneway.admin.dependencies import RoutePlan
 from laneway.api import protocol as p
+from laneway.api.messages import protocol as mp
+from laneway.api.messages.translate import message_intent
 from laneway.api.request import chat_intent, completion_intent, decode
 from laneway.contracts.errors import invalid_request
 from laneway.core.pipeline import Gateway
@@ -47,8 +49,10 @@ class RoutePlanner:
             intent = chat_intent(request, await decode(request, p.ChatCompletionRequest))
         elif endpoint == "completions":
             intent = completion_intent(request, await decode(request, p.CompletionRequest))
+        elif endpoint == "messages":  # Anthropic's: max_tokens is required there, as the API says
+            intent = message_intent(request, await decode(request, mp.MessagesRequest))
         else:
-            raise invalid_request(f"Unknown endpoint '{endpoint}' (chat or completions).", param="endpoint")
+            raise invalid_request(f"Unknown endpoint '{endpoint}' (chat, completions or messages).", param="endpoint")
         gateway = self.gateway
         run = await gateway.dry_run(tenant, intent)
         return RoutePlan(

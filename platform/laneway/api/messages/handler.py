@@ -86,6 +86,7 @@ MESSAGES = Endpoint(
     stream_events=typing.get_args(mp.StreamEvent),
     span="messages",
     error_shape=ERROR_SHAPE,
+    fast=True,  # served below Litestar as chat is (api/fast.py): its errors still by path
 )
 
 

@@ -163,7 +163,11 @@ class Failover:
         # A canary's failures are not charged to the budget: the canary watch bounds them
         # instead (it takes the canary out past its error margin, core/canary/watch.py), and
         # its clients would otherwise pay for a candidate's faults the serving pool can answer.
-        if call.deployment.role != "canary" and not self.budget.spend(failed):
+        # Nor is a continuation: it carries on an answer the failed replica no longer carries
+        # (no load is added), at most once a try for a stream already flowing, so it cannot
+        # become the storm the budget guards against; charged, a replica dying under more
+        # streams than the budget's minimum would cut all but that many of them.
+        if not continued and call.deployment.role != "canary" and not self.budget.spend(failed):
             call.retry_denied = "budget"
             return None
         return target
