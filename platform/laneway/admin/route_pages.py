@@ -60,7 +60,8 @@ def described_body(form: dict[str, str]) -> tuple[str, bytes]:
     except ValueError:
         words = 1
     text = " ".join(["the"] * words)
-    endpoint = form.get("endpoint") if form.get("endpoint") in ("completions", "messages") else "chat"
+    named = form.get("endpoint", "")
+    endpoint = named if named in ("completions", "messages") else "chat"
     body: dict[str, Any] = {"model": form.get("model", "")}
     body |= {"prompt": text} if endpoint == "completions" else {"messages": [{"role": "user", "content": text}]}
     if form.get("stream") == "true":
