@@ -84,7 +84,7 @@ def test_each_fast_route_shadows_a_v1_handler(app: Litestar) -> None:
     from laneway.api.registry import fast_routes
 
     posts = {path: h for path, method, h in handlers(app) if method == "POST"}
-    assert set(fast_routes()) == {"/v1/chat/completions", "/v1/completions"}
+    assert set(fast_routes()) == {"/v1/chat/completions", "/v1/completions", "/v1/messages"}
     for path in fast_routes():
         assert path in posts, f"{path} is served by api/fast.py but is no route of the app"
         declared = set(posts[path].parsed_fn_signature.parameters) & set(posts[path].resolve_dependencies())
