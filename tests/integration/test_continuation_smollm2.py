@@ -16,10 +16,12 @@ from laneway.core.pipeline import Gateway, GatewayConfig, GenerationIntent
 from laneway.core.policy import PolicyStore
 from laneway.engines.registry import EngineRegistry
 from laneway.metrics import GatewayMetrics as Metrics
-from laneway.types import ChatTurn, DeploymentSpec, TenantSnapshot
+from laneway.types import ChatTurn, TenantSnapshot
 from laneway.usage import UsageRecorder
 from support import until, usage_rows
 from support.engine_faults import dying_after, healed
+from support.pipeline import run_collected
+from support.specs import llamacpp_replica
 
 TENANT = TenantSnapshot(id=1, name="acme", api_key_id=11)
 ASKED = [
@@ -32,18 +34,8 @@ ASKED = [
 @pytest.fixture
 async def gateway(smollm2_file: Path) -> AsyncIterator[Gateway]:
     registry = EngineRegistry()
-    config = {"model_path": str(smollm2_file), "parallel": 2, "n_threads": 1}
     specs = [
-        DeploymentSpec(
-            id=i,
-            name=f"m-{i}",
-            alias="m",
-            engine_kind="llamacpp",
-            quantization="q4_1",
-            gpu_type="none",
-            max_model_len=1024,
-            config=dict(config),
-        )
+        llamacpp_replica(i, smollm2_file, max_model_len=1024, quantization="q4_1", parallel=2, n_threads=1)
         for i in range(2)
     ]
     await registry.load(specs)
@@ -63,13 +55,7 @@ async def stream(gw: Gateway, asked: str) -> tuple[str, list[str | None], dict[s
     intent = GenerationIntent(
         endpoint="chat", alias="m", stream=True, messages=[ChatTurn("user", asked)], max_tokens=60, temperature=0.0
     )
-    call = await gw.prepare(TENANT, intent)
-    lease = await gw.admit(call)
-    try:
-        deltas = [d async for d in gw.run(lease)]
-    finally:
-        lease.release()
-    await until(lambda: gw.in_flight == 0, what="every lease released")
+    call, deltas = await run_collected(gw, TENANT, intent)
     row = next(r for r in usage_rows(gw) if r["request_id"] == call.request_id)
     return "".join(d.text for d in deltas), [d.finish_reason for d in deltas if d.finish_reason], row
 

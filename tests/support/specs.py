@@ -18,3 +18,19 @@ def sim_replica(i: int, *, max_model_len: int = 8192, draining: bool = False, **
         config=dict(config),
         draining=draining,
     )
+
+
+def llamacpp_replica(
+    i: int, model_path: object, *, max_model_len: int, quantization: str, **config: object
+) -> DeploymentSpec:
+    """Replica m-<i> of alias "m" on llama.cpp in-process, serving the GGUF at `model_path`."""
+    return DeploymentSpec(
+        id=i,
+        name=f"m-{i}",
+        alias="m",
+        engine_kind="llamacpp",
+        quantization=quantization,
+        gpu_type="none",
+        max_model_len=max_model_len,
+        config={"model_path": str(model_path), **config},
+    )

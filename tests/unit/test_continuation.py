@@ -19,6 +19,7 @@ from laneway.metrics import GatewayMetrics as Metrics
 from laneway.types import Delta, DeploymentSpec, TenantSnapshot
 from laneway.usage import UsageRecorder
 from support import until, usage_rows
+from support.pipeline import run_collected
 from support.specs import sim_replica
 
 TENANT = TenantSnapshot(id=1, name="acme", api_key_id=11)
@@ -72,13 +73,7 @@ async def dying() -> AsyncIterator[Gateway]:
 
 async def answer(gw: Gateway, *, stream: bool = True, **asked: Any) -> tuple[list[Delta], dict[str, Any]]:
     intent = GenerationIntent(endpoint="completions", alias="m", stream=stream, prompt="tell me", seed=7, **asked)
-    call = await gw.prepare(TENANT, intent)
-    lease = await gw.admit(call)
-    try:
-        deltas = [d async for d in gw.run(lease)]
-    finally:
-        lease.release()
-    await until(lambda: gw.in_flight == 0, what="every lease released")
+    call, deltas = await run_collected(gw, TENANT, intent)
     assert [gw.scheduler(d).running_total for d in gw.registry.deployments()] == [0, 0]
     assert [d.engine.active_slots for d in gw.registry.deployments()] == [0, 0]
     return deltas, next(r for r in usage_rows(gw) if r["request_id"] == call.request_id)

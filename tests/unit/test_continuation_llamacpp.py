@@ -17,10 +17,12 @@ from laneway.engines.demo_model import EOS_TOKEN, IM_END_TOKEN
 from laneway.engines.llamacpp import LlamaCppEngine
 from laneway.engines.registry import EngineRegistry
 from laneway.metrics import GatewayMetrics as Metrics
-from laneway.types import ChatTurn, Continuation, Delta, DeploymentSpec, GenerationRequest, TenantSnapshot
+from laneway.types import ChatTurn, Continuation, Delta, GenerationRequest, TenantSnapshot
 from laneway.usage import UsageRecorder
 from support import until, usage_rows
 from support.engine_faults import dying_after
+from support.pipeline import run_collected
+from support.specs import llamacpp_replica
 
 TENANT = TenantSnapshot(id=1, name="acme", api_key_id=11)
 CONFIG = {"parallel": 2, "demo": True, "ban_tokens": [EOS_TOKEN, IM_END_TOKEN]}
@@ -59,19 +61,7 @@ async def test_the_engine_continues_from_the_prompt_and_the_answer_so_far(llama:
 
 async def test_a_llamacpp_replica_failing_mid_stream_is_continued_on_the_other(demo_model_path: Path) -> None:
     registry = EngineRegistry()
-    specs = [
-        DeploymentSpec(
-            id=i,
-            name=f"m-{i}",
-            alias="m",
-            engine_kind="llamacpp",
-            quantization="q8",
-            gpu_type="none",
-            max_model_len=512,
-            config={"model_path": str(demo_model_path), **CONFIG},
-        )
-        for i in range(2)
-    ]
+    specs = [llamacpp_replica(i, demo_model_path, max_model_len=512, quantization="q8", **CONFIG) for i in range(2)]
     await registry.load(specs)
     gw = Gateway(
         registry,
@@ -89,13 +79,7 @@ async def test_a_llamacpp_replica_failing_mid_stream_is_continued_on_the_other(d
             max_tokens=30,
             temperature=0.0,
         )
-        call = await gw.prepare(TENANT, intent)
-        lease = await gw.admit(call)
-        try:
-            deltas = [d async for d in gw.run(lease)]
-        finally:
-            lease.release()
-        await until(lambda: gw.in_flight == 0, what="every lease released")
+        call, deltas = await run_collected(gw, TENANT, intent)
         row = next(r for r in usage_rows(gw) if r["request_id"] == call.request_id)
         return "".join(d.text for d in deltas), [d.finish_reason for d in deltas if d.finish_reason], row
 
