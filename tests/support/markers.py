@@ -20,7 +20,12 @@ import pytest
 
 POSTGRES_FIXTURES = {"pg_database", "pg_database_module", "private_pg"}
 REAL_ENGINE_FIXTURES = {"real_vllm", "smollm2_file"}
-REAL_ENGINE_MODULES = {"test_real_triton", "test_cut_tool_calls_smollm2", "test_real_demo_model"}
+REAL_ENGINE_MODULES = {
+    "test_real_triton",
+    "test_cut_tool_calls_smollm2",
+    "test_real_demo_model",
+    "test_messages_smollm2",
+}
 DURABILITY_FIXTURES = {"private_pg", "private_redis"}
 DURABILITY_MODULES = {"test_batch_durability", "test_database_outage", "test_failover", "test_shutdown"}
 # Modules whose tests take seconds each on two cores (pytest --durations), real engines aside.
