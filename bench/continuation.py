@@ -43,12 +43,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from faults_harness import ROOT, gateway, metrics, settle
 from faults_replicas import Replica, deployment
-from support import PrivatePostgres, free_port, wait_for
+from support import PrivatePostgres, wait_for
 
 sys.path.insert(0, str(ROOT / "tests"))
 from continuation_streams import (
@@ -87,32 +85,24 @@ def expected_answer(body: dict[str, Any]) -> str:
     return "".join(_markov(body, 0))
 
 
-class LlamaReplica:
+class LlamaReplica(Replica):
     """SmolLM2 on llama.cpp behind vLLM's HTTP surface (bench/replica_server.py), a process of
-    its own: one request computed at a time, the rest queued."""
+    its own: one request computed at a time, the rest queued. The stand-in's Replica but for
+    the process it starts (its health wait and SIGKILL are the same)."""
 
     def __init__(self, model: Path) -> None:
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.model = model
+        super().__init__()
+
+    def start(self) -> None:
         script = str(Path(__file__).with_name("replica_server.py"))
         flags = ["--port", str(self.port), "--served-name", ALIAS, "--threads", "1", "--n-ctx", "1024"]
-        self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-            [sys.executable, script, "--model", str(model), *flags],
+        self.proc = subprocess.Popen(
+            [sys.executable, script, "--model", str(self.model), *flags],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         wait_for(self._up, what=f"replica_server on port {self.port}", within=120)
-
-    def _up(self) -> bool:
-        try:
-            return httpx.get(self.base_url + "/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
 
 
 def standin_kind(n: int, tokens: int) -> Kind:
